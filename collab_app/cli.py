@@ -1,0 +1,43 @@
+"""`collab ...`: one console script, one subcommand per entry point.
+
+Each subcommand lives next to the code it drives and is imported only when used, so
+`collab --help` is instant (no torch / vllm import).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module:function taking argv, one-line help)
+COMMANDS = {
+    "models": ("collab_app.model:cli_main", "provision / show the embedded model (SmolLM2-135M-Instruct) and engines"),
+    "bench": ("collab_app.bench:cli_main", "benchmarks: `bench generate` (vLLM vs transformers), `bench train` (MAGRPO step)"),
+    "eval": ("collab_app.evaluate:cli_main", "evaluate the team and the baselines on a task split"),
+    "train": ("collab_app.train_cmd:cli_main", "offline MAGRPO training on a task's train split"),
+    "trainer": ("collab_app.service:cli_main", "background trainer service: trains on ready groups from the store"),
+    "serve": ("collab_app.serve:cli_main", "engine + Gradio app + trainer service"),
+    "export": ("collab_app.export:cli_main", "export collected groups, samples and rewards (JSONL, datasets, Parquet)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: collab <command> [options]   (collab <command> --help for details)", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"collab: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Types shared by the inference engines (DESIGN §3 "Engine").
+
+Kept apart from the backends so that importing them costs nothing (no torch, no vllm).
+
+Log-prob convention (both backends, and the trainer): `Sample.logprobs[t]` is
+log softmax(logits_t)[token_ids[t]] of the *untempered* policy (temperature 1, no top-p), i.e.
+log π(a_t | h, a_<t) under the adapter that produced the sample. Sampling itself uses the
+temperature / top-p in `Sampling`. The trainer's teacher-forced log-probs use the same
+convention, so the importance ratio is exactly 1 when the adapter has not moved.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class EngineError(ValueError):
+    """A bad request (empty prompt, unknown agent, prompt longer than the context, ...)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 128
+    temperature: float = 0.8
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise EngineError("max_new_tokens must be >= 1")
+        if self.temperature < 0:
+            raise EngineError("temperature must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise EngineError("top_p must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt for one agent. `agent` picks the adapter (its current version); `system` is the
+    agent's role prompt (may be empty). The engine applies the chat template."""
+
+    agent: str
+    prompt: str
+    system: str = ""
+
+
+@dataclass
+class Sample:
+    agent: str
+    adapter_version: int | None       # None = base model, no adapter
+    prompt_token_ids: list[int]       # the chat-templated prompt, as the model saw it
+    text: str
+    token_ids: list[int]              # generated tokens (EOS included if one was produced)
+    logprobs: list[float]             # one per token_ids entry, see module doc
+    finish_reason: str = "length"     # "stop" | "length"
+    meta: dict = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    name: str             # "vllm" | "transformers"
+    model_path: str
+    max_model_len: int
+
+    def register_agent(self, agent: str) -> None:
+        """Make `agent` known (serves the base model until an adapter is loaded)."""
+
+    def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
+        """Serve adapter directory `path` (peft format) as `agent`'s version `version` from now
+        on; `path=None` means the base model. Requests already running finish on what they
+        started with."""
+
+    def adapter_version(self, agent: str) -> int | None: ...
+
+    def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
+        """For each request, `n` samples (result[i][j] = sample j of request i), all requests
+        in one batched call. Raises EngineError for bad requests before generating anything."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,208 @@
+"""`collab eval`: the team (current adapters) and the paper's baselines on a task split.
+
+Systems (arXiv 2508.04652, Table 1 naming):
+- `team`: the N-agent team with each agent's latest adapter version (from `--adapters-dir`),
+  agents generate in parallel from their own prompts (the MAGRPO setting).
+- `naive`: the same prompts with the untrained base model ("naive concatenation": each agent
+  writes its part without seeing the other's, results combined).
+- `sequential`: base model; agent k's prompt contains what agents < k wrote this turn.
+- `single`: the task's single-agent variant (one agent does every role), base model.
+(The paper's "discussion" baseline is left out: it needs a turn protocol the tasks don't model.)
+
+Per system: the mean of each reward level, the mean return and pass@1 (the share of examples
+whose final joint answer reaches the task's success test: all unit tests pass for coding; the
+full reward for writing). Sampling is greedy by default (temperature 0) so a run is repeatable;
+pass `--temperature` to sample instead.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from tqdm import tqdm
+
+from tasks.base import Turn, check_prompts, check_reward
+
+log = logging.getLogger(__name__)
+
+SYSTEMS = ("team", "naive", "sequential", "single")
+
+
+@dataclass
+class EvalConfig:
+    task: str = "humaneval"
+    """task name (humaneval, tldr, expansion)."""
+    split: str = "eval"
+    """which split to evaluate: eval (held out) or train."""
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    """systems to compare: any of team, naive, sequential, single."""
+    limit: int = 0
+    """evaluate only the first N examples of the split (0 = all)."""
+    model: str = ""
+    """base model: HF id or local folder (empty = the embedded SmolLM2-135M-Instruct)."""
+    engine: str = "auto"
+    """inference engine: auto, vllm or transformers."""
+    adapters_dir: str = ""
+    """where `collab train` / the trainer service keep adapter versions (empty = $COLLAB_HOME/adapters)."""
+    num_turns: int = 1
+    """turns per example; turn 2+ prompts carry Task.feedback (the paper reports 2 for HumanEval)."""
+    max_new_tokens: int = 256
+    """new tokens per agent answer."""
+    temperature: float = 0.0
+    """sampling temperature (0 = greedy, repeatable)."""
+    seed: int = 0
+    """sampling seed."""
+    batch_size: int = 16
+    """examples per engine call."""
+    json: bool = False
+    """print the result as JSON only."""
+    out: str = ""
+    """also write the JSON result to this file."""
+
+    def __post_init__(self):
+        bad = [s for s in self.systems if s not in SYSTEMS]
+        if bad:
+            raise ValueError(f"unknown system(s) {bad}: pick from {list(SYSTEMS)}")
+        if self.split not in ("train", "eval"):
+            raise ValueError("--split must be 'train' or 'eval'")
+        if self.num_turns < 1:
+            raise ValueError("--num-turns must be >= 1")
+        if self.limit < 0 or self.batch_size < 1:
+            raise ValueError("--limit must be >= 0 and --batch-size >= 1")
+        if self.engine not in ("auto", "vllm", "transformers"):
+            raise ValueError("--engine must be auto, vllm or transformers")
+
+
+def _success(task, reward) -> bool:
+    """pass@1's test: for coding tasks every unit test passes, for writing the full reward."""
+    if "tests" in reward.levels:
+        return math.isclose(reward.levels["tests"], 1.0)
+    return math.isclose(reward.total, reward.max_total)
+
+
+def _generate(engine, agent_names, prompts_per_example, sampling):
+    """prompts_per_example[e][a] -> texts[e][a] (one sample each) in one batched engine call."""
+    from collab_app.engine_types import Request
+
+    requests = [Request(agent=agent_names[a], prompt=p)
+                for ps in prompts_per_example for a, p in enumerate(ps)]
+    out = engine.generate(requests, n=1, sampling=sampling)
+    n = len(agent_names)
+    return [[out[e * n + a][0].text for a in range(n)] for e in range(len(prompts_per_example))]
+
+
+def run_system(system: str, task, examples, engine, agent_names, cfg: EvalConfig, sampling, progress):
+    """Final-turn rewards for every example under one system."""
+    rewards = []
+    for start in range(0, len(examples), cfg.batch_size):
+        batch = examples[start:start + cfg.batch_size]
+        histories: list[list[Turn]] = [[] for _ in batch]
+        outputs = None
+        for _turn in range(cfg.num_turns):
+            if system == "sequential":
+                # agent k sees this turn's outputs of agents < k: one engine call per agent.
+                outputs = [[] for _ in batch]
+                for k in range(task.num_agents):
+                    prompts = [[check_prompts(task, task.agent_prompts(ex, h, tuple(o)))[k]]
+                               for ex, h, o in zip(batch, histories, outputs)]
+                    texts = _generate(engine, [agent_names[k]], prompts, sampling)
+                    for o, t in zip(outputs, texts):
+                        o.append(t[0])
+            else:
+                prompts = [check_prompts(task, task.agent_prompts(ex, h)) for ex, h in zip(batch, histories)]
+                outputs = _generate(engine, agent_names, prompts, sampling)
+            for ex, h, o in zip(batch, histories, outputs):
+                h.append(Turn(tuple(o), tuple(task.feedback(ex, o))))
+        for ex, o in zip(batch, outputs):
+            rewards.append(check_reward(task, task.reward(ex, o)))
+        progress.update(len(batch))
+    return rewards
+
+
+def summarize(task, rewards) -> dict:
+    n = max(len(rewards), 1)
+    return {
+        "examples": len(rewards),
+        "mean_return": sum(r.total for r in rewards) / n,
+        "max_return": task.max_reward,
+        "pass@1": sum(_success(task, r) for r in rewards) / n,
+        "levels": {k: sum(r.levels[k] for r in rewards) / n for k in task.level_names},
+    }
+
+
+def evaluate(cfg: EvalConfig, engine=None) -> dict:
+    from collab_app.engine import make_engine
+    from collab_app.engine_types import Sampling
+    from collab_app.model import ensure_model
+    from tasks import load_task
+    from trainer.adapters import latest_version
+
+    team_task = load_task(cfg.task)
+    model_path = ensure_model(cfg.model or None)
+    engine = engine or make_engine(cfg.engine, model=model_path)
+    adapters_dir = cfg.adapters_dir or os.path.join(
+        os.environ.get("COLLAB_HOME", os.path.expanduser("~/.cache/collab")), "adapters")
+    sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
+    examples = team_task.examples(cfg.split)
+    examples = examples[:cfg.limit] if cfg.limit else examples
+
+    result = {"task": cfg.task, "split": cfg.split, "engine": engine.name, "model": model_path,
+              "num_turns": cfg.num_turns, "temperature": cfg.temperature, "systems": {}}
+    total = len(examples) * len(cfg.systems)
+    with tqdm(total=total, desc="eval", unit="ex", disable=None) as progress:
+        for system in cfg.systems:
+            task = load_task(cfg.task, num_agents=1) if system == "single" else team_task
+            if system == "team":
+                # Agents named by role serve their latest adapter version (base if none yet).
+                names, versions = list(task.roles), {}
+                for role in task.roles:
+                    engine.register_agent(role)
+                    found = latest_version(adapters_dir, role)
+                    if found:
+                        engine.load_adapter(role, found[1], found[0])
+                    versions[role] = found[0] if found else None
+            else:
+                names, versions = [f"base-{r}" for r in task.roles], {}
+                for name in names:
+                    engine.register_agent(name)
+            t0 = time.time()
+            rewards = run_system(system, task, examples, engine, names, cfg, sampling, progress)
+            summary = summarize(task, rewards)
+            summary["seconds"] = round(time.time() - t0, 1)
+            if versions:
+                summary["adapter_versions"] = versions
+            result["systems"][system] = summary
+    return result
+
+
+def format_table(result: dict) -> str:
+    systems = result["systems"]
+    levels = list(next(iter(systems.values()))["levels"]) if systems else []
+    cols = ["system", "pass@1", "return"] + levels + ["sec"]
+    rows = [cols] + [[name, f"{s['pass@1']:.3f}", f"{s['mean_return']:.3f}"]
+                     + [f"{s['levels'].get(k, float('nan')):.3f}" for k in levels] + [str(s["seconds"])]
+                     for name, s in systems.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    head = f"{result['task']} / {result['split']} on {result['engine']} ({result['model']})"
+    return head + "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from trainer.configcli import parse_config
+
+    cfg, _ = parse_config(EvalConfig, argv, prog="collab eval",
+                          description="Evaluate the team (current adapters) and the baselines "
+                                      "(naive, sequential, single agent) on a task split.")
+    logging.basicConfig(level=logging.INFO if not cfg.json else logging.WARNING)
+    result = evaluate(cfg)
+    result["config"] = asdict(cfg)
+    text = json.dumps(result, indent=2)
+    if cfg.out:
+        with open(cfg.out, "w") as f:
+            f.write(text)
+    print(text if cfg.json else format_table(result))
+    return 0
