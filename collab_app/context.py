@@ -1,0 +1,157 @@
+"""`AppContext`: the objects every session of the Gradio app shares, passed explicitly.
+
+The UI (`ui.build_app`) and its handlers (`handlers.py`) take one `AppContext` instead of reaching
+for module globals, so a test can build two apps on two stores side by side and `collab serve` /
+`app.py` decide what goes in. Per-user state lives in `gr.State`, never here.
+
+Thread safety: Gradio runs handlers in a thread pool. The engine is guarded by `engine_lock`
+(generation, adapter loads); the store does its own sessions; `team_settings_lock` guards the
+editable team settings (role prompts, num_generations, sampling) that the Team tab changes.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from collab_app.engine_types import Sampling
+
+# Writing tasks take the person's pasted text; coding tasks a HumanEval problem or their own.
+CODING_TASKS = ("humaneval",)
+WRITING_TASKS = ("tldr", "expansion")
+
+
+def default_home() -> str:
+    """$COLLAB_HOME, else ~/.cache/collab (the same default as the CLI commands)."""
+    return os.environ.get("COLLAB_HOME") or os.path.expanduser("~/.cache/collab")
+
+
+def is_public(server_name: str | None, share: bool) -> bool:
+    """True when people other than this machine's user can reach the app: a share link, or a
+    host that is not a loopback address (0.0.0.0, a LAN address, a Space)."""
+    if share or os.environ.get("SPACE_ID"):
+        return True
+    host = (server_name or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1").strip()
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a host name other than localhost: assume reachable from outside
+
+
+def storage_warning(home: str) -> str | None:
+    """On a Hugging Face Space the disk is wiped at every restart unless persistent storage is
+    mounted at /data and COLLAB_HOME points into it. Returns the warning to show, or None."""
+    if not os.environ.get("SPACE_ID"):
+        return None
+    home_abs = os.path.abspath(home)
+    if os.path.isdir("/data") and (home_abs == "/data" or home_abs.startswith("/data/")):
+        return None
+    return ("**Data is ephemeral on this Space**: groups, ratings and adapters are lost when it "
+            "restarts. Add persistent storage (mounted at /data) and set `COLLAB_HOME=/data` "
+            "(see docs/SPACES.md).")
+
+
+@dataclass
+class AppContext:
+    engine: Any
+    """the inference engine (`collab_app.engine_types.Engine`): vllm or transformers."""
+    store: Any
+    """`collab_app.store.Store`: groups, samples, rewards, ratings, adapter versions, train steps."""
+    tasks: dict[str, Any]
+    """task choices by name (`humaneval`, `tldr`, `expansion`): `tasks.base.Task` objects."""
+    teams: dict[str, Any]
+    """task name -> `collab_app.team.Team` working on it (its agents, one adapter each)."""
+    num_generations: int = 2
+    """G: joint answers per prompt (>= 2: MAGRPO compares siblings)."""
+    sampling: Sampling = field(default_factory=lambda: Sampling(max_new_tokens=256, temperature=0.8))
+    """sampling settings for the team's answers."""
+    admin_token: str | None = None
+    """COLLAB_ADMIN_TOKEN: needed for admin actions (edit team, pin/roll back, pause training)."""
+    public: bool = False
+    """reachable by others (share link / non-loopback host): admin actions then need the token."""
+    home: str = field(default_factory=default_home)
+    """COLLAB_HOME: store, adapters and exports live under it."""
+    max_prompt_chars: int = 20_000
+    """longest prompt / pasted text / tests accepted from a person (characters)."""
+    max_generations: int = 4
+    """most candidates the UI lays out (num_generations can be raised up to this in the Team tab)."""
+    generate_concurrency: int = 1
+    """generation events running at once (the engine batches inside one event)."""
+    trainer_control: Any = None
+    """optional handle of the background trainer service (pause/resume, status); None: the
+    store's pause flag and status rows are used (the service reads them)."""
+    on_progress: Callable[[str], None] | None = None
+    """unused hook for serve-level logging of generation stages (None = off)."""
+    engine_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _watcher: Any = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2: MAGRPO needs a group of siblings")
+        self.max_generations = max(self.max_generations, self.num_generations)
+        if self.admin_token == "":
+            self.admin_token = None
+
+    def team_for(self, task_name: str):
+        """The team for a task; a person's own coding problem uses the coding team."""
+        if task_name in self.teams:
+            return self.teams[task_name]
+        if task_name == "custom-coding":
+            for name in CODING_TASKS:
+                if name in self.teams:
+                    return self.teams[name]
+        raise KeyError(f"no team for task {task_name!r}; teams: {sorted(self.teams)}")
+
+    def agent_names(self) -> list[str]:
+        """Every agent of every team, once (teams of different tasks may share agents)."""
+        return list(dict.fromkeys(a.name for t in self.teams.values() for a in t.agents))
+
+    def adapter_watcher(self):
+        """The hot-swap watcher (collab_app.hotswap) over every agent, sharing `engine_lock`."""
+        if self._watcher is None:
+            from collab_app.hotswap import AdapterWatcher
+            self._watcher = AdapterWatcher(self.engine, self.store, self.agent_names(), lock=self.engine_lock)
+        return self._watcher
+
+    @property
+    def storage_warning(self) -> str | None:
+        return storage_warning(self.home)
+
+
+def build_context(model: str | None = None, engine: str = "auto", store_url: str | None = None,
+                  task_names: tuple[str, ...] = ("humaneval", "tldr", "expansion"),
+                  num_generations: int = 2, max_new_tokens: int = 256, temperature: float = 0.8,
+                  public: bool = False, home: str | None = None, **engine_kw) -> AppContext:
+    """Everything the app needs, from settings: provision the model, start the engine, open the
+    store, load tasks and their teams, load each agent's current adapter. Heavy imports happen
+    here, not at module import."""
+    from collab_app.engine import make_engine
+    from collab_app.model import ensure_model
+    from collab_app.store import Store
+    from collab_app.team import Agent, Team
+    from tasks import load_task
+
+    home = home or default_home()
+    os.makedirs(home, exist_ok=True)
+    store = Store(store_url or os.environ.get("COLLAB_DB") or f"sqlite:///{os.path.join(home, 'collab.db')}")
+    eng = make_engine(engine, model=ensure_model(model), **engine_kw)
+    tasks = {name: load_task(name) for name in task_names}
+    # one agent per task role; the agent name is the role (the engine's adapter key), so tasks
+    # with the same roles share agents and adapters.
+    teams = {name: Team([Agent(role) for role in task.roles]) for name, task in tasks.items()}
+    ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
+                     num_generations=num_generations,
+                     sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),
+                     admin_token=os.environ.get("COLLAB_ADMIN_TOKEN") or None,
+                     public=public, home=home)
+    for team in teams.values():
+        for agent in team.agents:
+            eng.register_agent(agent.name)
+    from collab_app.handlers import sync_adapters
+    sync_adapters(ctx)
+    return ctx

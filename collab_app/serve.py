@@ -1,0 +1,193 @@
+"""`collab serve`: engine + Gradio app + trainer service + adapter hot-swap, in one command.
+
+    collab serve [--host 127.0.0.1 --port 7860 --engine auto --model ... --trainer child|external|off
+                  --db URL --share]
+
+What runs where:
+- this process: the engine (vLLM or transformers), the store, the Gradio app (collab_app/ui.py)
+  and the hot-swap watcher (collab_app/hotswap.py) that loads each new adapter version the
+  trainer publishes, between requests;
+- `--trainer child` (default): `collab trainer` as a child process on the same store and
+  adapters dir. It is restarted (with back-off) if it dies, stopped with SIGTERM (it finishes its
+  current step) when this process exits, and stops by itself if this process is killed
+  (`--parent-pid`). `external`: run `collab trainer --db URL` yourself (another machine with a
+  GPU, PostgreSQL store, shared adapters dir); `off`: collect data only.
+  The child samples nothing unless `--self-play`; its self-play engine is transformers, because
+  the serving engine already holds this machine's cores and a second vLLM would double the memory.
+
+vLLM starts its engine core with multiprocessing `spawn`, which re-imports the main module: the
+console script `collab` and `python -m collab_app.serve` both call `cli_main` only under
+`if __name__ == "__main__"`, so that re-import starts nothing. A script of your own that calls
+`serve(cfg)` needs the same guard (app.py has it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    """address to listen on (0.0.0.0 makes the app public: admin actions then need COLLAB_ADMIN_TOKEN)."""
+    port: int = 7860
+    """port of the web app."""
+    share: bool = False
+    """also open a public Gradio share link."""
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    """serving engine: auto (see collab_app/engine.py), vllm or transformers."""
+    model: str = ""
+    """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
+    db: str = ""
+    """store URL (empty = $COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db); the trainer gets the same."""
+    adapters_dir: str = ""
+    """adapter versions written by the trainer (empty = $COLLAB_HOME/adapters)."""
+    trainer: Literal["child", "external", "off"] = "child"
+    """child: start `collab trainer` here; external: one runs elsewhere on the same store; off: no training."""
+    self_play: bool = False
+    """the child trainer also samples the train split between human groups (demo: learns without visitors)."""
+    min_groups: int = 4
+    """K for the child trainer: a step as soon as this many groups of a task are ready."""
+    trainer_args: str = ""
+    """more `collab trainer` flags for the child, one quoted string: --trainer-args "--learning-rate 5e-5 --return-mode auto"."""
+    tasks: list[str] = field(default_factory=lambda: ["humaneval", "tldr", "expansion"])
+    """tasks offered in the app."""
+    num_generations: int = 2
+    """G: joint answers per prompt (>= 2)."""
+    max_new_tokens: int = 256
+    """new tokens per agent answer."""
+    temperature: float = 0.8
+    """sampling temperature of the team's answers (> 0: siblings must differ)."""
+    swap_interval_s: float = 2.0
+    """how often the hot-swap watcher looks for new adapter versions."""
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be 1..65535, got {self.port}")
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
+        if self.swap_interval_s <= 0 or self.min_groups < 1:
+            raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
+
+
+class ChildTrainer:
+    """`collab trainer` as a child process, restarted if it dies, stopped on exit."""
+
+    def __init__(self, argv: list[str], max_restarts: int = 5):
+        self.cmd = [sys.executable, "-m", "collab_app.cli", "trainer", *argv, "--parent-pid", str(os.getpid())]
+        self.max_restarts = max_restarts
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._watch = threading.Thread(target=self._supervise, name="collab-trainer-child", daemon=True)
+
+    def start(self) -> "ChildTrainer":
+        log.info("starting trainer service: %s", " ".join(self.cmd))
+        self.proc = subprocess.Popen(self.cmd)
+        self._watch.start()
+        return self
+
+    def _supervise(self) -> None:
+        while not self._stopping.is_set():
+            rc = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            if self.restarts >= self.max_restarts:
+                log.error("trainer service exited (code %s) %d times; not restarting: see its log above",
+                          rc, self.restarts + 1)
+                return
+            self.restarts += 1
+            delay = min(2 ** self.restarts, 60)
+            log.warning("trainer service exited (code %s); restart %d in %ds (it resumes from the store "
+                        "and the latest complete adapters)", rc, self.restarts, delay)
+            if self._stopping.wait(delay):
+                return
+            self.proc = subprocess.Popen(self.cmd)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (the service finishes its current step), then SIGKILL after `timeout`."""
+        self._stopping.set()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("trainer service did not stop in %.0fs: killing it", timeout)
+            self.proc.kill()
+            self.proc.wait()
+
+
+def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) -> list[str]:
+    argv = ["--db", db, "--adapters-dir", adapters_dir, "--model", model_path,
+            "--min-groups", str(cfg.min_groups), "--engine", "transformers",
+            "--num-generations", str(cfg.num_generations),
+            "--self-play" if cfg.self_play else "--no-self-play"]
+    return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
+
+
+def serve(cfg: ServeConfig) -> None:
+    from collab_app.context import build_context, is_public
+    from collab_app.hotswap import AdapterWatcher
+    from collab_app.model import ensure_model
+    from collab_app.service import default_adapters_dir
+    from collab_app.store import default_url
+    from collab_app.ui import launch
+
+    db = cfg.db or default_url()
+    adapters_dir = cfg.adapters_dir or default_adapters_dir()
+    model_path = ensure_model(cfg.model or None)   # once, before the child would race for it
+    child = None
+    if cfg.trainer == "child":
+        child = ChildTrainer(trainer_argv(cfg, db, adapters_dir, model_path)).start()
+    elif cfg.trainer == "external":
+        log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store", db, adapters_dir)
+    watcher = None
+    ctx = None
+    try:
+        ctx = build_context(model=model_path, engine=cfg.engine, store_url=db, task_names=tuple(cfg.tasks),
+                            num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
+                            temperature=cfg.temperature, public=is_public(cfg.host, cfg.share))
+        agents = list(dict.fromkeys(a.name for t in ctx.teams.values() for a in t.agents))
+        watcher = AdapterWatcher(ctx.engine, ctx.store, agents, lock=ctx.engine_lock,
+                                 interval_s=cfg.swap_interval_s).start()
+        launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        if child is not None:
+            child.stop()
+        if ctx is not None:
+            ctx.engine.close()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from trainer.configcli import parse_config
+
+    cfg, _ = parse_config(ServeConfig, argv, prog="collab serve",
+                          description="Serve the app: engine, Gradio UI, trainer service and adapter hot-swap.")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
+    # SIGTERM (docker stop, systemd) takes the same clean path as Ctrl-C: the child trainer is stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        serve(cfg)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

@@ -1,0 +1,384 @@
+"""`collab trainer`: the background trainer service (DESIGN §1, the loop's last arrow).
+
+A separate process that polls the store and runs one MAGRPO step (`MAGRPOTrainer.update`) on the
+ready groups of a task whenever `min_groups` (K) of them are waiting, or as soon as the oldest
+ready one has waited `max_wait_s` (T). One step, in this order:
+
+    1. status "training"                       (store app_state, key STATUS_KEY)
+    2. trainer.update(groups)                  writes each changed agent's next adapter version
+                                               to a temp dir and renames it into place
+    3. store.record_adapter_version(...)       only after the rename: a row names a complete dir
+    4. store.record_train_step(step, metrics, group ids)   marks the groups trained (one transaction)
+    5. status "idle"
+
+The serving process picks the new rows up (collab_app/hotswap.py) and serves them.
+
+Crash safety (kill -9 at any point; tests/test_faults.py does it):
+- a half-written version is a `.tmp-*` dir that no reader takes for a version and the next
+  trainer start deletes (trainer/adapters.py);
+- died after 2, before 3: on start `reconcile` records every complete version dir on disk that
+  has no row yet (the trainer resumes from those same dirs);
+- died before 4: the groups are still untrained, so they are trained again on top of the
+  adapter that may already contain them. Delivery is **at least once**: a crash between the
+  rename and step 4 can apply one batch twice. Deliberately accepted (exactly-once would need the
+  step's group ids inside the adapter dir, which trainer/adapters.py does not carry).
+Ratings are never touched here (the store's own transactions keep them).
+
+Status and pause live in the store's `app_state` table (`STATUS_KEY`, `PAUSE_KEY`; helpers
+`read_status`, `set_paused`), so the UI and the service need no other channel and an external
+`collab trainer` on the same database works the same. While an update runs a heartbeat thread
+refreshes the status every `heartbeat_s`, so the UI can tell a dead service (stale heartbeat).
+
+Tasks: one MAGRPOTrainer per task team, created when that task first has ready groups (its
+agents are the task's roles; "custom-coding" groups train the humaneval team). Optional
+self-play (`--self-play`): between human groups the service samples the train split of
+`--task` with its own engine and stores those groups with their automatic rewards.
+
+Left out: several trainer services on one store (no claims on groups), a shared base model
+across task trainers (each loads its own: fine for the embedded 135M model), and putting
+poisoned groups aside (a step that raises is retried with back-off; the error is in the status).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from collab_app.returns import ReturnRule
+from trainer.config import MAGRPOConfig
+
+log = logging.getLogger(__name__)
+
+STATUS_KEY = "trainer_status"
+"""app_state key: {"state": idle|training|self-play|paused|error|stopped, "step", "task", "groups",
+"message", "pid", "heartbeat" (unix time), "since", "last_step": {...}}."""
+PAUSE_KEY = "trainer_control"
+"""app_state key: {"paused": bool, "by": str, "at": unix time}, written by the UI (handlers.py
+set_training_paused) or `set_paused`; the service checks it before every step."""
+TASK_ALIASES = {"custom-coding": "humaneval"}
+"""store task name -> the task whose team answered it (a person's own coding problem: the coding team)."""
+
+
+@dataclass
+class ServiceConfig(MAGRPOConfig):
+    """MAGRPOConfig (the trainer's hyperparameters) plus the service's own knobs."""
+
+    db: str = ""
+    """store URL (empty = $COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db)."""
+    min_groups: int = 4
+    """K: run a step as soon as this many groups of one task are ready."""
+    max_wait_s: float = 120.0
+    """T: also run a step on fewer than K ready groups once the oldest has waited this long (0 = only K)."""
+    max_groups_per_step: int = 32
+    """most groups in one step (the oldest first)."""
+    poll_s: float = 2.0
+    """seconds between store polls when there is nothing to do."""
+    heartbeat_s: float = 5.0
+    """refresh the status row this often, also during a step (a stale heartbeat = a dead service)."""
+    return_mode: Literal["human_first", "auto", "human", "weighted"] = "human_first"
+    """how automatic rewards and human ratings become a return (collab_app/returns.py)."""
+    human_weight: float = 0.5
+    """weighted mode: w in w*human + (1-w)*auto."""
+    human_timeout_s: float = 300.0
+    """seconds to wait for ratings before falling back to the automatic reward / expiring a group."""
+    self_play: bool = False
+    """between human groups, sample --task's train split with the service's own engine (auto rewards)."""
+    self_play_prompts: int = 2
+    """prompts per self-play round (each becomes one stored group of num_generations joint answers)."""
+    max_steps: int = 0
+    """stop after this many steps (0 = run until stopped); tests and one-off runs."""
+    parent_pid: int = 0
+    """pid of the process that started this one: stop once re-parented, i.e. it died (`collab serve` passes its own); 0 = off."""
+    keep_versions: int = 0
+    """keep all versions (0): store rows name every version and an admin may pin (roll back to) any of them."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.min_groups < 1 or self.max_groups_per_step < self.min_groups:
+            raise ValueError(f"need 1 <= min_groups <= max_groups_per_step, got {self.min_groups}, "
+                             f"{self.max_groups_per_step}")
+        if self.max_wait_s < 0 or self.poll_s <= 0 or self.heartbeat_s <= 0:
+            raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0")
+        if self.self_play_prompts < 1 or self.max_steps < 0:
+            raise ValueError("self_play_prompts must be >= 1 and max_steps >= 0")
+        self.rule()   # validates the return settings
+
+    def rule(self) -> ReturnRule:
+        return ReturnRule(self.return_mode, self.human_weight, self.human_timeout_s)
+
+
+def default_adapters_dir() -> str:
+    home = os.environ.get("COLLAB_HOME") or os.path.expanduser("~/.cache/collab")
+    return os.path.join(home, "adapters")
+
+
+# ----------------------------------------------------------------------------- status / pause
+
+def read_status(store) -> dict:
+    """The service's last status, plus "alive": False when its heartbeat is older than 3 beats."""
+    st = dict(store.get_state(STATUS_KEY) or {"state": "not started"})
+    beat = st.get("heartbeat")
+    st["alive"] = bool(beat) and st.get("state") != "stopped" and \
+        time.time() - float(beat) < 3 * float(st.get("heartbeat_s", 5.0)) + 5
+    return st
+
+
+def set_paused(store, paused: bool, by: str = "admin") -> None:
+    """Ask the service to pause (it finishes a running step first) or resume."""
+    store.set_state(PAUSE_KEY, {"paused": bool(paused), "by": by, "at": time.time()})
+
+
+def is_paused(store) -> bool:
+    return bool((store.get_state(PAUSE_KEY) or {}).get("paused"))
+
+
+class _Status:
+    """The status dict and a thread that rewrites it every heartbeat_s (also mid-step)."""
+
+    def __init__(self, store, every_s: float):
+        self.store, self.every_s = store, every_s
+        self.value: dict = {"state": "starting", "pid": os.getpid(), "heartbeat_s": every_s}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="collab-trainer-heartbeat", daemon=True)
+
+    def set(self, state: str, **fields) -> None:
+        with self._lock:
+            if state != self.value.get("state"):
+                self.value["since"] = time.time()
+            self.value.update(state=state, **fields)
+            self._write()
+
+    def _write(self) -> None:
+        self.value["heartbeat"] = time.time()
+        try:
+            self.store.set_state(STATUS_KEY, self.value)
+        except Exception:  # noqa: BLE001 - a status write must never stop training
+            log.exception("could not write the trainer status")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with self._lock:
+                self._write()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ----------------------------------------------------------------------------- the service
+
+def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
+    """Record every complete adapter version on disk that has no store row yet (a crash between
+    the rename and the row). Returns the (agent, version) pairs recorded."""
+    from trainer import adapters
+
+    done = []
+    if not os.path.isdir(adapters_dir):
+        return done
+    for agent in sorted(os.listdir(adapters_dir)):
+        if agent.startswith(".") or not os.path.isdir(os.path.join(adapters_dir, agent)):
+            continue
+        known = {a.version for a in store.adapter_versions(agent)}
+        for version, path in adapters.list_versions(adapters_dir, agent):
+            if version not in known:
+                meta = adapters.read_meta(path)
+                store.record_adapter_version(agent, version, path, step=None,
+                                             metrics={"reconciled": True, "task_step": meta.get("step")})
+                done.append((agent, version))
+    if done:
+        log.warning("recorded adapter versions found on disk without a store row: %s", done)
+    return done
+
+
+def to_trainer_group(g):
+    """A store ReadyGroup as the trainer's Group (returns = the rule's returns)."""
+    from trainer.magrpo import Group
+
+    return Group(task=g.task, example_id=g.example_id, turn=g.turn, prompts=list(g.prompts),
+                 samples=g.samples, joint=[tuple(j) for j in g.joint], returns=list(g.returns),
+                 rewards=list(g.returns), levels=[dict(lv) for lv in g.levels])
+
+
+class TrainerService:
+    def __init__(self, cfg: ServiceConfig, store=None, tasks: dict | None = None):
+        """`store`: an open Store (default: Store(cfg.db)); `tasks`: task objects by name to use
+        instead of `tasks.load_task(name)` (e.g. a person's own task, or a test's)."""
+        from collab_app.model import ensure_model
+        from collab_app.store import Store
+
+        self.cfg = dataclasses.replace(cfg, model=ensure_model(cfg.model or None),
+                                       adapters_dir=cfg.adapters_dir or default_adapters_dir())
+        self.store = store if store is not None else Store(cfg.db or None)
+        self.rule = cfg.rule()
+        self.tasks = dict(tasks or {})
+        self.trainers: dict = {}          # task name -> MAGRPOTrainer
+        self.status = _Status(self.store, cfg.heartbeat_s)
+        self.stop_event = threading.Event()
+        self.steps_done = 0
+        self._backoff = 0.0
+        self._sampler = None              # self-play engine, built on first use
+        self._self_play_round = 0
+
+    # -- pieces ------------------------------------------------------------------------------
+    def next_step(self) -> int:
+        last = self.store.train_steps(last=1)
+        return (last[-1]["step"] if last else 0) + 1
+
+    def trainer_for(self, task_name: str):
+        if task_name not in self.trainers:
+            from tasks import load_task
+            from trainer.magrpo import MAGRPOTrainer
+
+            task = self.tasks.get(task_name) or load_task(task_name)
+            cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents)
+            self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
+            reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
+        return self.trainers[task_name]
+
+    def due(self, ready) -> tuple[str, list] | None:
+        """(task, groups) of the first task that has K ready groups or waited T, else None."""
+        by_task: dict[str, list] = {}
+        for g in ready:
+            by_task.setdefault(TASK_ALIASES.get(g.task, g.task), []).append(g)
+        now = time.time()
+        for task, groups in by_task.items():
+            waited = now - min(g.created_at.timestamp() for g in groups)
+            if len(groups) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
+                return task, groups[:self.cfg.max_groups_per_step]
+        return None
+
+    def train_step(self, task_name: str, ready) -> dict:
+        """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
+        step = self.next_step()
+        ids = [g.group_id for g in ready]
+        self.status.set("training", step=step, task=task_name, groups=len(ids),
+                        message=f"MAGRPO step {step} on {len(ids)} {task_name} groups")
+        trainer = self.trainer_for(task_name)
+        before = dict(trainer.versions)
+        t0 = time.time()
+        metrics = trainer.update([to_trainer_group(g) for g in ready])
+        metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
+                       oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
+        for agent in trainer.agents:   # rows only now: update() renamed the dirs into place
+            if trainer.versions[agent] != before[agent]:
+                self.store.record_adapter_version(agent, trainer.versions[agent], trainer.adapter_path(agent),
+                                                  step=step, metrics=metrics)
+        self.store.record_train_step(step, metrics, ids)
+        self.steps_done += 1
+        log.info("step %d (%s): %d groups, return %.3f, versions %s, %.1fs", step, task_name, len(ids),
+                 metrics.get("return_mean", float("nan")), trainer.versions, time.time() - t0)
+        self.status.set("idle", step=step, message=f"step {step} done",
+                        last_step={"step": step, "task": task_name, "groups": len(ids),
+                                   "versions": dict(trainer.versions), "at": time.time(),
+                                   "return_mean": metrics.get("return_mean")})
+        return metrics
+
+    def self_play_round(self) -> list[int]:
+        """Sample `self_play_prompts` train prompts of cfg.task with the current adapters and store
+        the groups with their automatic rewards. Returns the new group ids."""
+        from collab_app.engine import make_engine
+        from collab_app.train_cmd import EngineSampler
+        from tasks.base import Reward
+        from trainer.magrpo import rollout
+
+        trainer = self.trainer_for(self.cfg.task)
+        if self._sampler is None:
+            self._sampler = EngineSampler(make_engine(self.cfg.engine, model=self.cfg.model))
+            for agent in trainer.agents:
+                self._sampler.engine.register_agent(agent)
+        trainer.load_into(self._sampler)
+        self.status.set("self-play", message=f"self-play round {self._self_play_round + 1} on {self.cfg.task}")
+        examples = trainer.batch(trainer.task.examples("train"), self._self_play_round)[:self.cfg.self_play_prompts]
+        self._self_play_round += 1
+        ids = []
+        for g in rollout(self._sampler, trainer.task, examples, self.cfg):
+            example = next(ex for ex in examples if str(ex["id"]) == g.example_id)
+            rewards = [Reward(total=r, levels=lv, max_total=trainer.task.max_reward)
+                       for r, lv in zip(g.rewards, g.levels)]
+            gid, _ = self.store.add_group(task=self.cfg.task, example=example, prompts=g.prompts,
+                                          samples=g.samples, joint=g.joint, auto_rewards=rewards,
+                                          session_id="self-play", turn=g.turn)
+            ids.append(gid)
+        return ids
+
+    # -- the loop ----------------------------------------------------------------------------
+    def poll_once(self) -> str:
+        """One look at the store; does at most one step or one self-play round. Returns what it did:
+        "paused" | "trained" | "self-play" | "idle"."""
+        if is_paused(self.store):
+            self.status.set("paused", message="paused by an admin; resume in the Training tab")
+            return "paused"
+        self.store.expire_groups(self.rule)
+        due = self.due(self.store.ready_groups(self.rule, limit=4 * self.cfg.max_groups_per_step))
+        if due:
+            self.train_step(*due)
+            return "trained"
+        if self.cfg.self_play:
+            self.self_play_round()
+            self.status.set("idle", message="self-play round stored")
+            return "self-play"
+        if self.status.value.get("state") != "idle":
+            self.status.set("idle", message="waiting for ready groups")
+        return "idle"
+
+    def run(self) -> int:
+        """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done."""
+        from trainer import adapters
+
+        os.makedirs(self.cfg.adapters_dir, exist_ok=True)
+        for agent in os.listdir(self.cfg.adapters_dir):
+            adapters.remove_partial(self.cfg.adapters_dir, agent)
+        reconcile(self.store, self.cfg.adapters_dir)
+        self.status.start()
+        self.status.set("idle", message="started")
+        try:
+            while not self.stop_event.is_set():
+                if self.cfg.max_steps and self.steps_done >= self.cfg.max_steps:
+                    break
+                if self.cfg.parent_pid and os.getppid() != self.cfg.parent_pid:   # re-parented: it died
+                    log.warning("parent process %d is gone: stopping", self.cfg.parent_pid)
+                    break
+                try:
+                    did = self.poll_once()
+                    self._backoff = 0.0
+                except Exception as e:  # noqa: BLE001 - report, back off, retry; never die silently
+                    log.exception("trainer step failed")
+                    self.trainers.clear()   # in-memory weights may be half-stepped: reload from disk
+                    self._backoff = min(max(2 * self._backoff, self.cfg.poll_s), 300.0)
+                    self.status.set("error", message=f"{type(e).__name__}: {e} (retrying in {self._backoff:.0f}s)")
+                    self.stop_event.wait(self._backoff)
+                    continue
+                if did in ("idle", "paused"):
+                    self.stop_event.wait(self.cfg.poll_s)
+        finally:
+            self.status.set("stopped", message=f"stopped after {self.steps_done} steps")
+            self.status.stop()
+        return self.steps_done
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from trainer.configcli import parse_config
+
+    cfg, _ = parse_config(ServiceConfig, argv, prog="collab trainer",
+                          description="Background trainer service: MAGRPO steps on the store's ready groups, "
+                                      "new adapter versions published for the serving engine to hot-load.")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+    service = TrainerService(cfg)
+
+    def stop(signum, _frame):
+        log.info("signal %d: stopping after the current step", signum)
+        service.stop_event.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    steps = service.run()
+    log.info("trainer service stopped after %d steps", steps)
+    return 0

@@ -1,0 +1,818 @@
+"""The episode store (DESIGN §3 "Store"): groups, samples, rewards, ratings, adapter versions and
+training steps, over any SQLAlchemy URL (SQLite file by default, PostgreSQL at scale).
+
+Every public method is one transaction and returns plain dataclasses (never live ORM objects),
+so callers in other threads / processes cannot trigger lazy loads or stale writes. A method
+returns only after its commit: an id it hands back is on disk.
+
+SQLite: WAL (readers never block the writer), `busy_timeout` (writers queue instead of failing),
+foreign keys on, `synchronous=FULL` (a returned commit survives a crash of the process or the
+machine). Write transactions start with `BEGIN IMMEDIATE`: taking the write lock up front means
+a read-then-write transaction (add_rating checks its joint sample first) can never hit
+SQLITE_BUSY on lock upgrade, which busy_timeout cannot retry. Reads use a plain `BEGIN`.
+
+Ratings are append-only: re-rating adds a row and the latest per rater counts. No method
+updates or deletes them, the ORM refuses to, and (schema v2) database triggers refuse to.
+
+Schema: `schema_version` + `MIGRATIONS`, an ordered list of functions, each taking the schema
+one version up with frozen DDL (never the current ORM classes, which describe the latest
+version only); they run in one transaction at start-up. tests/test_store.py checks that a
+migrated database matches the ORM classes below.
+
+Left out: deleting or editing groups (nothing a person rated is lost), multi-trainer claims on
+ready groups (one trainer service per store), and online schema downgrades.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy import JSON, ForeignKey, String, Text, UniqueConstraint, event, func, select
+from sqlalchemy.orm import (DeclarativeBase, Mapped, Session, mapped_column, relationship,
+                            selectinload)
+
+from collab_app.engine_types import Sample
+from collab_app.returns import ReturnRule, check_rating_value, group_returns, group_state
+from tasks.base import Reward
+
+MAX_RATER_CHARS = 200
+MAX_COMMENT_CHARS = 2_000
+BUSY_TIMEOUT_MS = 30_000
+STATUSES = ("open", "ready", "trained", "expired")
+"""open: collecting ratings; ready: every joint sample has an automatic reward or a rating (a
+hint for the UI; which groups train is decided by `ready_groups(rule)`); trained; expired."""
+
+
+class StoreError(ValueError):
+    """Bad input to the store; the message says what to fix. Nothing was written."""
+
+
+class NotFound(StoreError, LookupError):
+    """An id that is not in the store."""
+
+
+def default_url() -> str:
+    """$COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db (COLLAB_HOME defaults to ~/.cache/collab)."""
+    if os.environ.get("COLLAB_DB"):
+        return os.environ["COLLAB_DB"]
+    home = os.environ.get("COLLAB_HOME") or os.path.expanduser("~/.cache/collab")
+    return f"sqlite:///{os.path.join(home, 'collab.db')}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(sa.types.TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone: stored as UTC, read
+    back as UTC)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None:
+            if value.tzinfo is None:
+                raise StoreError("naive datetime given to the store; use timezone-aware UTC")
+            value = value.astimezone(timezone.utc)
+            if dialect.name == "sqlite":
+                value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+def jsonable(x: Any) -> Any:
+    """Plain JSON (no NaN/inf, which PostgreSQL's JSON refuses): non-finite floats become
+    strings ("nan", "inf"), tuples lists, numpy scalars numbers, anything else its str()."""
+    if isinstance(x, bool) or x is None or isinstance(x, (str, int)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):   # numpy / torch scalar
+        try:
+            return jsonable(x.item())
+        except (TypeError, ValueError):
+            pass
+    return str(x)
+
+
+# ----------------------------------------------------------------------------- ORM (latest schema)
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict: JSON, list: JSON}
+
+
+class GroupRow(Base):
+    __tablename__ = "groups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task: Mapped[str] = mapped_column(String(100), index=True)
+    example_id: Mapped[str] = mapped_column(String(200))
+    example: Mapped[dict]
+    turn: Mapped[int]
+    prompts: Mapped[list]                      # one per agent
+    num_agents: Mapped[int]
+    num_generations: Mapped[int]
+    max_reward: Mapped[float]                  # task's best total: scale for human ratings
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    session_id: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    trained_step: Mapped[int | None]
+    samples: Mapped[list[SampleRow]] = relationship(
+        order_by="(SampleRow.agent_index, SampleRow.gen_index)")
+    joints: Mapped[list[JointRow]] = relationship(order_by="JointRow.joint_index")
+
+
+class SampleRow(Base):
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("group_id", "agent_index", "gen_index"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id"), index=True)
+    agent_index: Mapped[int]
+    gen_index: Mapped[int]
+    agent: Mapped[str] = mapped_column(String(100))
+    adapter_version: Mapped[int | None]
+    text: Mapped[str] = mapped_column(Text)
+    prompt_token_ids: Mapped[list]
+    token_ids: Mapped[list]
+    logprobs: Mapped[list]                     # behaviour log-probs (engine_types convention)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    meta: Mapped[dict]
+
+
+class JointRow(Base):
+    __tablename__ = "joint_samples"
+    __table_args__ = (UniqueConstraint("group_id", "joint_index"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("groups.id"), index=True)
+    joint_index: Mapped[int]
+    sample_ids: Mapped[list]                   # samples.id, one per agent
+    combined: Mapped[str | None] = mapped_column(Text)
+    auto_total: Mapped[float | None]
+    auto_max: Mapped[float | None]
+    auto_levels: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
+    auto_details: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
+    auto_error: Mapped[str | None] = mapped_column(Text)
+    ratings: Mapped[list[RatingRow]] = relationship(order_by="RatingRow.id")
+
+
+class RatingRow(Base):
+    __tablename__ = "ratings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    joint_sample_id: Mapped[int] = mapped_column(ForeignKey("joint_samples.id"), index=True)
+    rater: Mapped[str] = mapped_column(String(MAX_RATER_CHARS))
+    value: Mapped[float]
+    comment: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class AdapterVersionRow(Base):
+    __tablename__ = "adapter_versions"
+    __table_args__ = (UniqueConstraint("agent", "version"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    agent: Mapped[str] = mapped_column(String(100), index=True)
+    version: Mapped[int]
+    path: Mapped[str] = mapped_column(Text)
+    step: Mapped[int | None]
+    created_at: Mapped[datetime]
+    metrics: Mapped[dict]
+    pinned: Mapped[bool] = mapped_column(server_default=sa.false())
+
+
+class TrainStepRow(Base):
+    __tablename__ = "train_steps"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    step: Mapped[int] = mapped_column(unique=True)
+    metrics: Mapped[dict]
+    created_at: Mapped[datetime]
+    group_ids: Mapped[list]
+
+
+class AppStateRow(Base):
+    """Small shared settings between the app and the trainer service (e.g. a pause flag)."""
+    __tablename__ = "app_state"
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[dict]
+    updated_at: Mapped[datetime]
+
+
+@event.listens_for(RatingRow, "before_update")
+@event.listens_for(RatingRow, "before_delete")
+def _ratings_append_only(mapper, connection, target):
+    raise StoreError("ratings are append-only: add a new rating instead of changing one")
+
+
+# ----------------------------------------------------------------------------- migrations
+
+schema_version = sa.Table("schema_version", sa.MetaData(),
+                          sa.Column("id", sa.Integer, primary_key=True),
+                          sa.Column("version", sa.Integer, nullable=False))
+
+
+def _migration_1(conn: sa.Connection) -> None:
+    """Initial schema (frozen: edit only with a new migration)."""
+    md = sa.MetaData()
+    ts = lambda name, **kw: sa.Column(name, UTCDateTime, nullable=False, **kw)   # noqa: E731
+    sa.Table("groups", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("task", sa.String(100), nullable=False, index=True),
+             sa.Column("example_id", sa.String(200), nullable=False),
+             sa.Column("example", JSON, nullable=False),
+             sa.Column("turn", sa.Integer, nullable=False),
+             sa.Column("prompts", JSON, nullable=False),
+             sa.Column("num_agents", sa.Integer, nullable=False),
+             sa.Column("num_generations", sa.Integer, nullable=False),
+             sa.Column("max_reward", sa.Float, nullable=False),
+             ts("created_at", index=True),
+             sa.Column("session_id", sa.String(200)),
+             sa.Column("status", sa.String(16), nullable=False, index=True),
+             sa.Column("trained_step", sa.Integer))
+    sa.Table("samples", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("group_id", sa.ForeignKey("groups.id"), nullable=False, index=True),
+             sa.Column("agent_index", sa.Integer, nullable=False),
+             sa.Column("gen_index", sa.Integer, nullable=False),
+             sa.Column("agent", sa.String(100), nullable=False),
+             sa.Column("adapter_version", sa.Integer),
+             sa.Column("text", sa.Text, nullable=False),
+             sa.Column("prompt_token_ids", JSON, nullable=False),
+             sa.Column("token_ids", JSON, nullable=False),
+             sa.Column("logprobs", JSON, nullable=False),
+             sa.Column("finish_reason", sa.String(16), nullable=False),
+             sa.Column("meta", JSON, nullable=False),
+             sa.UniqueConstraint("group_id", "agent_index", "gen_index"))
+    sa.Table("joint_samples", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("group_id", sa.ForeignKey("groups.id"), nullable=False, index=True),
+             sa.Column("joint_index", sa.Integer, nullable=False),
+             sa.Column("sample_ids", JSON, nullable=False),
+             sa.Column("combined", sa.Text),
+             sa.Column("auto_total", sa.Float),
+             sa.Column("auto_max", sa.Float),
+             sa.Column("auto_levels", JSON(none_as_null=True)),
+             sa.Column("auto_details", JSON(none_as_null=True)),
+             sa.Column("auto_error", sa.Text),
+             sa.UniqueConstraint("group_id", "joint_index"))
+    sa.Table("ratings", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("joint_sample_id", sa.ForeignKey("joint_samples.id"), nullable=False, index=True),
+             sa.Column("rater", sa.String(MAX_RATER_CHARS), nullable=False),
+             sa.Column("value", sa.Float, nullable=False),
+             sa.Column("comment", sa.Text, nullable=False),
+             ts("created_at"))
+    sa.Table("adapter_versions", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("agent", sa.String(100), nullable=False, index=True),
+             sa.Column("version", sa.Integer, nullable=False),
+             sa.Column("path", sa.Text, nullable=False),
+             sa.Column("step", sa.Integer),
+             ts("created_at"),
+             sa.Column("metrics", JSON, nullable=False),
+             sa.UniqueConstraint("agent", "version"))
+    sa.Table("train_steps", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("step", sa.Integer, nullable=False, unique=True),
+             sa.Column("metrics", JSON, nullable=False),
+             ts("created_at"),
+             sa.Column("group_ids", JSON, nullable=False))
+    md.create_all(conn)
+
+
+def _migration_2(conn: sa.Connection) -> None:
+    """Pinned adapter versions (admin roll-back), app_state (pause flag etc.), and append-only
+    ratings enforced by the database itself, not only by this module."""
+    conn.execute(sa.text("ALTER TABLE adapter_versions ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT false"))
+    md = sa.MetaData()
+    sa.Table("app_state", md,
+             sa.Column("key", sa.String(100), primary_key=True),
+             sa.Column("value", JSON, nullable=False),
+             sa.Column("updated_at", UTCDateTime, nullable=False))
+    md.create_all(conn)
+    msg = "ratings are append-only"
+    if conn.dialect.name == "sqlite":
+        for op in ("UPDATE", "DELETE"):
+            conn.execute(sa.text(f"CREATE TRIGGER ratings_no_{op.lower()} BEFORE {op} ON ratings "
+                                 f"BEGIN SELECT RAISE(ABORT, '{msg}'); END"))
+    elif conn.dialect.name == "postgresql":
+        conn.execute(sa.text("CREATE FUNCTION ratings_append_only() RETURNS trigger AS $$ BEGIN "
+                             f"RAISE EXCEPTION '{msg}'; END $$ LANGUAGE plpgsql"))
+        conn.execute(sa.text("CREATE TRIGGER ratings_append_only BEFORE UPDATE OR DELETE ON ratings "
+                             "FOR EACH ROW EXECUTE FUNCTION ratings_append_only()"))
+    # other databases: the ORM guard (_ratings_append_only) and the API are the enforcement
+
+
+MIGRATIONS = [_migration_1, _migration_2]
+"""MIGRATIONS[i] takes the schema from version i to i + 1."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sa.Connection, target: int = SCHEMA_VERSION) -> tuple[int, int]:
+    """Apply the missing migrations inside the caller's transaction. Returns (from, to)."""
+    if conn.dialect.name == "postgresql":   # several app replicas starting at once
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(7312026)"))
+    schema_version.create(conn, checkfirst=True)
+    current = conn.scalar(select(schema_version.c.version).where(schema_version.c.id == 1))
+    if current is None:
+        current = 0
+        conn.execute(schema_version.insert().values(id=1, version=0))
+    if current > len(MIGRATIONS):
+        raise StoreError(f"the database is at schema version {current} but this code knows only up "
+                         f"to {len(MIGRATIONS)}: upgrade collab (or point COLLAB_DB at another database)")
+    for v in range(current, target):
+        MIGRATIONS[v](conn)
+    if target > current:
+        conn.execute(schema_version.update().where(schema_version.c.id == 1).values(version=target))
+    return current, max(current, target)
+
+
+# ----------------------------------------------------------------------------- plain records
+
+@dataclass(frozen=True)
+class RatingRecord:
+    id: int
+    joint_sample_id: int
+    rater: str
+    value: float
+    comment: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class JointRecord:
+    id: int
+    group_id: int
+    joint_index: int
+    joint: tuple[int, ...]            # generation index per agent (into GroupRecord.samples[agent])
+    sample_ids: list[int]
+    combined: str | None
+    auto_total: float | None
+    auto_max: float | None
+    auto_levels: dict | None
+    auto_details: dict | None
+    auto_error: str | None
+    ratings: list[RatingRecord]       # oldest first
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    id: int
+    task: str
+    example_id: str
+    example: dict
+    turn: int
+    prompts: list[str]
+    num_agents: int
+    num_generations: int
+    max_reward: float
+    created_at: datetime
+    session_id: str | None
+    status: str
+    trained_step: int | None
+    samples: list[list[Sample]]       # [agent][g]
+    joints: list[JointRecord]
+
+
+@dataclass(frozen=True)
+class ReadyGroup:
+    """A group with a return for every joint action: what the trainer turns into its `Group`."""
+    group_id: int
+    task: str
+    example_id: str
+    example: dict
+    turn: int
+    prompts: list[str]                # per agent
+    samples: list[list[Sample]]       # [agent][g]
+    joint: list[tuple[int, ...]]      # joint action k -> sample index per agent
+    returns: list[float]              # per joint action
+    levels: list[dict]                # automatic levels per joint action ({} when none)
+    sources: list[str]                # "auto" | "human" | "weighted" per joint action
+    joint_sample_ids: list[int]
+    max_reward: float
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AdapterVersionRecord:
+    agent: str
+    version: int
+    path: str
+    step: int | None
+    created_at: datetime
+    metrics: dict = field(default_factory=dict)
+    pinned: bool = False
+
+
+def _rating(r: RatingRow) -> RatingRecord:
+    return RatingRecord(r.id, r.joint_sample_id, r.rater, r.value, r.comment, r.created_at)
+
+
+def _sample(s: SampleRow) -> Sample:
+    return Sample(agent=s.agent, adapter_version=s.adapter_version, prompt_token_ids=list(s.prompt_token_ids),
+                  text=s.text, token_ids=list(s.token_ids), logprobs=list(s.logprobs),
+                  finish_reason=s.finish_reason, meta=dict(s.meta))
+
+
+def _adapter(a: AdapterVersionRow) -> AdapterVersionRecord:
+    return AdapterVersionRecord(a.agent, a.version, a.path, a.step, a.created_at, dict(a.metrics), a.pinned)
+
+
+def _check_sample(s: Sample, where: str) -> None:
+    """Token ids ints, one finite behaviour log-prob per generated token: what the trainer needs."""
+    if not isinstance(s, Sample):
+        raise StoreError(f"{where} must be a collab_app.engine_types.Sample, got {type(s).__name__}")
+    for name in ("prompt_token_ids", "token_ids"):
+        ids = getattr(s, name)
+        if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in ids):
+            raise StoreError(f"{where}.{name} must be a list of ints")
+    lp = s.logprobs
+    if not isinstance(lp, (list, tuple)) or not all(
+            isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in lp):
+        raise StoreError(f"{where}.logprobs must be a list of finite floats (the engine produced -inf/nan?)")
+    if len(lp) != len(s.token_ids):
+        raise StoreError(f"{where}: {len(lp)} logprobs for {len(s.token_ids)} token_ids (need one per token)")
+
+
+# ----------------------------------------------------------------------------- the store
+
+class Store:
+    def __init__(self, url: str | None = None, echo: bool = False):
+        self.url = url or default_url()
+        u = sa.engine.make_url(self.url)
+        self.is_sqlite = u.get_backend_name() == "sqlite"
+        if self.is_sqlite and u.database and u.database != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(u.database)), exist_ok=True)
+        self.engine = sa.create_engine(u, echo=echo, pool_pre_ping=not self.is_sqlite)
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_on_connect)
+            event.listen(self.engine, "begin", _sqlite_on_begin)
+        # same pool; on SQLite its transactions start with BEGIN IMMEDIATE (module docstring)
+        self._writer = self.engine.execution_options(collab_write=True)
+        with self._writer.begin() as conn:
+            self.migrated_from, _ = migrate(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with Session(self._writer, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self.engine) as s, s.begin():
+            yield s
+
+    # -- groups ----------------------------------------------------------------------------
+
+    def add_group(self, task: str, example: dict, prompts: Sequence[str],
+                  samples: Sequence[Sequence[Sample]], joint: Sequence[Sequence[int]],
+                  auto_rewards: Sequence[Reward | None], session_id: str | None = None, *,
+                  combined: Sequence[str] | None = None, auto_errors: Sequence[str | None] | None = None,
+                  turn: int = 0, max_reward: float | None = None) -> tuple[int, list[int]]:
+        """Store one group atomically: its samples ([agent][g]), its joint actions (joint[k][i] =
+        index of agent i's sample in joint action k) and their automatic rewards (a
+        `tasks.base.Reward`, or None for human-only tasks / failed checks, then say why in
+        `auto_errors[k]`). `max_reward` (the task's best total) is taken from the rewards when
+        not given; human-only groups must pass it. Returns (group_id, joint_sample_ids)."""
+        n_agents = len(samples)
+        if not isinstance(task, str) or not task:
+            raise StoreError("task must be the task's name (a non-empty string)")
+        if not isinstance(example, dict):
+            raise StoreError("example must be a dict with an 'id'")
+        if n_agents < 1 or len(prompts) != n_agents:
+            raise StoreError(f"need one prompt per agent: {len(prompts)} prompts for {n_agents} agents")
+        G = len(samples[0])
+        if G < 1 or any(len(row) != G for row in samples):
+            raise StoreError("samples must be [agent][g] with the same number of generations per agent")
+        for i, row in enumerate(samples):
+            for g, smp in enumerate(row):
+                _check_sample(smp, f"samples[{i}][{g}]")
+        joint = [tuple(j) for j in joint]
+        if not joint or any(len(j) != n_agents or not all(
+                isinstance(x, int) and 0 <= x < G for x in j) for j in joint):
+            raise StoreError(f"joint must list, per joint action, one sample index in [0, {G}) per agent")
+        K = len(joint)
+        if len(auto_rewards) != K:
+            raise StoreError(f"{len(auto_rewards)} auto_rewards for {K} joint actions")
+        for extra, name in ((combined, "combined"), (auto_errors, "auto_errors")):
+            if extra is not None and len(extra) != K:
+                raise StoreError(f"{name} needs one entry per joint action ({K})")
+        if max_reward is None:
+            maxes = {r.max_total for r in auto_rewards if r is not None}
+            if not maxes:
+                raise StoreError("a group without automatic rewards needs max_reward= (the task's max_reward)")
+            max_reward = max(maxes)
+        if not (isinstance(max_reward, (int, float)) and math.isfinite(max_reward) and max_reward > 0):
+            raise StoreError(f"max_reward must be a positive number, got {max_reward!r}")
+        for k, r in enumerate(auto_rewards):
+            if r is not None and not (isinstance(r, Reward) and math.isfinite(r.total)):
+                raise StoreError(f"auto_rewards[{k}] must be a tasks.base.Reward with a finite total, or None")
+
+        example_id = str(example.get("id", ""))
+        with self._write() as s:
+            grp = GroupRow(task=task, example_id=example_id, example=jsonable(example), turn=int(turn),
+                           prompts=list(prompts), num_agents=n_agents, num_generations=G,
+                           max_reward=float(max_reward), created_at=utcnow(), session_id=session_id,
+                           status="open", trained_step=None)
+            s.add(grp)
+            rows = [[SampleRow(agent_index=i, gen_index=g, agent=smp.agent, adapter_version=smp.adapter_version,
+                               text=smp.text, prompt_token_ids=[int(x) for x in smp.prompt_token_ids],
+                               token_ids=[int(x) for x in smp.token_ids], logprobs=[float(x) for x in smp.logprobs],
+                               finish_reason=smp.finish_reason, meta=jsonable(smp.meta))
+                     for g, smp in enumerate(row)] for i, row in enumerate(samples)]
+            grp.samples = [r for row in rows for r in row]
+            s.flush()   # sample ids for the joint rows
+            joints = []
+            for k, (j, r) in enumerate(zip(joint, auto_rewards)):
+                joints.append(JointRow(
+                    joint_index=k, sample_ids=[rows[i][g].id for i, g in enumerate(j)],
+                    combined=None if combined is None else combined[k],
+                    auto_total=None if r is None else float(r.total),
+                    auto_max=None if r is None else float(r.max_total),
+                    auto_levels=None if r is None else jsonable(dict(r.levels)),
+                    auto_details=None if r is None else jsonable(dict(r.details)),
+                    auto_error=None if auto_errors is None else auto_errors[k]))
+            grp.joints = joints
+            if all(r is not None for r in auto_rewards):
+                grp.status = "ready"
+            s.flush()
+            return grp.id, [j.id for j in joints]
+
+    def group(self, group_id: int) -> GroupRecord:
+        """One group with its samples, joint samples and their ratings (NotFound if absent)."""
+        with self._read() as s:
+            grp = s.get(GroupRow, group_id, options=[selectinload(GroupRow.samples),
+                                                     selectinload(GroupRow.joints).selectinload(JointRow.ratings)])
+            if grp is None:
+                raise NotFound(f"no group with id {group_id}")
+            return self._group_record(grp)
+
+    @staticmethod
+    def _group_record(grp: GroupRow) -> GroupRecord:
+        samples: list[list[Sample]] = [[] for _ in range(grp.num_agents)]
+        where: dict[int, int] = {}
+        for r in grp.samples:
+            samples[r.agent_index].append(_sample(r))
+            where[r.id] = r.gen_index
+        joints = [JointRecord(j.id, grp.id, j.joint_index, tuple(where[sid] for sid in j.sample_ids),
+                              list(j.sample_ids), j.combined, j.auto_total, j.auto_max, j.auto_levels,
+                              j.auto_details, j.auto_error, [_rating(r) for r in j.ratings])
+                  for j in grp.joints]
+        return GroupRecord(grp.id, grp.task, grp.example_id, grp.example, grp.turn, list(grp.prompts),
+                           grp.num_agents, grp.num_generations, grp.max_reward, grp.created_at,
+                           grp.session_id, grp.status, grp.trained_step, samples, joints)
+
+    def recent_groups(self, n: int = 20, session_id: str | None = None) -> list[GroupRecord]:
+        """The newest `n` groups (optionally of one session), newest first, with samples and ratings."""
+        with self._read() as s:
+            q = select(GroupRow).order_by(GroupRow.id.desc()).limit(n).options(
+                selectinload(GroupRow.samples), selectinload(GroupRow.joints).selectinload(JointRow.ratings))
+            if session_id is not None:
+                q = q.where(GroupRow.session_id == session_id)
+            return [self._group_record(g) for g in s.scalars(q)]
+
+    # -- ratings (append-only) -------------------------------------------------------------
+
+    def add_rating(self, joint_sample_id: int, rater: str, value: float, comment: str = "") -> int:
+        """Append one rating (1..5) of a joint sample by `rater`; returns its id after commit.
+        Re-rating adds a row (the latest per rater counts). Bad input -> StoreError, nothing stored."""
+        v = check_rating_value(value)
+        if not isinstance(rater, str) or not rater.strip():
+            raise StoreError("rater must be a non-empty name (or a session id)")
+        if len(rater) > MAX_RATER_CHARS:
+            raise StoreError(f"rater is {len(rater)} characters; the limit is {MAX_RATER_CHARS}")
+        if not isinstance(comment, str):
+            raise StoreError(f"comment must be text, got {type(comment).__name__}")
+        if len(comment) > MAX_COMMENT_CHARS:
+            raise StoreError(f"comment is {len(comment):,} characters; the limit is {MAX_COMMENT_CHARS:,}")
+        if isinstance(joint_sample_id, bool) or not isinstance(joint_sample_id, int):
+            raise StoreError(f"joint_sample_id must be an integer id, got {joint_sample_id!r:.40}")
+        with self._write() as s:
+            joint = s.get(JointRow, joint_sample_id)
+            if joint is None:
+                raise NotFound(f"no joint sample with id {joint_sample_id}: rate a candidate that was stored")
+            row = RatingRow(joint_sample_id=joint_sample_id, rater=rater.strip(), value=v, comment=comment,
+                            created_at=utcnow())
+            s.add(row)
+            s.flush()
+            grp = s.get(GroupRow, joint.group_id)
+            if grp.status == "open":
+                self._maybe_ready(s, grp)
+            return row.id
+
+    @staticmethod
+    def _maybe_ready(s: Session, grp: GroupRow) -> None:
+        """open -> ready once every joint sample has an automatic reward or a rating."""
+        pending = s.scalar(select(func.count()).select_from(JointRow).where(
+            JointRow.group_id == grp.id, JointRow.auto_total.is_(None),
+            ~sa.exists().where(RatingRow.joint_sample_id == JointRow.id)))
+        if not pending:
+            grp.status = "ready"
+
+    def ratings_for(self, joint_sample_id: int | None = None, group_id: int | None = None,
+                    rater: str | None = None) -> list[RatingRecord]:
+        """Every stored rating (oldest first), filtered by joint sample, group and/or rater."""
+        with self._read() as s:
+            q = select(RatingRow).order_by(RatingRow.id)
+            if joint_sample_id is not None:
+                q = q.where(RatingRow.joint_sample_id == joint_sample_id)
+            if group_id is not None:
+                q = q.join(JointRow).where(JointRow.group_id == group_id)
+            if rater is not None:
+                q = q.where(RatingRow.rater == rater)
+            return [_rating(r) for r in s.scalars(q)]
+
+    # -- training --------------------------------------------------------------------------
+
+    def ready_groups(self, rule: ReturnRule, limit: int = 64, now: datetime | None = None,
+                     task: str | None = None) -> list[ReadyGroup]:
+        """Up to `limit` untrained groups whose every joint sample has a return under `rule`,
+        oldest first (so nothing waits forever behind newer data)."""
+        now = now or utcnow()
+        out: list[ReadyGroup] = []
+        last_id = 0
+        with self._read() as s:
+            while len(out) < limit:
+                q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.id > last_id)
+                     .order_by(GroupRow.id).limit(200)
+                     .options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
+                if task is not None:
+                    q = q.where(GroupRow.task == task)
+                page = list(s.scalars(q))
+                if not page:
+                    break
+                last_id = page[-1].id
+                for grp in page:
+                    got = self._returns(rule, grp, now)
+                    if got is None:
+                        continue
+                    rec = self._group_record(grp)   # loads its samples
+                    out.append(ReadyGroup(grp.id, grp.task, grp.example_id, grp.example, grp.turn,
+                                          list(grp.prompts), rec.samples, [j.joint for j in rec.joints],
+                                          got[0], [j.auto_levels or {} for j in rec.joints], got[1],
+                                          [j.id for j in rec.joints], grp.max_reward, grp.created_at))
+                    if len(out) >= limit:
+                        break
+        return out
+
+    @staticmethod
+    def _inputs(grp: GroupRow, now: datetime):
+        autos = [j.auto_total for j in grp.joints]
+        ratings = [[(r.rater, r.value) for r in j.ratings] for j in grp.joints]
+        return autos, ratings, grp.max_reward, (now - grp.created_at).total_seconds()
+
+    def _returns(self, rule: ReturnRule, grp: GroupRow, now: datetime):
+        return group_returns(rule, *self._inputs(grp, now))
+
+    def mark_trained(self, group_ids: Sequence[int], step: int) -> int:
+        """Mark groups trained at `step`; returns how many changed (already trained ones stay)."""
+        with self._write() as s:
+            return self._mark(s, group_ids, step)
+
+    @staticmethod
+    def _mark(s: Session, group_ids: Sequence[int], step: int) -> int:
+        if not group_ids:
+            return 0
+        res = s.execute(sa.update(GroupRow).where(GroupRow.id.in_(list(group_ids)), GroupRow.status != "trained")
+                        .values(status="trained", trained_step=int(step)))
+        return res.rowcount
+
+    def record_train_step(self, step: int, metrics: dict, group_ids: Sequence[int]) -> None:
+        """One trainer step: its metrics, and its groups marked trained, in one transaction."""
+        with self._write() as s:
+            s.add(TrainStepRow(step=int(step), metrics=jsonable(metrics), created_at=utcnow(),
+                               group_ids=[int(g) for g in group_ids]))
+            self._mark(s, group_ids, step)
+
+    def train_steps(self, last: int | None = None) -> list[dict]:
+        """Recorded steps, oldest first (the `last` n when given): {step, metrics, created_at, group_ids}."""
+        with self._read() as s:
+            q = select(TrainStepRow).order_by(TrainStepRow.step.desc())
+            if last is not None:
+                q = q.limit(last)
+            rows = list(s.scalars(q))[::-1]
+            return [dict(step=r.step, metrics=r.metrics, created_at=r.created_at, group_ids=r.group_ids)
+                    for r in rows]
+
+    def expire_groups(self, rule: ReturnRule, now: datetime | None = None) -> list[int]:
+        """Mark `expired` the untrained groups older than `rule.human_timeout_s` that are still not
+        ready under `rule` (e.g. human-only groups nobody rated). Their ratings stay; a late
+        rating is still stored but does not revive the group. Returns the expired ids."""
+        if math.isinf(rule.human_timeout_s):
+            return []
+        now = now or utcnow()
+        cutoff = now - timedelta(seconds=rule.human_timeout_s)
+        with self._write() as s:
+            q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.created_at <= cutoff)
+                 .options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
+            expired = [g for g in s.scalars(q) if group_state(rule, *self._inputs(g, now)) == "expired"]
+            for g in expired:
+                g.status = "expired"
+            return [g.id for g in expired]
+
+    # -- adapter versions ------------------------------------------------------------------
+
+    def record_adapter_version(self, agent: str, version: int, path: str, step: int | None = None,
+                               metrics: dict | None = None) -> None:
+        """Add a version row. Call only after the adapter directory was renamed into place
+        (DESIGN §3 Adapters): a row always names a complete adapter."""
+        if not agent or not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise StoreError("record_adapter_version needs an agent name and an integer version >= 0")
+        with self._write() as s:
+            if s.scalar(select(AdapterVersionRow.id).where(AdapterVersionRow.agent == agent,
+                                                           AdapterVersionRow.version == version)):
+                raise StoreError(f"agent {agent!r} already has version {version}: versions are never reused")
+            s.add(AdapterVersionRow(agent=agent, version=version, path=str(path), step=step, created_at=utcnow(),
+                                    metrics=jsonable(metrics or {}), pinned=False))
+
+    def adapter_versions(self, agent: str) -> list[AdapterVersionRecord]:
+        with self._read() as s:
+            q = select(AdapterVersionRow).where(AdapterVersionRow.agent == agent).order_by(AdapterVersionRow.version)
+            return [_adapter(a) for a in s.scalars(q)]
+
+    def latest_adapter_versions(self) -> dict[str, AdapterVersionRecord]:
+        """agent -> its newest version."""
+        with self._read() as s:
+            newest = (select(AdapterVersionRow.agent, func.max(AdapterVersionRow.version).label("v"))
+                      .group_by(AdapterVersionRow.agent).subquery())
+            q = select(AdapterVersionRow).join(newest, sa.and_(AdapterVersionRow.agent == newest.c.agent,
+                                                               AdapterVersionRow.version == newest.c.v))
+            return {a.agent: _adapter(a) for a in s.scalars(q)}
+
+    def pin_adapter(self, agent: str, version: int | None) -> None:
+        """Serve `version` for `agent` regardless of newer ones (roll back); None = follow the newest."""
+        with self._write() as s:
+            if version is not None and not s.scalar(select(AdapterVersionRow.id).where(
+                    AdapterVersionRow.agent == agent, AdapterVersionRow.version == version)):
+                raise NotFound(f"agent {agent!r} has no adapter version {version}")
+            s.execute(sa.update(AdapterVersionRow).where(AdapterVersionRow.agent == agent)
+                      .values(pinned=AdapterVersionRow.version == version if version is not None else False))
+
+    def current_adapter_versions(self) -> dict[str, tuple[int, str]]:
+        """agent -> (version, path) to serve: the pinned version if any, else the newest."""
+        latest = self.latest_adapter_versions()
+        with self._read() as s:
+            for a in s.scalars(select(AdapterVersionRow).where(AdapterVersionRow.pinned.is_(True))):
+                latest[a.agent] = _adapter(a)
+        return {agent: (a.version, a.path) for agent, a in latest.items()}
+
+    # -- shared app state ------------------------------------------------------------------
+
+    def set_state(self, key: str, value: dict) -> None:
+        with self._write() as s:
+            s.merge(AppStateRow(key=key, value=jsonable(value), updated_at=utcnow()))
+
+    def get_state(self, key: str, default: dict | None = None) -> dict | None:
+        with self._read() as s:
+            row = s.get(AppStateRow, key)
+            return default if row is None else row.value
+
+    # -- overview --------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counts for the UI / logs: groups per status, joint samples, samples, ratings, raters,
+        adapter versions, train steps, schema version."""
+        with self._read() as s:
+            by_status = dict(s.execute(select(GroupRow.status, func.count()).group_by(GroupRow.status)).all())
+            count = lambda model: s.scalar(select(func.count()).select_from(model))   # noqa: E731
+            return {
+                "groups": {st: by_status.get(st, 0) for st in STATUSES},
+                "joint_samples": count(JointRow), "samples": count(SampleRow), "ratings": count(RatingRow),
+                "raters": s.scalar(select(func.count(sa.distinct(RatingRow.rater)))),
+                "adapter_versions": count(AdapterVersionRow), "train_steps": count(TrainStepRow),
+                "schema_version": s.scalar(select(schema_version.c.version)),
+            }
+
+    counts = stats
+
+
+def _sqlite_on_connect(dbapi_conn, _record) -> None:
+    dbapi_conn.isolation_level = None   # SQLAlchemy emits BEGIN itself (_sqlite_on_begin)
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys = ON")
+    cur.execute("PRAGMA journal_mode = WAL")
+    cur.execute("PRAGMA synchronous = FULL")
+    cur.close()
+
+
+def _sqlite_on_begin(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("collab_write") else "BEGIN")

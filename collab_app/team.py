@@ -1,0 +1,73 @@
+"""A team: N >= 1 agents (roles), each with its own LoRA adapter, generating together.
+
+Homogeneous team (every `Agent.model` None): all agents share one engine and one base model, one
+adapter each. Heterogeneous team: an agent with `model` set gets its own engine on that base
+(`Team.make_engines`). Either way `Team.generate` makes ONE batched call per engine for a whole
+batch of examples, and hands back samples indexed [example][agent][g].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collab_app.engine_types import Engine, EngineError, Request, Sample, Sampling
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str                 # the role, e.g. "helper" / "main"; also the engine's agent key
+    role_prompt: str = ""     # system prompt for this role (may be empty)
+    adapter: str | None = None  # peft adapter directory to serve at start (None = base model)
+    model: str | None = None  # own base model (HF id / folder) -> heterogeneous team
+
+
+class Team:
+    def __init__(self, agents: list[Agent] | None = None):
+        agents = list(agents) if agents is not None else [Agent("helper"), Agent("main")]
+        if not agents:
+            raise EngineError("a team needs at least one agent")
+        names = [a.name for a in agents]
+        if len(set(names)) != len(names):
+            raise EngineError(f"agent names must be unique, got {names}")
+        self.agents = agents
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    def make_engines(self, kind: str = "auto", **kw) -> dict[str, Engine]:
+        """One engine per distinct base model, agent name -> engine; agents registered and their
+        start adapters (version 0) loaded. `kw` goes to `make_engine`."""
+        from collab_app.engine import make_engine
+
+        by_model: dict[str | None, Engine] = {}
+        engines = {}
+        for a in self.agents:
+            if a.model not in by_model:
+                sharing = sum(b.model == a.model for b in self.agents)
+                by_model[a.model] = make_engine(kind, a.model, **({"num_agents": sharing} | kw))
+            eng = engines[a.name] = by_model[a.model]
+            eng.register_agent(a.name)
+            if a.adapter:
+                eng.load_adapter(a.name, a.adapter, 0)
+        return engines
+
+    def generate(self, engines: Engine | dict[str, Engine], prompts: list[list[str]], n: int,
+                 sampling: Sampling) -> list[list[list[Sample]]]:
+        """prompts[e][i] = agent i's prompt for example e. Returns samples[e][i][g] (g < n)."""
+        if not isinstance(engines, dict):
+            engines = {a.name: engines for a in self.agents}
+        for e, row in enumerate(prompts):
+            if len(row) != self.num_agents:
+                raise EngineError(f"example {e}: {len(row)} prompts for {self.num_agents} agents; give one per agent")
+        out: list[list[list[Sample] | None]] = [[None] * self.num_agents for _ in prompts]
+        groups: dict[int, tuple[Engine, list[tuple[int, int]]]] = {}  # id(engine) -> (engine, [(e, i)])
+        for i, a in enumerate(self.agents):
+            if a.name not in engines:
+                raise EngineError(f"no engine for agent {a.name!r}; pass one engine or a dict with every agent")
+            eng = engines[a.name]
+            groups.setdefault(id(eng), (eng, []))[1].extend((e, i) for e in range(len(prompts)))
+        for eng, slots in groups.values():
+            reqs = [Request(self.agents[i].name, prompts[e][i], self.agents[i].role_prompt) for e, i in slots]
+            for (e, i), samples in zip(slots, eng.generate(reqs, n, sampling)):
+                out[e][i] = samples
+        return out  # type: ignore[return-value]

@@ -1,0 +1,339 @@
+"""The Gradio app's layout: `build_app(ctx) -> gr.Blocks`; `launch(ctx, ...)` queues and serves it.
+
+Tabs: Co-code, Co-write (generate G >= 2 joint answers, see who wrote what, rate 1-5, another
+round with the task's feedback), Team, Training, Data. All logic is in handlers.py; this file
+only maps components to handler arguments and results to component updates.
+
+API endpoints (gradio_client): `/generate`, `/rate`, `/stats` (see `_api`). The UI's own events
+are private to the browser (`api_visibility="private"`) because they carry UI-shaped outputs.
+"""
+from __future__ import annotations
+
+import logging
+
+import gradio as gr
+
+from collab_app import handlers as H
+from collab_app.context import AppContext
+
+log = logging.getLogger(__name__)
+
+PRIVATE = {"api_visibility": "private"}
+RATING_CHOICES = ["1", "2", "3", "4", "5"]
+INTRO = """# collab — a team of small LLM agents that learns from you
+Pick a task, press **Generate**: the team writes **{G}** joint answers side by side (each agent
+writes its part, with its own LoRA adapter). Rate each candidate **1-5** (5 = best) and press
+**Submit**; ratings and the automatic checks become rewards for the next MAGRPO training step."""
+
+
+def _err(fn):
+    """UserError -> gr.Error (a message in the UI / an AppError for API clients); the app stays up."""
+    import functools
+    import inspect
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(*a, **k):
+            try:
+                yield from fn(*a, **k)
+            except H.UserError as e:
+                raise gr.Error(str(e)) from None
+        return gen
+
+    @functools.wraps(fn)
+    def wrapped(*a, **k):
+        try:
+            return fn(*a, **k)
+        except H.UserError as e:
+            raise gr.Error(str(e)) from None
+    return wrapped
+
+
+class _Panel:
+    """The candidates area of a tab: status line, G side-by-side cards with a 1-5 rating each,
+    comment, Submit, and "another round"."""
+
+    def __init__(self, ctx: AppContext, name: str):
+        self.ctx, self.coding = ctx, name == "code"
+        self.status = gr.Markdown("", elem_id=f"{name}-status")
+        self.columns, self.cards, self.ratings = [], [], []
+        with gr.Row(equal_height=False):
+            for i in range(ctx.max_generations):
+                with gr.Column(visible=False, min_width=280) as col:
+                    self.cards.append(gr.Markdown(elem_id=f"{name}-cand-{i}"))
+                    self.ratings.append(gr.Radio(RATING_CHOICES, label=f"your rating of candidate {i + 1}",
+                                                 elem_id=f"{name}-rate-{i}"))
+                self.columns.append(col)
+        with gr.Row(visible=False) as self.rate_row:
+            self.comment = gr.Textbox(label="comment (optional)", scale=3, max_lines=3)
+            self.submit = gr.Button("Submit ratings", variant="primary", scale=1, elem_id=f"{name}-submit")
+        self.rate_msg = gr.Markdown(elem_id=f"{name}-rate-msg")
+        with gr.Row(visible=False) as self.round_row:
+            self.continue_from = gr.Dropdown(label="continue from candidate (default: best automatic score)",
+                                             choices=[], value=None, scale=2)
+            self.again = gr.Button("Another round (with the checks' feedback)", scale=1)
+
+    def outputs(self):
+        return [self.status, *self.columns, *self.cards, *self.ratings, self.rate_row, self.rate_msg,
+                self.round_row, self.continue_from]
+
+    def show(self, ep: dict, message: str) -> dict:
+        cands = ep["candidates"]
+        upd = {self.status: message, self.rate_msg: "", self.rate_row: gr.update(visible=True),
+               self.round_row: gr.update(visible=True),
+               self.continue_from: gr.update(choices=[(f"candidate {i + 1}", i) for i in range(len(cands))],
+                                             value=None)}
+        for i in range(self.ctx.max_generations):
+            on = i < len(cands)
+            upd[self.columns[i]] = gr.update(visible=on)
+            upd[self.cards[i]] = H.render_candidate(cands[i], i, self.coding) if on else ""
+            upd[self.ratings[i]] = gr.update(value=None)
+        return upd
+
+    def hide(self, message: str) -> dict:
+        upd = {self.status: message, self.rate_row: gr.update(visible=False),
+               self.round_row: gr.update(visible=False), self.rate_msg: ""}
+        upd.update({c: gr.update(visible=False) for c in self.columns})
+        return upd
+
+    def stream(self, ep: dict, state, request: gr.Request | None):
+        """Run the handler's generator, turning its progress events into status updates."""
+        yield self.hide("⏳ starting ...")
+        for ev in H.generate(self.ctx, ep, _session(request)):
+            if ev["kind"] == "progress":
+                yield {self.status: "⏳ " + ev["message"]}
+            else:
+                yield {**self.show(ev["episode"], "✅ " + ev["message"]), state: ev["episode"]}
+
+    def wire(self, state, rater, start_fn, start_inputs, generate_btn):
+        outs = self.outputs() + [state]
+
+        @_err
+        def on_generate(*args, request: gr.Request = None):
+            *inputs, _state = args
+            ep = start_fn(*inputs)
+            yield from self.stream(ep, state, request)
+
+        @_err
+        def on_again(ep, continue_from, request: gr.Request = None):
+            ep = H.another_round(self.ctx, ep, None if continue_from in (None, "") else int(continue_from))
+            yield from self.stream(ep, state, request)
+
+        @_err
+        def on_submit(ep, rater_name, comment, *values, request: gr.Request = None):
+            who = H.rater_id(rater_name, _session(request))
+            return H.rate_candidates(self.ctx, ep, list(values), who, comment)
+
+        gen_kw = dict(concurrency_id="generate", concurrency_limit=self.ctx.generate_concurrency, **PRIVATE)
+        generate_btn.click(on_generate, start_inputs + [state], outs, **gen_kw)
+        self.again.click(on_again, [state, self.continue_from], outs, **gen_kw)
+        self.submit.click(on_submit, [state, rater, self.comment, *self.ratings], [self.rate_msg],
+                          concurrency_limit=8, **PRIVATE)
+
+
+def _session(request) -> str | None:
+    return getattr(request, "session_hash", None) if request is not None else None
+
+
+def _code_tab(ctx: AppContext, rater):
+    humaneval = "humaneval" in ctx.tasks
+    state = gr.State(H.new_episode())
+    sources = list(H.SOURCES) if humaneval else [H.SOURCES[1]]
+    source = gr.Radio(sources, value=sources[0], label="problem", elem_id="code-source")
+    with gr.Group(visible=humaneval) as he_box:
+        with gr.Row():
+            split = gr.Radio(["eval", "train"], value="eval", label="HumanEval split", scale=1)
+            first = H.list_examples(ctx, "humaneval", "eval") if humaneval else []
+            problem = gr.Dropdown(first, value=first[0][1] if first else None, label="HumanEval problem",
+                                  scale=3, elem_id="code-problem")
+        preview = gr.Markdown(H.example_preview(ctx, "humaneval", "eval", first[0][1]) if first else "")
+    with gr.Group(visible=not humaneval) as own_box:
+        own_prompt = gr.Code(label="your problem: function signature + docstring", language="python",
+                             value='def add(a, b):\n    """Return the sum of a and b."""\n', elem_id="code-own-prompt")
+        own_tests = gr.Code(label="tests (assert statements, or HumanEval-style `def check(candidate)`)",
+                            language="python", value="assert add(1, 2) == 3\nassert add(-1, 1) == 0\n")
+        entry = gr.Textbox(label="entry point (function name; empty = the first def)", max_lines=1)
+    gen = gr.Button("Generate", variant="primary", elem_id="code-generate")
+    panel = _Panel(ctx, "code")
+
+    source.change(lambda s: (gr.update(visible=s == H.SOURCES[0]), gr.update(visible=s != H.SOURCES[0])),
+                  [source], [he_box, own_box], **PRIVATE)
+
+    @_err
+    def on_split(sp):
+        ch = H.list_examples(ctx, "humaneval", sp)
+        return gr.update(choices=ch, value=ch[0][1] if ch else None)
+    split.change(on_split, [split], [problem], **PRIVATE)
+    problem.change(_err(lambda sp, pid: H.example_preview(ctx, "humaneval", sp, pid) if pid else ""),
+                   [split, problem], [preview], **PRIVATE)
+
+    def start(src, sp, pid, prompt, tests, ep_name):
+        return H.start_coding(ctx, src, sp, pid, prompt, tests, ep_name)
+    panel.wire(state, rater, start, [source, split, problem, own_prompt, own_tests, entry], gen)
+
+
+def _write_tab(ctx: AppContext, rater):
+    names = H.task_choices(ctx)["writing"]
+    state = gr.State(H.new_episode())
+    labels = {"tldr": "TL;DR: a short summary + a detailed one", "expansion": "Expansion: background + method"}
+    task = gr.Radio([(labels.get(n, n), n) for n in names], value=names[0] if names else None,
+                    label="writing task", elem_id="write-task")
+    text = gr.Textbox(label="your text (paste it here)", lines=8, max_lines=20, elem_id="write-text",
+                      placeholder="Paste a paragraph, an abstract, a post ...")
+    gen = gr.Button("Generate", variant="primary", elem_id="write-generate")
+    panel = _Panel(ctx, "write")
+    panel.wire(state, rater, lambda t, x: H.start_writing(ctx, t, x), [task, text], gen)
+
+
+def _team_tab(ctx: AppContext, token):
+    overview = gr.Markdown(H.team_overview(ctx), elem_id="team-overview")
+    agents = H.agent_choices(ctx)
+    with gr.Accordion("Role prompts (admin)", open=False):
+        agent = gr.Dropdown(agents, value=agents[0] if agents else None, label="agent")
+        prompt = gr.Textbox(H.role_prompt(ctx, agents[0]) if agents else "", label="role prompt (system)",
+                            lines=4)
+        save_prompt = gr.Button("Save role prompt")
+    with gr.Accordion("Generation settings (admin)", open=False):
+        with gr.Row():
+            G = gr.Slider(2, ctx.max_generations, value=ctx.num_generations, step=1,
+                          label="number of generations G")
+            temp = gr.Slider(0, 2, value=ctx.sampling.temperature, step=0.05, label="temperature")
+            top_p = gr.Slider(0.05, 1, value=ctx.sampling.top_p, step=0.05, label="top-p")
+            max_new = gr.Number(ctx.sampling.max_new_tokens, precision=0, label="max new tokens")
+        save_gen = gr.Button("Apply")
+    with gr.Accordion("Adapter versions: pin / roll back (admin)", open=True):
+        with gr.Row():
+            ad_agent = gr.Dropdown(agents, value=agents[0] if agents else None, label="agent", scale=2)
+            version = gr.Number(None, precision=0, label="version to pin", scale=1)
+        versions = gr.Dataframe(H.adapter_table(ctx, agents[0]) if agents else None, interactive=False,
+                                label="versions (newest first)")
+        with gr.Row():
+            pin = gr.Button("Pin this version")
+            back = gr.Button("Roll back one version")
+            unpin = gr.Button("Unpin (follow the trainer's newest)")
+    msg = gr.Markdown(elem_id="team-msg")
+
+    agent.change(lambda a: H.role_prompt(ctx, a), [agent], [prompt], **PRIVATE)
+    ad_agent.change(lambda a: H.adapter_table(ctx, a), [ad_agent], [versions], **PRIVATE)
+    save_prompt.click(_err(lambda t, a, p: H.set_role_prompt(ctx, t, a, p)), [token, agent, prompt], [msg],
+                      **PRIVATE).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
+    save_gen.click(_err(lambda t, g, te, tp, mx: H.set_generation_settings(ctx, t, g, te, tp, mx)),
+                   [token, G, temp, top_p, max_new], [msg], **PRIVATE
+                   ).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
+    for btn, fn in ((pin, lambda t, a, v: H.pin_adapter(ctx, t, a, v)),
+                    (back, lambda t, a, v: H.roll_back(ctx, t, a)),
+                    (unpin, lambda t, a, v: H.unpin_adapter(ctx, t, a))):
+        btn.click(_err(fn), [token, ad_agent, version], [msg], concurrency_id="generate", **PRIVATE
+                  ).then(lambda a: (H.adapter_table(ctx, a), H.team_overview(ctx)), [ad_agent],
+                         [versions, overview], **PRIVATE)
+
+
+def _training_tab(ctx: AppContext, token):
+    status = gr.Markdown(H.training_status(ctx), elem_id="train-status")
+    with gr.Row():
+        pause = gr.Button("Pause training (admin)")
+        resume = gr.Button("Resume training (admin)")
+    msg = gr.Markdown()
+    plot = gr.Plot(label="return, reward levels, human vs automatic, zero-variance groups")
+    timer = gr.Timer(10)
+
+    def refresh():
+        return H.training_status(ctx), H.training_figure(ctx)
+    timer.tick(refresh, None, [status, plot], concurrency_limit=4, show_progress="hidden", **PRIVATE)
+    pause.click(_err(lambda t: H.set_training_paused(ctx, t, True)), [token], [msg], **PRIVATE
+                ).then(refresh, None, [status, plot], **PRIVATE)
+    resume.click(_err(lambda t: H.set_training_paused(ctx, t, False)), [token], [msg], **PRIVATE
+                 ).then(refresh, None, [status, plot], **PRIVATE)
+    return refresh, [status, plot]
+
+
+def _data_tab(ctx: AppContext, token):
+    stats = gr.Markdown(H.data_stats(ctx), elem_id="data-stats")
+    with gr.Row():
+        everyone = gr.Checkbox(False, label="all sessions (admin; default: only yours)")
+        refresh_btn = gr.Button("Refresh")
+    table = gr.Dataframe(interactive=False, label="recent groups", elem_id="data-groups")
+    with gr.Row():
+        formats = gr.CheckboxGroup(["jsonl", "parquet", "datasets"], value=["jsonl"], label="export formats")
+        export_btn = gr.Button("Export everything (admin)")
+    files = gr.File(label="export", file_count="multiple", interactive=False)
+
+    @_err
+    def refresh(all_, t, request: gr.Request = None):
+        return H.data_stats(ctx), H.recent_groups_table(ctx, _session(request), all_, t)
+    refresh_btn.click(refresh, [everyone, token], [stats, table], concurrency_limit=8, **PRIVATE)
+    everyone.change(refresh, [everyone, token], [stats, table], **PRIVATE)
+    export_btn.click(_err(lambda t, f: H.export_data(ctx, t, f)), [token, formats], [files], **PRIVATE)
+    return refresh, [everyone, token], [stats, table]
+
+
+def _api(ctx: AppContext):
+    """Endpoints for gradio_client / HTTP; typed so that Gradio documents them."""
+
+    @_err
+    def generate(task: str, problem: str = "", split: str = "eval", text: str = "", tests: str = "",
+                 entry_point: str = "", request: gr.Request = None) -> dict:
+        """One round of the team. task: humaneval (problem = its id), custom-coding (text = the
+        problem, tests), tldr / expansion (text = the pasted text). Returns the group id and its
+        candidates (joint_sample_id, parts per agent, automatic reward)."""
+        if task in ("humaneval", "custom-coding"):
+            src = H.SOURCES[0] if task == "humaneval" else H.SOURCES[1]
+            ep = H.start_coding(ctx, src, split, problem, text, tests, entry_point)
+        else:
+            ep = H.start_writing(ctx, task, text)
+        done = H.run_generate(ctx, ep, _session(request))
+        ep = done["episode"]
+        return {"group_id": ep["group_id"], "message": done["message"],
+                "candidates": [{k: c[k] for k in ("joint_sample_id", "parts", "combined", "reward")}
+                               for c in ep["candidates"]]}
+
+    @_err
+    def rate(joint_sample_id: int, rating: int, rater: str = "", comment: str = "",
+             request: gr.Request = None) -> str:
+        """Rate one joint answer 1-5 (5 = best). Returns 'rating saved: #id'."""
+        rid = H.rate(ctx, joint_sample_id, rating, H.rater_id(rater, _session(request)), comment)
+        return f"rating saved: #{rid}"
+
+    def stats() -> dict:
+        """Counts of groups, samples, ratings, train steps."""
+        return H.stats_dict(ctx)
+
+    gr.api(generate, api_name="generate", concurrency_id="generate", concurrency_limit=ctx.generate_concurrency)
+    gr.api(rate, api_name="rate", concurrency_limit=8)
+    gr.api(stats, api_name="stats", concurrency_limit=8)
+
+
+def build_app(ctx: AppContext) -> gr.Blocks:
+    with gr.Blocks(title="collab", analytics_enabled=False) as demo:
+        gr.Markdown(INTRO.format(G=ctx.num_generations))
+        if ctx.storage_warning:
+            gr.Markdown("⚠️ " + ctx.storage_warning, elem_id="storage-warning")
+        with gr.Row():
+            rater = gr.Textbox(label="your name (rater id; empty = this browser session)", max_lines=1,
+                               scale=2, elem_id="rater")
+            token = gr.Textbox(label="admin token (only for admin actions)", type="password", max_lines=1,
+                               scale=1, visible=bool(ctx.admin_token) or not ctx.public)
+        with gr.Tabs():
+            with gr.Tab("Co-code", id="code"):
+                _code_tab(ctx, rater)
+            with gr.Tab("Co-write", id="write"):
+                _write_tab(ctx, rater)
+            with gr.Tab("Team", id="team"):
+                _team_tab(ctx, token)
+            with gr.Tab("Training", id="training"):
+                train_refresh, train_outs = _training_tab(ctx, token)
+            with gr.Tab("Data", id="data"):
+                data_refresh, data_ins, data_outs = _data_tab(ctx, token)
+        _api(ctx)
+        demo.load(train_refresh, None, train_outs, **PRIVATE)
+        demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
+    return demo
+
+
+def launch(ctx: AppContext, server_name: str = "127.0.0.1", server_port: int | None = None,
+           share: bool = False, max_size: int | None = 64, **launch_kw):
+    """Queue (bounded; `generate` runs `ctx.generate_concurrency` at a time) and serve."""
+    demo = build_app(ctx)
+    demo.queue(max_size=max_size, default_concurrency_limit=4)
+    return demo.launch(server_name=server_name, server_port=server_port, share=share,
+                       **launch_kw)

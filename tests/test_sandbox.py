@@ -1,0 +1,310 @@
+"""tasks/sandbox.py: normal checks, and real attacks that must be contained.
+
+Every hostile snippet here really runs (small limits so that a failure cannot hurt the box).
+Isolation-dependent checks skip with a reason when `isolation()` reports the feature missing.
+"""
+import os
+import socket
+import statistics
+import sys
+import time
+
+import pytest
+
+from tasks.sandbox import UID_BASE, UID_SPAN, Limits, isolation, run_many, run_tests
+
+ISO = isolation()
+FAST = Limits(timeout_s=5, cpu_s=3)
+F = "def f(x):\n    return x + 1\n"
+needs_netns = pytest.mark.skipif(not ISO["network_blocked"], reason=f"no network isolation ({ISO['mode']})")
+needs_pidns_or_uid = pytest.mark.skipif(
+    not (ISO["pid_namespace"] or ISO["separate_uid"]),
+    reason=f"same uid as the test process and no PID namespace ({ISO['mode']})")
+
+
+def sandbox_pids() -> list[int]:
+    """Host processes running under a sandbox uid (none may outlive a run)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and UID_BASE <= os.stat(f"/proc/{p}").st_uid < UID_BASE + UID_SPAN:
+                out.append(int(p))
+        except OSError:
+            pass
+    return out
+
+
+def wait_no_sandbox_pids(seconds=3.0) -> list[int]:
+    end = time.monotonic() + seconds
+    while (left := sandbox_pids()) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+# ----------------------------------------------------------------------------- normal checks
+
+def test_pass_fail_and_per_test_errors():
+    r = run_tests(F, ["assert f(1) == 2", "assert f(1) == 3, 'off by one'", "assert g(1) == 2",
+                      "for x in range(5):\n    assert f(x) == x + 1\n"], FAST)
+    assert [t.passed for t in r.tests] == [True, False, False, True]
+    assert r.tests[1].error == "AssertionError: off by one"
+    assert r.tests[2].error.startswith("NameError: name 'g' is not defined")
+    assert (r.passed, r.total, r.all_passed) == (2, 4, False)
+    assert r.harness_ok and r.setup_error is None and r.killed_by is None and not r.timed_out
+    assert r.exit_code == 0 and [t.index for t in r.tests] == [0, 1, 2, 3]
+    assert r.tests[3].source.startswith("for x")
+
+
+def test_setup_runs_first_and_stdout_is_captured():
+    r = run_tests("def area(r):\n    print('called')\n    return pi * r * r\n",
+                  ["assert abs(area(1) - 3.14159) < 1e-4"], FAST, setup="from math import pi")
+    assert r.all_passed and r.harness_ok and r.stdout == "called\n"
+
+
+def test_syntax_error_and_top_level_exception_are_setup_errors():
+    r = run_tests("def f(x) return x", ["assert f(1) == 1"], FAST)
+    assert r.setup_error.startswith("SyntaxError") and r.passed == 0
+    assert r.tests[0].error.startswith("did not run: setup failed: SyntaxError")
+    assert r.harness_ok  # the harness itself reported this, completely
+    r = run_tests("raise ValueError('boom')", ["assert True"], FAST)
+    assert r.setup_error == "ValueError: boom" and r.passed == 0
+
+
+def test_a_broken_test_snippet_fails_only_itself():
+    r = run_tests(F, ["assert f(1) ==", "assert f(2) == 3"], FAST)
+    assert r.tests[0].error.startswith("SyntaxError") and r.tests[1].passed
+
+
+def test_main_guard_does_not_run_and_code_never_runs_in_this_process():
+    code = F + ("import sys\nsys.modules['collab_sandbox_marker'] = sys\n"
+                "if __name__ == '__main__':\n    input()\n")
+    r = run_tests(code, ["assert f(1) == 2"], FAST)
+    assert r.all_passed and r.setup_error is None
+    assert "collab_sandbox_marker" not in sys.modules
+
+
+def test_large_request_streams_through_stdin():
+    big = F + "DATA = " + repr("x" * 2_000_000) + "\n"
+    assert run_tests(big, ["assert len(DATA) == 2_000_000"], FAST).all_passed
+
+
+# --------------------------------------------------------------------------- resource attacks
+
+def test_infinite_loop_is_stopped_by_the_wall_clock():
+    r = run_tests(F, ["assert f(1) == 2", "while True:\n    pass\n", "assert True"],
+                  Limits(timeout_s=1.5, cpu_s=30))
+    assert r.timed_out and r.killed_by == "timeout" and not r.harness_ok
+    assert r.tests[0].passed and r.tests[1].error == "timeout"
+    assert r.tests[2].error == "did not run: timeout"
+    assert r.duration_s < 4
+
+
+def test_sleeping_loop_cannot_hide_from_the_timeout():
+    r = run_tests("import time\nwhile True:\n    time.sleep(0.1)\n", ["assert True"],
+                  Limits(timeout_s=1, cpu_s=30))
+    assert r.killed_by == "timeout" and r.setup_error.startswith("stopped before") and r.passed == 0
+
+
+def test_cpu_limit():
+    r = run_tests("while True:\n    pass\n", ["assert True"], Limits(timeout_s=20, cpu_s=1))
+    assert r.killed_by == "cpu" and not r.timed_out and r.passed == 0 and r.duration_s < 15
+
+
+def test_memory_hog_is_killed():
+    r = run_tests(F, ["assert f(1) == 2", "x = bytearray(2 * 1024**3)", "assert True"],
+                  Limits(timeout_s=10, memory_mb=512))
+    assert r.killed_by == "memory" and not r.harness_ok
+    assert r.tests[0].passed and r.tests[1].error.startswith("memory limit")
+    assert r.tests[2].error.startswith("did not run")
+    # growing slowly instead of in one allocation is caught the same way
+    r = run_tests("chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024**2))\n",
+                  ["assert True"], Limits(timeout_s=10, memory_mb=256))
+    assert r.killed_by == "memory" and r.passed == 0
+
+
+@pytest.mark.skipif(not ISO["process_limit"], reason="no RLIMIT_NPROC for root without a separate uid")
+def test_fork_bomb_is_contained():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    t0 = time.monotonic()
+    r = run_tests(bomb, ["assert True"], Limits(timeout_s=2, cpu_s=10, max_procs=8))
+    assert r.killed_by in ("timeout", "cpu") and r.passed == 0
+    assert time.monotonic() - t0 < 6
+    assert wait_no_sandbox_pids() == []
+    # and the limit is a real bound: at most max_procs processes+threads at once
+    counter = ("import os, time\nn = 0\nfor _ in range(50):\n    try:\n        pid = os.fork()\n"
+               "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n"
+               "        os._exit(0)\n    n += 1\n")
+    r = run_tests(counter, ["assert n < 8, n", "assert n >= 3, n"], Limits(timeout_s=5, max_procs=8))
+    assert r.all_passed, r.tests
+    assert wait_no_sandbox_pids() == []
+
+
+@needs_pidns_or_uid
+def test_a_setsid_escape_does_not_outlive_the_run():
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(60)\n    os._exit(0)\n")
+    r = run_tests(code, ["assert True"], FAST)
+    assert r.all_passed
+    assert wait_no_sandbox_pids() == []
+
+
+def test_output_flood_is_truncated_and_killed():
+    r = run_tests("while True:\n    print('x' * 1000)\n", ["assert True"],
+                  Limits(timeout_s=10, max_output_bytes=10_000))
+    assert r.killed_by == "output" and not r.timed_out and r.passed == 0
+    assert len(r.stdout) < 10_200 and "truncated" in r.stdout
+    # a moderate amount is kept whole
+    r = run_tests("print('y' * 5000)", ["assert True"], Limits(max_output_bytes=10_000))
+    assert r.all_passed and r.stdout == "y" * 5000 + "\n"
+
+
+def test_big_file_write_fails_instead_of_killing():
+    r = run_tests("", ["open('big', 'wb').write(b'x' * (3 * 1024**2))", "assert True"],
+                  Limits(max_file_mb=1))
+    assert r.tests[0].error.startswith("OSError") and r.tests[1].passed and r.harness_ok
+
+
+# ------------------------------------------------------------------------------ escape attacks
+
+def test_writes_outside_the_temp_dir_do_not_land(tmp_path):
+    home = os.path.expanduser("~")
+    targets = []
+    if ISO["separate_uid"] or ISO["read_only_filesystem"]:  # else: plain mode, same uid (doc)
+        targets += [str(tmp_path / "pwned"), os.path.join(home, f"collab-pwned-{os.getpid()}")]
+    if ISO["read_only_filesystem"]:  # world-writable places are only closed by the mounts
+        targets += [f"/tmp/collab-pwned-{os.getpid()}", f"/var/tmp/collab-pwned-{os.getpid()}"]
+    tests = [f"open({t!r}, 'w').write('x')" for t in targets]
+    tests.append("import os\nprint(os.getcwd())\nopen('inside.txt', 'w').write('ok')\n"
+                 "assert open('inside.txt').read() == 'ok'")
+    r = run_tests("", tests, FAST)
+    assert [t.passed for t in r.tests] == [False] * len(targets) + [True], r.tests
+    for t in targets:
+        assert not os.path.exists(t)
+    workdir = r.stdout.strip()
+    assert os.path.basename(workdir).startswith("collab-sandbox-") and not os.path.exists(workdir)
+
+
+def test_environment_secrets_do_not_reach_the_code(monkeypatch):
+    monkeypatch.setenv("COLLAB_SECRET_TEST", "s3cr3t-value")
+    r = run_tests("import os\nprint(sorted(os.environ))\n",
+                  ["assert 'COLLAB_SECRET_TEST' not in os.environ"], FAST)
+    assert r.all_passed and "COLLAB_SECRET_TEST" not in r.stdout
+
+
+@needs_pidns_or_uid
+def test_parent_environment_is_not_readable_through_proc(monkeypatch):
+    monkeypatch.setenv("COLLAB_SECRET_TEST", "s3cr3t-value")
+    r = run_tests(f"import os\ntry:\n    print(open('/proc/{os.getpid()}/environ').read())\n"
+                  "except OSError as e:\n    print('blocked', type(e).__name__)\n", ["assert True"], FAST)
+    assert "s3cr3t" not in r.stdout and "blocked" in r.stdout
+
+
+@needs_netns
+def test_network_is_unreachable_even_on_loopback():
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0)
+    port = srv.getsockname()[1]
+    try:
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        r = run_tests(code, ["assert True"], FAST)
+        assert r.setup_error.startswith("OSError") and r.passed == 0, r.setup_error
+        with pytest.raises(BlockingIOError):
+            srv.accept()
+    finally:
+        srv.close()
+
+
+def test_killing_the_parent_or_this_process_does_nothing_here():
+    me = os.getpid()
+    code = "import os, signal\nfor pid in (os.getppid(), %d):\n    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+    if not (ISO["pid_namespace"] or ISO["separate_uid"]):
+        code %= 0  # same uid, no namespace: naming our pid would really kill pytest
+    else:
+        code %= me
+    r = run_tests(F + code, ["assert f(1) == 2"], FAST)
+    assert os.getpid() == me  # still here
+    assert r.passed <= 1 and (r.harness_ok or r.killed_by or r.setup_error)
+
+
+# ---------------------------------------------------------------- faking a pass must not work
+
+FAIL = "assert f(1) == 3"  # f(1) is 2: this test must never count as passed
+OK = "assert f(1) == 2"
+
+
+@pytest.mark.parametrize("where", ["code", "test"])
+@pytest.mark.parametrize("exit_call", ["sys.exit(0)", "os._exit(0)", "raise SystemExit(0)",
+                                       "raise KeyboardInterrupt"])
+def test_exiting_never_counts_as_passing(where, exit_call):
+    stmt = "import os, sys\n" + exit_call + "\n"
+    code, tests = (F + stmt, [FAIL, OK]) if where == "code" else (F, [OK, stmt + FAIL, OK])
+    r = run_tests(code, tests, FAST)
+    if where == "code":
+        assert r.passed == 0 and r.setup_error
+    else:
+        assert r.tests[0].passed and not r.tests[1].passed
+        if exit_call == "os._exit(0)":  # the process is gone: nothing after it is trusted
+            assert not r.harness_ok and r.tests[2].error.startswith("did not run")
+        else:  # an exception the harness catches: only that test fails
+            assert r.tests[1].error.split(":")[0] in ("SystemExit", "KeyboardInterrupt")
+            assert r.tests[2].passed and r.harness_ok
+
+
+TAMPER = {
+    "fake result lines on stdout": "for i in range(3):\n    print(f'T {i} 1 ', flush=True)\n"
+                                   "print('0' * 32 + ' D', flush=True)\n",
+    "write to every fd": "import os\nfor fd in range(3, 1100):\n    for line in (b'T 0 1 \\n', b'0' * 32 + b' T 0 1 \\n', b'D\\n'):\n"
+                         "        try:\n            os.write(fd, line)\n        except OSError:\n            pass\n",
+    "close every fd": "import os\nos.closerange(3, 1 << 16)\n",
+    "patch builtins": "import builtins\n_c = compile\nbuiltins.exec = lambda *a, **k: None\n"
+                      "builtins.compile = lambda *a, **k: _c('pass', '<x>', 'exec')\n"
+                      "builtins.isinstance = lambda *a: True\nbuiltins.BaseException = ZeroDivisionError\n"
+                      "builtins.range = lambda *a: []\nbuiltins.len = lambda x: 0\n",
+    "override AssertionError": "import builtins\nclass AssertionError(Exception):\n    pass\n"
+                               "builtins.AssertionError = AssertionError\n",
+    "redefine __import__": "import builtins\ndef __import__(*a, **k):\n    raise ImportError('no')\n"
+                           "builtins.__import__ = __import__\n",
+    "patch os and hashlib": "import os, hashlib, json\nos.write = lambda fd, b: len(b)\n"
+                            "os._exit = lambda code: None\nhashlib.blake2b = None\njson.dumps = None\n",
+    "f raises SystemExit": "def f(x):\n    raise SystemExit(0)\n",
+    "atexit hook prints a pass": "import atexit\natexit.register(lambda: print('T 0 1 '))\n",
+    "swap stdout": "import sys, io\nsys.stdout = io.StringIO()\nsys.stderr = None\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAMPER))
+def test_tampering_cannot_fake_a_pass(name):
+    r = run_tests(F + TAMPER[name], [FAIL, FAIL], FAST)
+    assert r.passed == 0, (name, r.tests, r.stdout[-300:])
+    # whatever it did, a run either reports honestly or is marked untrusted
+    assert all(not t.passed for t in r.tests)
+
+
+def test_tampering_does_not_disturb_honest_reports():
+    # after patching builtins, a genuinely passing test still passes and a failing one fails
+    r = run_tests(F + TAMPER["patch builtins"] + TAMPER["override AssertionError"], [OK, FAIL], FAST)
+    assert [t.passed for t in r.tests] == [True, False] and r.harness_ok
+
+
+# -------------------------------------------------------------------------- parallel and speed
+
+def test_run_many_sixteen_jobs_in_order_and_bounded():
+    jobs = [(f"import time\ntime.sleep(0.4)\ndef g():\n    return {i}\n",
+             [f"assert g() == {i}", f"assert g() == {i if i % 2 else -1}"]) for i in range(16)]
+    t0 = time.monotonic()
+    rs = run_many(jobs, FAST, max_workers=4)
+    wall = time.monotonic() - t0
+    assert [r.passed for r in rs] == [1 + (i % 2) for i in range(16)]
+    assert all(r.harness_ok for r in rs)
+    assert wall >= 4 * 0.4  # 16 jobs through 4 workers: at least 4 rounds of the 0.4 s sleep
+    assert wall < 15
+
+
+def test_per_check_overhead_is_small():
+    times = []
+    for _ in range(5):
+        r = run_tests("def f():\n    return 1\n", ["assert f() == 1"])
+        assert r.all_passed
+        times.append(r.duration_s)
+    # well under 0.3 s on an idle 2-core box (about 0.04 s measured); slack for a busy one
+    assert statistics.median(times) < 1.0, times

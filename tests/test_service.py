@@ -1,0 +1,267 @@
+"""The trainer service's pieces (collab_app/service.py) and the hot-swap watcher
+(collab_app/hotswap.py), in this process, on the embedded model with the transformers engine."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from collab_app.engine_types import Request, Sample, Sampling
+from collab_app.hotswap import AdapterWatcher
+from collab_app.service import (STATUS_KEY, ServiceConfig, TrainerService, is_paused, read_status,
+                                reconcile, set_paused)
+from collab_app.store import Store
+from tasks.base import Reward
+from trainer import adapters
+
+AGENTS = ("svc_helper", "svc_main")
+
+
+class TwoAgentTask:
+    """A small task for the service's own tests: the service takes returns from the store, so the
+    task only names the agents (its roles) and formats prompts."""
+
+    name = "svc-test"
+    num_agents = 2
+    roles = AGENTS
+    max_reward = 1.0
+    level_names = ("score",)
+
+    def examples(self, split):
+        return [{"id": f"{split}-{i}", "topic": t} for i, t in enumerate(["rivers", "bread", "clocks", "owls"])]
+
+    def agent_prompts(self, example, history, earlier=()):
+        return [f"Name one fact about {example['topic']}.", f"Write one sentence about {example['topic']}."]
+
+    def combine(self, example, outputs):
+        return "\n".join(outputs)
+
+    def reward(self, example, outputs):
+        v = min(len(" ".join(outputs).split()) / 40, 1.0)
+        return Reward(v, {"score": v}, 1.0)
+
+    def feedback(self, example, outputs):
+        return ["", ""]
+
+
+TASK = TwoAgentTask()
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    from collab_app.engine_hf import TransformersEngine
+
+    eng = TransformersEngine(model_path, dtype="float32", seed=0)
+    for a in AGENTS:
+        eng.register_agent(a)
+    return eng
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path}/collab.db")
+    yield s
+    s.close()
+
+
+def fake_sample(agent: str, g: int) -> Sample:
+    return Sample(agent=agent, adapter_version=None, prompt_token_ids=[1, 2, 3], text=f"answer {g}",
+                  token_ids=[5 + g, 6], logprobs=[-1.0, -0.5], finish_reason="length")
+
+
+def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0) -> list[int]:
+    """n groups of G joint answers. With an engine the samples are real (token ids, behaviour
+    log-probs); returns are 0, 1, ..., G-1 so every group carries a learning signal."""
+    ids = []
+    for k in range(n):
+        ex = TASK.examples("train")[k % 4]
+        prompts = TASK.agent_prompts(ex, [])
+        if engine is None:
+            samples = [[fake_sample(a, g) for g in range(G)] for a in AGENTS]
+        else:
+            out = engine.generate([Request(a, p) for a, p in zip(AGENTS, prompts)], G,
+                                  Sampling(max_new_tokens=16, temperature=1.0, seed=seed + k))
+            samples = [list(o) for o in out]
+        rewards = [Reward(float(g), {"score": float(g)}, float(G)) for g in range(G)]
+        gid, _ = store.add_group(task=TASK.name, example=ex, prompts=prompts, samples=samples,
+                                 joint=[(g, g) for g in range(G)], auto_rewards=rewards, session_id="test")
+        ids.append(gid)
+    return ids
+
+
+def service(store, tmp_path, **kw) -> TrainerService:
+    cfg = ServiceConfig(adapters_dir=str(tmp_path / "adapters"), return_mode="auto", dtype="float32",
+                        learning_rate=1e-3, micro_batch_size=4, poll_s=0.1, heartbeat_s=0.5, **kw)
+    return TrainerService(cfg, store=store, tasks={TASK.name: TASK})
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_rejects_settings_that_cannot_work():
+    with pytest.raises(ValueError, match="min_groups"):
+        ServiceConfig(min_groups=0)
+    with pytest.raises(ValueError, match="min_groups"):
+        ServiceConfig(min_groups=8, max_groups_per_step=4)
+    with pytest.raises(ValueError, match="mode"):
+        ServiceConfig(return_mode="nope")
+    with pytest.raises(ValueError, match="num_generations"):   # MAGRPOConfig's own checks still run
+        ServiceConfig(num_generations=1)
+
+
+def test_cli_is_parsed_from_the_config_dataclass():
+    from trainer.configcli import parse_config
+
+    cfg, _ = parse_config(ServiceConfig, ["--min-groups", "3", "--self-play", "--learning-rate", "1e-3",
+                                          "--return-mode", "weighted", "--db", "sqlite:///x.db"])
+    assert (cfg.min_groups, cfg.self_play, cfg.learning_rate, cfg.return_mode, cfg.db) == \
+        (3, True, 1e-3, "weighted", "sqlite:///x.db")
+    assert cfg.rule().mode == "weighted"
+
+
+# ----------------------------------------------------------------------------- store side, no model
+
+
+def test_reconcile_records_complete_versions_only(store, tmp_path):
+    root = str(tmp_path / "adapters")
+
+    def write(d):
+        open(f"{d}/adapter_model.safetensors", "wb").write(b"x")
+
+    for v in (0, 1):
+        adapters.save_version(root, "svc_helper", v, write, {"step": v})
+    (tmp_path / "adapters" / "svc_helper" / ".tmp-v000002-crash").mkdir()   # a save killed mid-write
+    (tmp_path / "adapters" / "svc_helper" / "v000003").mkdir()              # no completeness marker
+    store.record_adapter_version("svc_helper", 0, adapters.version_dir(root, "svc_helper", 0), step=0)
+
+    assert reconcile(store, root) == [("svc_helper", 1)]
+    assert [a.version for a in store.adapter_versions("svc_helper")] == [0, 1]
+    assert reconcile(store, root) == []   # idempotent
+
+
+def test_due_waits_for_K_groups_or_T_seconds(store, tmp_path):
+    svc = service(store, tmp_path, min_groups=3, max_wait_s=0.0)
+    add_groups(store, 2)
+    rule = svc.rule
+    assert svc.due(store.ready_groups(rule)) is None              # 2 < K and T off
+    add_groups(store, 1)
+    task, groups = svc.due(store.ready_groups(rule))
+    assert task == TASK.name and len(groups) == 3
+
+    svc = service(store, tmp_path, min_groups=10, max_groups_per_step=10, max_wait_s=0.3)
+    assert svc.due(store.ready_groups(rule)) is None or \
+        time.time() - min(g.created_at.timestamp() for g in store.ready_groups(rule)) >= 0.3
+    time.sleep(0.35)
+    task, groups = svc.due(store.ready_groups(rule))               # fewer than K, but waited T
+    assert len(groups) == 3
+
+
+def test_pause_flag_blocks_steps(store, tmp_path):
+    svc = service(store, tmp_path, min_groups=1)
+    add_groups(store, 1)
+    set_paused(store, True)
+    assert is_paused(store)
+    assert svc.poll_once() == "paused"
+    st = read_status(store)
+    assert st["state"] == "paused" and st["alive"]
+    assert store.stats()["groups"]["trained"] == 0
+
+
+# ----------------------------------------------------------------------------- one real step
+
+
+@pytest.mark.slow
+def test_step_publishes_versions_after_rename_and_marks_groups(store, tmp_path, engine):
+    svc = service(store, tmp_path, min_groups=2)
+    assert svc.poll_once() == "idle"
+    ids = add_groups(store, 2, engine)
+    set_paused(store, True)
+    assert svc.poll_once() == "paused"
+    set_paused(store, False)
+
+    assert svc.poll_once() == "trained"
+    root = svc.cfg.adapters_dir
+    for a in AGENTS:
+        rows = store.adapter_versions(a)
+        assert [r.version for r in rows] == [0, 1]           # v0 (fresh adapter) reconciled, v1 by step 1
+        assert rows[1].step == 1
+        for r in rows:   # every row names a complete version dir
+            assert (r.version, r.path) in adapters.list_versions(root, a)
+    steps = store.train_steps()
+    assert [s["step"] for s in steps] == [1] and steps[0]["group_ids"] == ids
+    assert steps[0]["metrics"]["groups"] == 2 and steps[0]["metrics"]["task"] == TASK.name
+    assert {store.group(i).status for i in ids} == {"trained"}
+    st = store.get_state(STATUS_KEY)
+    assert st["state"] == "idle" and st["last_step"]["step"] == 1
+
+    # a second step continues the numbering and the versions; trained groups are not reused
+    add_groups(store, 2, engine, seed=10)
+    assert svc.poll_once() == "trained"
+    assert store.current_adapter_versions()[AGENTS[0]][0] == 2
+    assert [s["step"] for s in store.train_steps()] == [1, 2]
+    assert svc.poll_once() == "idle"
+
+
+# ----------------------------------------------------------------------------- hot-swap
+
+
+def test_watcher_follows_newest_honours_pin_and_survives_a_bad_version(store, engine, lora_adapter):
+    agent = "svc_swap"
+    engine.register_agent(agent)
+    watcher = AdapterWatcher(engine, store, [agent])
+    assert watcher.poll_once() == [] and engine.adapter_version(agent) is None   # no rows: base model
+
+    store.record_adapter_version(agent, 1, lora_adapter(1))
+    store.record_adapter_version(agent, 2, lora_adapter(2))
+    assert [s.version for s in watcher.poll_once()] == [2]
+    out = engine.generate([Request(agent, "Hi")], 1, Sampling(max_new_tokens=4, temperature=0))
+    assert out[0][0].adapter_version == 2
+
+    store.pin_adapter(agent, 1)                     # admin rollback
+    swaps = watcher.poll_once()
+    assert [(s.previous, s.version) for s in swaps] == [(2, 1)] and engine.adapter_version(agent) == 1
+    assert watcher.poll_once() == []                # nothing new: no reload
+
+    store.record_adapter_version(agent, 3, "/nonexistent/adapter")
+    assert watcher.poll_once() == [] and engine.adapter_version(agent) == 1   # still pinned
+    store.pin_adapter(agent, None)
+    assert watcher.poll_once() == []                # v3 cannot load: logged, v1 keeps serving
+    assert engine.adapter_version(agent) == 1
+    out = engine.generate([Request(agent, "Hi")], 1, Sampling(max_new_tokens=4, temperature=0))
+    assert out[0][0].adapter_version == 1
+
+
+@pytest.mark.slow
+def test_swap_waits_for_the_request_in_flight(store, engine, lora_adapter):
+    """A request running during a swap finishes on the version it started with; the next runs on
+    the new one. The watcher's thread does the swap, as in `collab serve`."""
+    agent = "svc_inflight"
+    engine.register_agent(agent)
+    store.record_adapter_version(agent, 1, lora_adapter(1))
+    watcher = AdapterWatcher(engine, store, [agent], interval_s=0.05)
+    watcher.poll_once()
+    result = {}
+
+    def long_request():
+        result["out"] = engine.generate([Request(agent, "Tell me a long story about a cat.")], 1,
+                                        Sampling(max_new_tokens=96, temperature=0))
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    deadline = time.time() + 30
+    while not engine._lock.locked() and time.time() < deadline:   # the batch is running
+        time.sleep(0.005)
+    assert t.is_alive(), "the request finished before the swap could overlap it: make it longer"
+    store.record_adapter_version(agent, 2, lora_adapter(2))
+    watcher.start()
+    t.join(60)
+    deadline = time.time() + 30
+    while engine.adapter_version(agent) != 2 and time.time() < deadline:
+        time.sleep(0.05)
+    watcher.stop()
+    assert result["out"][0][0].adapter_version == 1 and len(result["out"][0][0].token_ids) > 0
+    assert engine.adapter_version(agent) == 2
+    assert watcher.swaps[-1].version == 2 and watcher.swaps[-1].previous == 1
+    out = engine.generate([Request(agent, "Hi")], 1, Sampling(max_new_tokens=4, temperature=0))
+    assert out[0][0].adapter_version == 2

@@ -1,0 +1,112 @@
+"""Adapter versions on disk (DESIGN §3 "Adapters"): one directory per agent per version.
+
+    {adapters_dir}/{agent}/v000003/
+        adapter_config.json, adapter_model.safetensors   peft LoRA format (engines load this)
+        optimizer.pt                                      AdamW state, latest version only (for resume)
+        collab.json                                       step, parent version, metrics, config, time
+
+A version is written into a temp dir in the same parent (`.tmp-v000003-XXXX`, a name that never
+parses as a version) and `os.rename`d into place, which is atomic on one filesystem: readers see
+either no `v000003` or a complete one. `collab.json` is written last inside the temp dir and is
+the completeness marker, so a directory without it (copied by hand, left by another tool) is
+ignored too. Version 0 is the freshly initialised adapter (LoRA B = 0, i.e. the base model),
+saved before training so engines can load every agent from the start.
+
+Versions are immutable: saving an existing version is an error. One writer per agent (the
+trainer) is assumed; concurrent writers are not arbitrated (left out deliberately).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from typing import Callable
+
+MARKER = "collab.json"
+OPTIMIZER = "optimizer.pt"
+_VERSION_RE = re.compile(r"^v(\d{6,})$")
+
+
+def version_dir(adapters_dir: str, agent: str, version: int) -> str:
+    return os.path.join(adapters_dir, agent, f"v{version:06d}")
+
+
+def save_version(adapters_dir: str, agent: str, version: int, write: Callable[[str], None], meta: dict) -> str:
+    """Write one version atomically: `write(tmp_dir)` puts the files in, then the marker, then rename."""
+    final = version_dir(adapters_dir, agent, version)
+    if os.path.exists(final):
+        raise FileExistsError(f"adapter version {final} already exists; versions are immutable "
+                              f"(resume from it, or use a fresh --adapters-dir)")
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-v{version:06d}-", dir=parent)
+    try:
+        write(tmp)
+        meta = {"agent": agent, "version": version, "created_at": time.time(), **meta}
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            json.dump(meta, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def list_versions(adapters_dir: str, agent: str) -> list[tuple[int, str]]:
+    """Complete versions of `agent`, oldest first (temp dirs and dirs without the marker skipped)."""
+    parent = os.path.join(adapters_dir, agent)
+    if not os.path.isdir(parent):
+        return []
+    found = []
+    for name in os.listdir(parent):
+        m = _VERSION_RE.match(name)
+        path = os.path.join(parent, name)
+        if m and os.path.isfile(os.path.join(path, MARKER)):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def latest_version(adapters_dir: str, agent: str) -> tuple[int, str] | None:
+    """(version, path) of the newest complete version of `agent`, or None if it has none."""
+    versions = list_versions(adapters_dir, agent)
+    return versions[-1] if versions else None
+
+
+def read_meta(path: str) -> dict:
+    with open(os.path.join(path, MARKER)) as f:
+        return json.load(f)
+
+
+def remove_partial(adapters_dir: str, agent: str) -> list[str]:
+    """Delete temp dirs a crashed save left behind (call only while no save is running)."""
+    parent = os.path.join(adapters_dir, agent)
+    if not os.path.isdir(parent):
+        return []
+    gone = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(".tmp-")]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
+def prune_versions(adapters_dir: str, agent: str, keep: int) -> list[str]:
+    """Keep version 0 and the newest `keep` versions (0 = keep all); drop optimizer state from all
+    but the newest (resume only needs the latest). Returns the removed version dirs."""
+    versions = list_versions(adapters_dir, agent)
+    for _, path in versions[:-1]:
+        opt = os.path.join(path, OPTIMIZER)
+        if os.path.exists(opt):
+            os.remove(opt)
+    if not keep:
+        return []
+    old = [path for v, path in versions[:-keep] if v != 0]
+    for path in old:
+        # rename first: a reader never sees a version dir that is half deleted
+        doomed = os.path.join(os.path.dirname(path), f".tmp-del-{os.path.basename(path)}-{os.getpid()}")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return old

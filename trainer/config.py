@@ -1,0 +1,154 @@
+"""`MAGRPOConfig`: every knob of a MAGRPO run, one flat dataclass (the CLI is generated from it).
+
+Names follow the paper (arXiv 2508.04652) and DESIGN §4. Each field's one-line doc after it is
+its `--help` text (trainer/configcli.py). `__post_init__` rejects settings that cannot work and
+says how to fix them; it checks nothing that needs the task or the model (the trainer does:
+num_agents vs the task's roles, the model folder).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# A rollout tree with more reward calls per prompt than this is almost surely a typo
+# (cross mode grows as G^N per turn and (G^N)^T over T turns).
+MAX_REWARD_CALLS_PER_PROMPT = 512
+
+
+@dataclass
+class MAGRPOConfig:
+    # -- what to train ------------------------------------------------------------------------
+    task: str = "humaneval"
+    """task name (humaneval, tldr, expansion); its roles name the agents."""
+    model: str = ""
+    """base model: HF id or local folder (empty = the embedded SmolLM2-135M-Instruct)."""
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    """inference engine for rollouts: auto (vLLM where it is faster/available), vllm or transformers."""
+    num_agents: int = 2
+    """agents in the team; must equal the task's number of roles."""
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """dtype of the trainer's frozen base model (LoRA weights and optimizer state are always float32)."""
+
+    # -- groups and joint actions (paper §4) --------------------------------------------------
+    num_generations: int = 4
+    """G: completions each agent samples per prompt (the group size)."""
+    joint_mode: Literal["aligned", "cross"] = "aligned"
+    """aligned: sample g of every agent forms joint action g (G joint actions); cross: Cartesian product (G^N)."""
+    cross_credit: Literal["mean", "max"] = "mean"
+    """cross mode only: a completion's return is the mean (default) or max of the joint returns it took part in."""
+    advantage_mode: Literal["mean", "rloo", "max", "raw"] = "mean"
+    """advantage of a return R in its group: mean (R - mean R, the paper's), rloo (R - mean of the others), max (R - max R), raw (R)."""
+    normalize_std: bool = False
+    """divide advantages by the group's return std (+1e-4); off in the paper."""
+
+    # -- multi-turn ---------------------------------------------------------------------------
+    num_turns: int = 1
+    """turns per episode; turn t+1 prompts carry Task.feedback (the paper uses 2 for HumanEval)."""
+    gamma: float = 0.9
+    """discount: R_t = r_t + gamma * mean(returns of the child group)."""
+    early_stop_threshold: float | None = None
+    """a group whose mean reward reaches this spawns no next turn (None = always run num_turns)."""
+
+    # -- optimisation -------------------------------------------------------------------------
+    learning_rate: float = 1e-4
+    """AdamW learning rate of each agent's LoRA adapter."""
+    max_grad_norm: float = 1.0
+    """clip each agent's adapter gradient to this L2 norm."""
+    lora_r: int = 8
+    """LoRA rank (vLLM serves ranks up to its max_lora_rank, 16 by default)."""
+    lora_alpha: int = 16
+    """LoRA alpha (scale = alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout; > 0 makes the importance ratio noisy even when nothing moved."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """module names that get LoRA (attention projections of a Llama block)."""
+    clip_epsilon: float = 0.2
+    """PPO clip range of the importance ratio pi_new / pi_behaviour (matters for late, online data)."""
+    max_staleness: int = 4
+    """drop groups sampled by an adapter more than this many versions behind the current one."""
+    kl_coef: float = 0.0
+    """weight of the KL penalty to the base model (adapter disabled); KL is logged either way."""
+    micro_batch_size: int = 8
+    """sequences per forward/backward in the update (gradients accumulate; lower it to save memory)."""
+
+    # -- sampling -----------------------------------------------------------------------------
+    temperature: float = 0.8
+    """rollout sampling temperature (> 0: siblings must differ to give an advantage)."""
+    top_p: float = 1.0
+    """rollout nucleus sampling."""
+    max_new_tokens: int = 128
+    """new tokens per agent completion."""
+
+    # -- schedule -----------------------------------------------------------------------------
+    prompts_per_step: int = 4
+    """prompts (groups at turn 1) per MAGRPO step."""
+    num_steps: int = 100
+    """MAGRPO steps (one update of every agent each)."""
+    eval_every: int = 0
+    """evaluate on the held-out split every this many steps (0 = only before and after training)."""
+    eval_examples: int = 16
+    """held-out examples per evaluation (the first N of the eval split, so every evaluation sees the same ones)."""
+    eval_temperature: float = 0.0
+    """evaluation sampling temperature (0 = greedy, repeatable)."""
+    seed: int = 0
+    """seed for LoRA init, prompt order and sampling."""
+
+    # -- files --------------------------------------------------------------------------------
+    output_dir: str = ""
+    """run folder: metrics.jsonl, TensorBoard events, summary plot (empty = $COLLAB_HOME/runs/<task>-<time>)."""
+    adapters_dir: str = ""
+    """adapter versions <dir>/<agent>/v000001/ (empty = <output_dir>/adapters)."""
+    resume: bool = True
+    """continue from the latest adapter versions (weights, optimizer, step) found in adapters_dir."""
+    keep_versions: int = 20
+    """keep only the newest N adapter versions per agent, plus version 0 (0 = keep all)."""
+
+    def __post_init__(self):
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise ValueError(msg)
+
+        need(self.num_agents >= 1, f"num_agents must be >= 1, got {self.num_agents}")
+        need(self.num_generations >= 2,
+             f"num_generations must be >= 2, got {self.num_generations}: a group needs siblings: MAGRPO's "
+             f"advantage is a return minus the mean of its group, so a group of one has advantage 0 and "
+             f"teaches nothing. Use --num-generations 2 or more (the paper uses 4).")
+        need(self.joint_mode in ("aligned", "cross"), f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
+        need(self.cross_credit in ("mean", "max"), f"cross_credit must be 'mean' or 'max', got {self.cross_credit!r}")
+        need(self.advantage_mode in ("mean", "rloo", "max", "raw"),
+             f"advantage_mode must be one of mean, rloo, max, raw; got {self.advantage_mode!r}")
+        need(self.engine in ("auto", "vllm", "transformers"), f"engine must be auto, vllm or transformers, got {self.engine!r}")
+        need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
+        need(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
+        joint = self.num_generations ** (self.num_agents if self.joint_mode == "cross" else 1)
+        calls = sum(joint ** t for t in range(1, self.num_turns + 1))
+        need(calls <= MAX_REWARD_CALLS_PER_PROMPT,
+             f"this rollout tree needs {calls} reward calls per prompt ({joint} joint actions per group, "
+             f"{self.num_turns} turns; max {MAX_REWARD_CALLS_PER_PROMPT}): lower --num-generations or "
+             f"--num-turns, or use --joint-mode aligned")
+        need(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        need(self.max_grad_norm > 0, f"max_grad_norm must be > 0 (gradient clipping), got {self.max_grad_norm}")
+        need(self.lora_r >= 1 and self.lora_alpha > 0, f"lora_r must be >= 1 and lora_alpha > 0, got {self.lora_r}, {self.lora_alpha}")
+        need(0.0 <= self.lora_dropout < 1.0, f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        need(bool(self.lora_target_modules), "lora_target_modules is empty: name at least one module, e.g. q_proj v_proj")
+        need(self.clip_epsilon > 0, f"clip_epsilon must be > 0 (PPO clip range), got {self.clip_epsilon}")
+        need(self.max_staleness >= 0, f"max_staleness must be >= 0 versions, got {self.max_staleness}")
+        need(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
+        need(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        need(self.temperature > 0,
+             f"temperature must be > 0 for rollouts, got {self.temperature}: greedy decoding makes all G "
+             f"siblings identical, so every advantage is 0. Use e.g. --temperature 0.8 "
+             f"(evaluation is greedy by default: --eval-temperature).")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(self.eval_temperature >= 0, f"eval_temperature must be >= 0 (0 = greedy), got {self.eval_temperature}")
+        need(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        need(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        need(self.num_steps >= 0, f"num_steps must be >= 0, got {self.num_steps}")
+        need(self.eval_every >= 0 and self.eval_examples >= 0,
+             f"eval_every and eval_examples must be >= 0 (0 = off), got {self.eval_every}, {self.eval_examples}")
+        need(self.keep_versions >= 0, f"keep_versions must be >= 0 (0 = keep all), got {self.keep_versions}")
+        if self.keep_versions:
+            need(self.keep_versions > self.max_staleness,
+                 f"keep_versions ({self.keep_versions}) must exceed max_staleness ({self.max_staleness}): an "
+                 f"engine may still serve a version the trainer accepts data from; raise --keep-versions or use 0")
