@@ -11,12 +11,18 @@ editable team settings (role prompts, num_generations, sampling) that the Team t
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import queue
 import threading
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from collab_app.engine_types import Sampling
+
+log = logging.getLogger(__name__)
 
 # Writing tasks take the person's pasted text; coding tasks a HumanEval problem or their own.
 CODING_TASKS = ("humaneval",)
@@ -55,6 +61,76 @@ def storage_warning(home: str) -> str | None:
             "(see docs/SPACES.md).")
 
 
+class GenerationBatcher:
+    """Merges the generation requests of concurrent sessions into one engine call.
+
+    Each Generate press submits (team, prompts, G, sampling) and gets a Future. A worker thread
+    takes the first waiting request, collects whatever else arrives within `window_s` (up to
+    `max_examples`), and runs one `Team.generate` per (team, G, sampling) for all of them, under
+    `ctx.engine_lock`, after loading the current adapter versions. Batched decoding is where an
+    engine's throughput comes from (NOTES-vllm-cpu.md: one prompt ~20-40 tok/s, a batch of 16
+    ~100-350), so with several people waiting the last one waits about one batch, not N.
+    If a batch fails with EngineError (one bad prompt), its requests are retried one by one so
+    that only the bad one fails."""
+
+    def __init__(self, ctx: "AppContext", max_examples: int = 16, window_s: float = 0.05):
+        self.ctx, self.max_examples, self.window_s = ctx, max_examples, window_s
+        self._q: queue.Queue = queue.Queue()
+        self.batches: list[int] = []          # examples per engine call (last 1000; for tests / logs)
+        self._thread = threading.Thread(target=self._run, name="collab-generate-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, team, prompts: list[str], G: int, sampling) -> Future:
+        fut: Future = Future()
+        self._q.put((team, list(prompts), G, sampling, fut))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            items = [self._q.get()]
+            deadline = time.monotonic() + self.window_s
+            while len(items) < self.max_examples:
+                try:
+                    items.append(self._q.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            groups: dict = {}
+            for it in items:
+                groups.setdefault((id(it[0]), it[2], it[3]), []).append(it)
+            for batch in groups.values():
+                self._generate(batch)
+
+    def _generate(self, batch) -> None:
+        from collab_app.engine_types import EngineError
+
+        team, _, G, sampling, _ = batch[0]
+        live = [it for it in batch if it[4].set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            with self.ctx.engine_lock:
+                self.ctx.adapter_watcher().poll_once()
+                out = team.generate(self.ctx.engine, [it[1] for it in live], G, sampling)
+            self.batches = (self.batches + [len(live)])[-1000:]
+            for it, samples in zip(live, out):
+                it[4].set_result(samples)
+        except EngineError as e:
+            if len(live) == 1:
+                live[0][4].set_exception(e)
+                return
+            for it in live:   # find the bad request(s): one call each
+                fut = Future()
+                self._generate([(it[0], it[1], it[2], it[3], fut)])
+                try:
+                    it[4].set_result(fut.result())
+                except Exception as e2:  # noqa: BLE001 - handed to the waiting session
+                    it[4].set_exception(e2)
+        except Exception as e:  # noqa: BLE001 - every waiting session gets the error, the thread lives
+            log.exception("generation batch failed")
+            for it in live:
+                it[4].set_exception(e)
+
+
 @dataclass
 class AppContext:
     engine: Any
@@ -79,16 +155,12 @@ class AppContext:
     """longest prompt / pasted text / tests accepted from a person (characters)."""
     max_generations: int = 4
     """most candidates the UI lays out (num_generations can be raised up to this in the Team tab)."""
-    generate_concurrency: int = 1
-    """generation events running at once (the engine batches inside one event)."""
-    trainer_control: Any = None
-    """optional handle of the background trainer service (pause/resume, status); None: the
-    store's pause flag and status rows are used (the service reads them)."""
-    on_progress: Callable[[str], None] | None = None
-    """unused hook for serve-level logging of generation stages (None = off)."""
+    generate_concurrency: int = 8
+    """generation events running at once; their engine calls are merged (GenerationBatcher)."""
     engine_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _watcher: Any = field(default=None, repr=False)
+    _batcher: Any = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.num_generations < 2:
@@ -117,6 +189,12 @@ class AppContext:
             from collab_app.hotswap import AdapterWatcher
             self._watcher = AdapterWatcher(self.engine, self.store, self.agent_names(), lock=self.engine_lock)
         return self._watcher
+
+    def batcher(self) -> GenerationBatcher:
+        with self.team_settings_lock:
+            if self._batcher is None:
+                self._batcher = GenerationBatcher(self, max_examples=max(self.generate_concurrency, 1))
+            return self._batcher
 
     @property
     def storage_warning(self) -> str | None:

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Iterator
 
 from tasks.base import Turn, check_prompts, check_reward
@@ -163,8 +164,28 @@ def start_writing(ctx, task_name: str, text: str) -> dict:
     text = clean_text(text, "text", ctx.max_prompt_chars)
     ep = new_episode()
     ep["task"] = task_name
-    ep["example"] = ctx.tasks[task_name].make_example(text)
+    try:
+        ep["example"] = ctx.tasks[task_name].from_text(text)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     return ep
+
+
+def writing_examples(ctx, task_name: str) -> list[tuple[str, str]]:
+    """(title, id) of a writing task's shipped texts (both splits), to start from one."""
+    if task_name not in ctx.tasks:
+        return []
+    task = ctx.tasks[task_name]
+    return [(f"{ex.get('title') or ex['id']} ({split})", ex["id"])
+            for split in ("eval", "train") for ex in task.examples(split)]
+
+
+def writing_example_text(ctx, task_name: str, example_id: str) -> str:
+    for split in ("eval", "train"):
+        for ex in ctx.tasks[task_name].examples(split):
+            if ex["id"] == example_id:
+                return ex["text"]
+    raise UserError(f"no example {example_id!r} in {task_name}")
 
 
 def sync_adapters(ctx) -> list:
@@ -178,10 +199,25 @@ def _progress(msg: str) -> dict:
     return {"kind": "progress", "message": msg}
 
 
-def generate(ctx, episode: dict, session_id: str | None) -> Iterator[dict]:
-    """One round of the team on the episode: yields {"kind": "progress", "message"} events and
-    finally {"kind": "done", "episode": new_episode_state}. The group (G joint answers, their
-    automatic rewards) is stored before "done", so every candidate a person sees can be rated."""
+def _score(task, example, outputs) -> tuple[Any, str | None]:
+    """(Reward, None), or (None, why) when the automatic check itself failed (e.g. the sandbox
+    could not start): the candidate is still stored and shown, a person's rating is its return."""
+    try:
+        return check_reward(task, task.reward(example, outputs)), None
+    except Exception as e:  # noqa: BLE001 - a broken checker must not lose the generation
+        log.exception("automatic check failed")
+        return None, f"{type(e).__name__}: {e}"[:500]
+
+
+def generate(ctx, episode: dict, session_id: str | None, tick_s: float = 1.0) -> Iterator[dict]:
+    """One round of the team on the episode: yields {"kind": "progress", "message"} events (one
+    per `tick_s` while the engine works, one per candidate while checks run) and finally
+    {"kind": "done", "episode": new_state, "message"}. The group (G joint answers, automatic
+    rewards) is stored before "done", so every candidate a person sees can be rated.
+
+    The engine call runs in the batcher's thread (merged with other sessions' requests, under
+    `ctx.engine_lock`); this generator only polls its Future, because Gradio may resume a
+    generator on a different thread (a lock must not span yields)."""
     if not episode or not episode.get("task"):
         raise UserError("choose a task and press Generate")
     task = task_of(ctx, episode)
@@ -189,44 +225,52 @@ def generate(ctx, episode: dict, session_id: str | None) -> Iterator[dict]:
     history = [Turn(tuple(o), tuple(f)) for o, f in episode["history"]]
     prompts = check_prompts(task, task.agent_prompts(example, history))
     team = ctx.team_for(episode["task"])
-    G = ctx.num_generations
+    G, sampling = ctx.num_generations, ctx.sampling
     names = [a.name for a in team.agents]
-    yield _progress(f"generating {G} joint answers (agents: {', '.join(names)}) ...")
-    t0 = time.monotonic()
     from collab_app.engine_types import EngineError
-    with ctx.engine_lock:
-        sync_adapters(ctx)
+    t0 = time.monotonic()
+    fut = ctx.batcher().submit(team, prompts, G, sampling)   # merged with other sessions' requests
+    while True:
+        yield _progress(f"generating {G} joint answers (agents: {', '.join(names)}) ... "
+                        f"{time.monotonic() - t0:.0f} s")
         try:
-            samples = team.generate(ctx.engine, [prompts], G, ctx.sampling)[0]   # [agent][g]
+            samples = fut.result(timeout=tick_s)
+            break
+        except FutureTimeout:
+            continue
         except EngineError as e:
             raise UserError(f"the engine refused this prompt: {e}") from None
     gen_s = time.monotonic() - t0
-    rewards = []
+    outputs = [[samples[a][g].text for a in range(len(names))] for g in range(G)]
+    rewards, errors = [], []
     check = "running tests" if "tests" in task.level_names else "scoring"
     for g in range(G):
-        yield _progress(f"generated in {gen_s:.1f}s; {check} {g + 1}/{G} ...")
-        outputs = [samples[a][g].text for a in range(len(names))]
-        rewards.append(check_reward(task, task.reward(example, outputs)))
+        yield _progress(f"generated in {gen_s:.1f} s; {check} {g + 1}/{G} ...")
+        r, err = _score(task, example, outputs[g])
+        rewards.append(r)
+        errors.append(err)
     joint = [tuple(g for _ in names) for g in range(G)]   # aligned joint actions
+    combined = [task.combine(example, outs) for outs in outputs]
     group_id, joint_ids = ctx.store.add_group(
         task=episode["task"], example=example, prompts=prompts, samples=samples, joint=joint,
-        auto_rewards=rewards, session_id=session_id)
+        auto_rewards=rewards, session_id=session_id, combined=combined, auto_errors=errors,
+        turn=len(history), max_reward=task.max_reward)
     candidates = []
-    for g, (jid, r) in enumerate(zip(joint_ids, rewards)):
-        outs = [samples[a][g].text for a in range(len(names))]
+    for g, (jid, r, outs) in enumerate(zip(joint_ids, rewards, outputs)):
         candidates.append({
             "joint_sample_id": jid,
             "parts": [{"role": task.roles[a], "agent": names[a],
                        "adapter_version": samples[a][g].adapter_version, "text": outs[a]}
                       for a in range(len(names))],
-            "combined": task.combine(example, outs),
-            "reward": {"total": r.total, "max_total": r.max_total, "levels": dict(r.levels),
-                       "details": _jsonable(r.details)},
+            "combined": combined[g],
+            "reward": None if r is None else {"total": r.total, "max_total": r.max_total,
+                                              "levels": dict(r.levels), "details": _jsonable(r.details)},
+            "check_error": errors[g],
             "outputs": outs,
         })
     ep = dict(episode, group_id=group_id, candidates=candidates, turn=episode["turn"] + 1)
     yield {"kind": "done", "episode": ep,
-           "message": f"group #{group_id}: {G} candidates in {time.monotonic() - t0:.1f}s "
+           "message": f"group #{group_id}: {G} candidates in {time.monotonic() - t0:.1f} s "
                       f"(turn {ep['turn']}). Rate them below."}
 
 
@@ -245,7 +289,7 @@ def another_round(ctx, episode: dict, continue_from: int | None) -> dict:
     if not cands:
         raise UserError("generate a first round before asking for another one")
     if continue_from is None:
-        continue_from = max(range(len(cands)), key=lambda i: cands[i]["reward"]["total"])
+        continue_from = max(range(len(cands)), key=lambda i: (cands[i]["reward"] or {}).get("total", -math.inf))
     if not 0 <= continue_from < len(cands):
         raise UserError(f"candidate {continue_from + 1} does not exist (1..{len(cands)})")
     task = task_of(ctx, episode)
@@ -276,7 +320,8 @@ def _version(v) -> str:
 def render_candidate(cand: dict, index: int, coding: bool) -> str:
     """Markdown of one candidate: who wrote which part, adapter versions, automatic checks."""
     r = cand["reward"]
-    lines = [f"### Candidate {index + 1} — {r['total']:.2f} / {r['max_total']:.1f}",
+    score = "automatic check failed" if r is None else f"{r['total']:.2f} / {r['max_total']:.1f}"
+    lines = [f"### Candidate {index + 1} — {score}",
              f"<sub>joint sample #{cand['joint_sample_id']}</sub>", ""]
     for part in cand["parts"]:
         lines.append(f"**{part['role']}** · agent `{part['agent']}` · {_version(part['adapter_version'])}")
@@ -286,14 +331,41 @@ def render_candidate(cand: dict, index: int, coding: bool) -> str:
             quoted = html.escape(part["text"]).strip() or "(empty)"
             lines += ["> " + q for q in quoted.splitlines()]
         lines.append("")
+    if r is None:
+        lines.append(f"**Automatic checks** failed: {html.escape(cand.get('check_error') or '?')} "
+                     "(your rating is this candidate's only reward)")
+        return "\n".join(lines)
     lines.append("**Automatic checks**: " + " · ".join(
         f"{k} {v:+.2f}" for k, v in r["levels"].items()))
-    for k, v in (r.get("details") or {}).items():
-        text = html.escape(v if isinstance(v, str) else repr(v))
-        if len(text) > 600:
-            text = text[:600] + " …"
-        lines.append(f"- {html.escape(str(k))}: {text}")
+    lines += [f"- {html.escape(x)}" for x in check_summary(r.get("details") or {})]
     return "\n".join(lines)
+
+
+def check_summary(details: dict, limit: int = 400) -> list[str]:
+    """Readable lines from a Reward's details: tests passed, the first failing test and its
+    error, syntax errors, where scoring stopped; other truthy entries as `key: value`."""
+    d = dict(details)
+    out = []
+    if "tests_total" in d:
+        out.append(f"tests passed: {d.pop('tests_passed', '?')}/{d.pop('tests_total')}")
+    ff = d.pop("first_failure", None)
+    if isinstance(ff, dict):
+        out.append(f"first failing test: {str(ff.get('test', '')).strip()[:limit]} -> "
+                   f"{str(ff.get('error', '')).strip()[:limit]}")
+    for key, label in (("stopped_at", "scoring stopped at"), ("syntax_error", "syntax error"),
+                       ("setup_error", "failed before any test ran"), ("killed_by", "killed by")):
+        v = d.pop(key, None)
+        if v:
+            out.append(f"{label}: {str(v).strip()[:limit]}")
+    if d.pop("timed_out", False):
+        out.append("timed out")
+    d.pop("harness_ok", None)
+    for k, v in d.items():
+        if v in (None, False, "", [], {}):
+            continue
+        text = v if isinstance(v, str) else repr(v)
+        out.append(f"{k}: {text[:limit]}{' …' if len(text) > limit else ''}")
+    return out
 
 
 # --------------------------------------------------------------------------- rating
@@ -355,7 +427,7 @@ def team_overview(ctx) -> str:
             served = ctx.engine.adapter_version(agent.name)
             cur = current.get(agent.name)
             prompt = html.escape(agent.role_prompt.strip().replace("\n", " ")[:120]) or "—"
-            pin = " 📌 pinned" if agent.name in pinned else ""
+            pin = " (pinned)" if agent.name in pinned else ""
             newest = f"v{cur[0]}{pin}" if cur else "none yet"
             lines.append(f"| {task_name} | `{agent.name}` | {prompt} | {_version(served)} | {newest} |")
     return "\n".join(lines)
@@ -420,7 +492,7 @@ def adapter_table(ctx, agent: str) -> list[list]:
     rows = []
     for v in reversed(ctx.store.adapter_versions(agent)):
         rows.append([v.version, v.step if v.step is not None else "", v.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                     "📌" if v.pinned else "", "✅" if v.version == served else "", v.path])
+                     "yes" if v.pinned else "", "yes" if v.version == served else "", v.path])
     return rows
 
 
@@ -468,48 +540,43 @@ def unpin_adapter(ctx, token: str, agent: str) -> str:
 
 # --------------------------------------------------------------------------- training tab
 
-# app_state keys shared with the trainer service (collab_app/service.py):
-#   "trainer_control": {"paused": bool, "by": str, "at": epoch s}   written here, read by the service
-#   "trainer_status":  {"state": "idle"|"training"|"paused", "step": int, "heartbeat": epoch s,
-#                       "message": str}                             written by the service
-CONTROL_KEY, STATUS_KEY = "trainer_control", "trainer_status"
-HEARTBEAT_STALE_S = 120
-
-
 def training_status(ctx) -> str:
-    st = ctx.store.get_state(STATUS_KEY) or {}
-    paused = bool((ctx.store.get_state(CONTROL_KEY) or {}).get("paused"))
-    steps = ctx.store.train_steps(last=1)
+    """Markdown: the trainer service's state (from its heartbeat row in the store), the pause
+    flag, groups waiting, and the last step's return."""
+    from collab_app.service import is_paused, read_status
+    st = read_status(ctx.store)
     counts = ctx.store.stats()["groups"]
-    beat = st.get("heartbeat")
-    if not st:
-        state = "no trainer service has reported to this store yet (start it: `collab trainer` or `collab serve`)"
-    elif beat is not None and time.time() - float(beat) > HEARTBEAT_STALE_S:
-        state = f"not running (last heartbeat {time.time() - float(beat):.0f} s ago; was {st.get('state', '?')})"
+    steps = ctx.store.train_steps(last=1)
+    if st.get("state") == "not started":
+        state = "no trainer service has reported to this store yet (`collab serve` starts one; or `collab trainer`)"
+    elif not st["alive"] and st.get("state") != "stopped":
+        ago = time.time() - float(st.get("heartbeat") or 0)
+        state = f"not running (no heartbeat for {ago:.0f} s; last state: {st.get('state', '?')})"
     else:
-        state = st.get("state", "?")
+        state = str(st.get("state", "?"))
         if st.get("step") is not None:
             state += f" · step {st['step']}"
+        if st.get("task"):
+            state += f" · task {st['task']}"
         if st.get("message"):
             state += f" · {html.escape(str(st['message']))[:200]}"
     last = ""
     if steps:
         m = steps[-1]["metrics"]
         last = (f"\n\n**last step** {steps[-1]['step']} at {steps[-1]['created_at']:%H:%M:%S} UTC: "
-                f"return {m.get('return_mean', float('nan')):.3f} over {m.get('groups', '?')} groups, "
-                f"zero-variance {m.get('zero_variance_frac', float('nan')):.0%}")
-    return (f"**trainer**: {state}{' · ⏸ pause requested' if paused else ''}\n\n"
+                f"return {m.get('return_mean', math.nan):.3f} over {m.get('groups', '?')} groups, "
+                f"zero-variance {m.get('zero_variance_frac', math.nan):.0%}")
+    return (f"**trainer**: {state}{' · pause requested' if is_paused(ctx.store) else ''}\n\n"
             f"**groups waiting**: {counts['ready']} ready, {counts['open']} still collecting ratings · "
             f"{counts['trained']} trained · {counts['expired']} expired{last}")
 
 
 def set_training_paused(ctx, token: str, paused: bool) -> str:
-    """Admin: ask the trainer service to pause (after its current step) or resume."""
+    """Admin: ask the trainer service to pause (after its current step) or resume; the flag is
+    in the store, so an external `collab trainer` on the same store obeys it too."""
     check_admin(ctx, token)
-    ctx.store.set_state(CONTROL_KEY, {"paused": bool(paused), "at": time.time()})
-    ctrl = ctx.trainer_control
-    if ctrl is not None:
-        (ctrl.pause if paused else ctrl.resume)()
+    from collab_app.service import set_paused
+    set_paused(ctx.store, bool(paused), by="app")
     return ("pause requested: the trainer stops after its current step" if paused
             else "resume requested: the trainer continues with the next ready groups")
 

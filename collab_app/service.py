@@ -234,10 +234,13 @@ class TrainerService:
 
     def trainer_for(self, task_name: str):
         if task_name not in self.trainers:
-            from tasks import load_task
             from trainer.magrpo import MAGRPOTrainer
 
-            task = self.tasks.get(task_name) or load_task(task_name)
+            task = self.tasks.get(task_name)
+            if task is None:
+                from tasks import load_task
+
+                task = load_task(task_name)
             cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
             reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import contextlib
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -453,14 +455,20 @@ class Store:
         self.url = url or default_url()
         u = sa.engine.make_url(self.url)
         self.is_sqlite = u.get_backend_name() == "sqlite"
-        if self.is_sqlite and u.database and u.database != ":memory:":
+        memory = self.is_sqlite and u.database in (None, "", ":memory:")
+        kw: dict[str, Any] = {"pool_pre_ping": not self.is_sqlite}
+        if memory:   # one shared connection (else each thread sees its own empty database)
+            kw.update(poolclass=sa.pool.StaticPool, connect_args={"check_same_thread": False})
+        elif self.is_sqlite:
             os.makedirs(os.path.dirname(os.path.abspath(u.database)), exist_ok=True)
-        self.engine = sa.create_engine(u, echo=echo, pool_pre_ping=not self.is_sqlite)
+        self.engine = sa.create_engine(u, echo=echo, **kw)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
         # same pool; on SQLite its transactions start with BEGIN IMMEDIATE (module docstring)
         self._writer = self.engine.execution_options(collab_write=True)
+        self._write_lock = threading.RLock() if self.is_sqlite else contextlib.nullcontext()
+        self._read_lock = self._write_lock if memory else contextlib.nullcontext()
         with self._writer.begin() as conn:
             self.migrated_from, _ = migrate(conn)
 
@@ -472,12 +480,14 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        with Session(self._writer, expire_on_commit=False) as s, s.begin():
+        # SQLite has one writer at a time anyway; queueing this process's threads on a Python
+        # lock keeps them out of SQLite's busy handler, whose sleep-and-retry is not fair.
+        with self._write_lock, Session(self._writer, expire_on_commit=False) as s, s.begin():
             yield s
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
-        with Session(self.engine) as s, s.begin():
+        with self._read_lock, Session(self.engine) as s, s.begin():
             yield s
 
     # -- groups ----------------------------------------------------------------------------
@@ -589,6 +599,21 @@ class Store:
                 q = q.where(GroupRow.session_id == session_id)
             return [self._group_record(g) for g in s.scalars(q)]
 
+    def iter_groups(self, batch_size: int = 100) -> Iterator[GroupRecord]:
+        """Every group, oldest first, loaded `batch_size` at a time (one read transaction per
+        batch, so a long export never holds a snapshot open)."""
+        last_id = 0
+        while True:
+            with self._read() as s:
+                q = (select(GroupRow).where(GroupRow.id > last_id).order_by(GroupRow.id).limit(batch_size)
+                     .options(selectinload(GroupRow.samples),
+                              selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
+                page = [self._group_record(g) for g in s.scalars(q)]
+            if not page:
+                return
+            yield from page
+            last_id = page[-1].id
+
     # -- ratings (append-only) -------------------------------------------------------------
 
     def add_rating(self, joint_sample_id: int, rater: str, value: float, comment: str = "") -> int:
@@ -603,8 +628,9 @@ class Store:
             raise StoreError(f"comment must be text, got {type(comment).__name__}")
         if len(comment) > MAX_COMMENT_CHARS:
             raise StoreError(f"comment is {len(comment):,} characters; the limit is {MAX_COMMENT_CHARS:,}")
-        if isinstance(joint_sample_id, bool) or not isinstance(joint_sample_id, int):
+        if isinstance(joint_sample_id, bool) or not isinstance(joint_sample_id, numbers.Integral):
             raise StoreError(f"joint_sample_id must be an integer id, got {joint_sample_id!r:.40}")
+        joint_sample_id = int(joint_sample_id)
         with self._write() as s:
             joint = s.get(JointRow, joint_sample_id)
             if joint is None:
@@ -645,7 +671,9 @@ class Store:
     def ready_groups(self, rule: ReturnRule, limit: int = 64, now: datetime | None = None,
                      task: str | None = None) -> list[ReadyGroup]:
         """Up to `limit` untrained groups whose every joint sample has a return under `rule`,
-        oldest first (so nothing waits forever behind newer data)."""
+        oldest first (so nothing waits forever behind newer data). Cost: it reads open groups
+        (with their ratings) in id order until it has `limit`, so call `expire_groups` first to
+        keep groups that can never become ready out of the scan."""
         now = now or utcnow()
         out: list[ReadyGroup] = []
         last_id = 0
@@ -698,6 +726,8 @@ class Store:
     def record_train_step(self, step: int, metrics: dict, group_ids: Sequence[int]) -> None:
         """One trainer step: its metrics, and its groups marked trained, in one transaction."""
         with self._write() as s:
+            if s.scalar(select(TrainStepRow.id).where(TrainStepRow.step == int(step))):
+                raise StoreError(f"train step {step} is already recorded: steps are numbered once")
             s.add(TrainStepRow(step=int(step), metrics=jsonable(metrics), created_at=utcnow(),
                                group_ids=[int(g) for g in group_ids]))
             self._mark(s, group_ids, step)

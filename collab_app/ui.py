@@ -98,29 +98,30 @@ class _Panel:
 
     def stream(self, ep: dict, state, request: gr.Request | None):
         """Run the handler's generator, turning its progress events into status updates."""
-        yield self.hide("⏳ starting ...")
+        yield self.hide("*starting ...*")
         for ev in H.generate(self.ctx, ep, _session(request)):
             if ev["kind"] == "progress":
-                yield {self.status: "⏳ " + ev["message"]}
+                yield {self.status: f"*{ev['message']}*"}
             else:
-                yield {**self.show(ev["episode"], "✅ " + ev["message"]), state: ev["episode"]}
+                yield {**self.show(ev["episode"], f"**{ev['message']}**"), state: ev["episode"]}
 
     def wire(self, state, rater, start_fn, start_inputs, generate_btn):
         outs = self.outputs() + [state]
 
         @_err
-        def on_generate(*args, request: gr.Request = None):
+        def on_generate(request: gr.Request, *args):
+            # gr.Request must be positional (Gradio injects it by position, not after *args)
             *inputs, _state = args
             ep = start_fn(*inputs)
             yield from self.stream(ep, state, request)
 
         @_err
-        def on_again(ep, continue_from, request: gr.Request = None):
+        def on_again(request: gr.Request, ep, continue_from):
             ep = H.another_round(self.ctx, ep, None if continue_from in (None, "") else int(continue_from))
             yield from self.stream(ep, state, request)
 
         @_err
-        def on_submit(ep, rater_name, comment, *values, request: gr.Request = None):
+        def on_submit(request: gr.Request, ep, rater_name, comment, *values):
             who = H.rater_id(rater_name, _session(request))
             return H.rate_candidates(self.ctx, ep, list(values), who, comment)
 
@@ -178,8 +179,13 @@ def _write_tab(ctx: AppContext, rater):
     labels = {"tldr": "TL;DR: a short summary + a detailed one", "expansion": "Expansion: background + method"}
     task = gr.Radio([(labels.get(n, n), n) for n in names], value=names[0] if names else None,
                     label="writing task", elem_id="write-task")
+    first = H.writing_examples(ctx, names[0]) if names else []
+    sample = gr.Dropdown(first, value=None, label="or start from one of the project's texts")
     text = gr.Textbox(label="your text (paste it here)", lines=8, max_lines=20, elem_id="write-text",
                       placeholder="Paste a paragraph, an abstract, a post ...")
+    task.change(lambda t: gr.update(choices=H.writing_examples(ctx, t), value=None), [task], [sample], **PRIVATE)
+    sample.change(_err(lambda t, i: H.writing_example_text(ctx, t, i) if i else gr.update()), [task, sample],
+                  [text], **PRIVATE)
     gen = gr.Button("Generate", variant="primary", elem_id="write-generate")
     panel = _Panel(ctx, "write")
     panel.wire(state, rater, lambda t, x: H.start_writing(ctx, t, x), [task, text], gen)
@@ -206,7 +212,7 @@ def _team_tab(ctx: AppContext, token):
             ad_agent = gr.Dropdown(agents, value=agents[0] if agents else None, label="agent", scale=2)
             version = gr.Number(None, precision=0, label="version to pin", scale=1)
         versions = gr.Dataframe(H.adapter_table(ctx, agents[0]) if agents else None, interactive=False,
-                                label="versions (newest first)")
+                                headers=H.ADAPTER_HEADERS, label="versions (newest first)")
         with gr.Row():
             pin = gr.Button("Pin this version")
             back = gr.Button("Roll back one version")
@@ -252,14 +258,14 @@ def _data_tab(ctx: AppContext, token):
     with gr.Row():
         everyone = gr.Checkbox(False, label="all sessions (admin; default: only yours)")
         refresh_btn = gr.Button("Refresh")
-    table = gr.Dataframe(interactive=False, label="recent groups", elem_id="data-groups")
+    table = gr.Dataframe(interactive=False, headers=H.GROUP_HEADERS, label="recent groups", elem_id="data-groups")
     with gr.Row():
         formats = gr.CheckboxGroup(["jsonl", "parquet", "datasets"], value=["jsonl"], label="export formats")
         export_btn = gr.Button("Export everything (admin)")
     files = gr.File(label="export", file_count="multiple", interactive=False)
 
     @_err
-    def refresh(all_, t, request: gr.Request = None):
+    def refresh(request: gr.Request, all_, t):
         return H.data_stats(ctx), H.recent_groups_table(ctx, _session(request), all_, t)
     refresh_btn.click(refresh, [everyone, token], [stats, table], concurrency_limit=8, **PRIVATE)
     everyone.change(refresh, [everyone, token], [stats, table], **PRIVATE)
@@ -307,7 +313,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
     with gr.Blocks(title="collab", analytics_enabled=False) as demo:
         gr.Markdown(INTRO.format(G=ctx.num_generations))
         if ctx.storage_warning:
-            gr.Markdown("⚠️ " + ctx.storage_warning, elem_id="storage-warning")
+            gr.Markdown("**Warning:** " + ctx.storage_warning, elem_id="storage-warning")
         with gr.Row():
             rater = gr.Textbox(label="your name (rater id; empty = this browser session)", max_lines=1,
                                scale=2, elem_id="rater")

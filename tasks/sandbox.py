@@ -34,11 +34,12 @@ Isolation levels, probed once per process (`isolation()` says which one is in us
   RLIMIT_NPROC (per uid, and not enforced for root at all) bounds a fork bomb for this run
   alone, file permissions apply, and root inside the namespaces cannot remount things
   writable again.
-- "userns" (not root, unprivileged user namespaces allowed): the same namespaces inside a new
-  user namespace (`unshare --user --map-root-user`, util-linux); no separate uid, so file
-  permissions are those of the app's user, but mounts are read-only as above. Since Linux 5.14
-  RLIMIT_NPROC is counted per user namespace, so max_procs still bounds this run. (Only run
-  by hand on this project's root machines, where NPROC is not enforced in it.)
+- "userns" (not root, or a root that may not unshare, e.g. in a container; user namespaces
+  allowed): the same namespaces inside a new user namespace (`unshare --user
+  --map-root-user`, util-linux); no separate uid, so file permissions are those of the app's
+  user, but mounts are read-only as above. For a non-root app RLIMIT_NPROC is counted per
+  user namespace (Linux 5.14+), so max_procs bounds this run; for root it is not enforced.
+  (Only run by hand on this project's root machines.)
 - "plain" (neither works): rlimits, process group kill, scrubbed env, private result channel
   only. NOT blocked: network; writes anywhere the app's user may write (if root, a separate
   uid is used when the Python install is reachable by it, so only world-writable places like
@@ -199,7 +200,7 @@ def _probe() -> _Mode:
     candidates = []
     if root:
         candidates.append(_Mode("namespaces", (), True, True, True))
-    if unshare and not root:
+    if unshare:  # also as root: a container may refuse unshare(2) but allow user namespaces
         candidates.append(_Mode("userns", (unshare, "--user", "--map-root-user"), True, True, False))
     probe = ("import errno, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
              "except OSError as e:\n    assert e.errno == errno.ENETUNREACH, e\nelse:\n"

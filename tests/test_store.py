@@ -354,6 +354,9 @@ def test_mark_trained_train_steps_and_expiry(store):
     assert store.group(a).status == "trained" and store.group(a).trained_step == 7
     assert store.train_steps() == [dict(step=7, metrics={"loss": 0.25, "kl": "nan"},
                                         created_at=store.train_steps()[0]["created_at"], group_ids=[a])]
+    with pytest.raises(StoreError, match="already recorded"):
+        store.record_train_step(7, {}, [b])
+    assert store.group(b).status == "ready"                # the refused step marked nothing
     assert store.mark_trained([a, b], 8) == 1              # a stays trained at step 7
     assert store.group(a).trained_step == 7 and store.group(b).trained_step == 8
     hf = ReturnRule(mode="human_first", human_timeout_s=60)
@@ -479,3 +482,15 @@ def test_foreign_keys_enforced(store):
         with store._writer.begin() as c:
             c.execute(sa.text("INSERT INTO ratings (joint_sample_id, rater, value, comment, created_at) "
                               "VALUES (424242, 'x', 3, '', :t)"), {"t": utcnow().replace(tzinfo=None)})
+
+
+def test_in_memory_store_shared_by_threads():
+    """sqlite:// (tests, demos): one database for every thread of the process."""
+    import threading
+
+    st = Store("sqlite://")
+    gid, jids, *_ = make_group(st)
+    t = threading.Thread(target=lambda: st.add_rating(jids[0], "thread", 4))
+    t.start()
+    t.join()
+    assert [r.rater for r in st.ratings_for()] == ["thread"] and st.group(gid).id == gid

@@ -405,7 +405,7 @@ class MAGRPOTrainer:
         model.train()
         opt = self.optimizers[agent]
         opt.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "ratio": 0.0, "tokens": 0.0}
+        sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "kl_tokens": 0.0, "ratio": 0.0, "tokens": 0.0}
         eps = cfg.clip_epsilon
         for start in range(0, len(live), cfg.micro_batch_size):
             batch = live[start:start + cfg.micro_batch_size]
@@ -420,18 +420,25 @@ class MAGRPOTrainer:
             A = torch.tensor([a for _, a in batch], device=logp.device)[:, None]               # (B, 1)
             ratio = torch.exp((logp - behaviour) * mask)                                        # (B, T)
             surrogate = torch.min(ratio * A, ratio.clamp(1 - eps, 1 + eps) * A)                 # (B, T)
-            with torch.no_grad(), model.disable_adapter():
-                ref, _ = sequence_logprobs(model, prompts, completions, self.eos_token_ids)     # (B, T)
-            d = ref - logp
-            kl = torch.exp(d) - d - 1                                                           # (B, T) k3 >= 0
-            loss_tok = -surrogate + cfg.kl_coef * kl
+            loss_tok = -surrogate
+            # KL to the base (adapter off) costs a third forward pass: every micro-batch when it is
+            # in the loss, else only the first one, as a logged estimate.
+            if cfg.kl_coef > 0 or start == 0:
+                with torch.no_grad(), model.disable_adapter():
+                    ref, _ = sequence_logprobs(model, prompts, completions, self.eos_token_ids)  # (B, T)
+                d = ref - logp
+                kl = torch.exp(d) - d - 1                                                       # (B, T) k3 >= 0
+                if cfg.kl_coef > 0:
+                    loss_tok = loss_tok + cfg.kl_coef * kl
+                with torch.no_grad():
+                    sums["kl"] += float((kl * mask).sum())
+                    sums["kl_tokens"] += float(mask.sum())
             loss = (loss_tok * mask).sum() / n_samples
             loss.backward()
             with torch.no_grad():
                 clipped = ((ratio > 1 + eps) & (A > 0)) | ((ratio < 1 - eps) & (A < 0))
                 sums["loss"] += float(loss)
                 sums["clipped"] += float((clipped * mask).sum())
-                sums["kl"] += float((kl * mask).sum())
                 sums["ratio"] += float((ratio * mask).sum())
                 sums["tokens"] += float(mask.sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params[agent], cfg.max_grad_norm)
@@ -439,7 +446,7 @@ class MAGRPOTrainer:
         opt.zero_grad(set_to_none=True)
         model.eval()
         tokens = max(sums["tokens"], 1.0)
-        stats.update(loss=sums["loss"], clip_frac=sums["clipped"] / tokens, kl=sums["kl"] / tokens,
+        stats.update(loss=sums["loss"], clip_frac=sums["clipped"] / tokens, kl=sums["kl"] / max(sums["kl_tokens"], 1.0),
                      ratio_mean=sums["ratio"] / tokens, grad_norm=float(grad_norm), tokens=int(sums["tokens"]))
         return stats
 

@@ -1,0 +1,167 @@
+"""`collab train`: offline MAGRPO on a task's train split, with held-out evaluation.
+
+    collab train --task humaneval --num-steps 20 --engine transformers
+
+Provisions the model (embedded SmolLM2 by default), starts an engine (`auto`: vLLM where it
+is the faster choice, see collab_app/engine.py), saves version 0 of every agent's adapter,
+evaluates the team on the first `--eval-examples` of the held-out split, then loops
+rollout -> MAGRPO update -> new adapter versions -> hot-load into the engine, and finally
+evaluates again. Evaluation is greedy by default (`--eval-temperature 0`), so before/after
+numbers are comparable; it is `collab eval`'s "team" system (same code, same metrics).
+
+Writes to `--output-dir`: metrics.jsonl (one line per train step and per evaluation),
+TensorBoard events (tb/), config.json, summary.png (return and each reward level over steps),
+and adapter versions under adapters/ unless `--adapters-dir` says otherwise.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+
+from collab_app.engine_types import Request, Sampling
+
+log = logging.getLogger(__name__)
+
+
+class EngineSampler:
+    """An Engine as the trainer sees it (trainer.magrpo.Sampler). The trainer may not import
+    collab_app, where Request and Sampling live, so the conversion happens here."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def sample(self, requests, n, *, max_new_tokens, temperature, top_p, seed):
+        return self.engine.generate([Request(agent=a, prompt=p) for a, p in requests], n,
+                                    Sampling(max_new_tokens=max_new_tokens, temperature=temperature,
+                                             top_p=top_p, seed=seed))
+
+    def load_adapter(self, agent, path, version):
+        self.engine.load_adapter(agent, path, version)
+
+
+def evaluate_team(engine, task, examples, cfg) -> dict:
+    """Mean return, pass@1 and level means of the team (agents = roles, current adapters) on
+    `examples`, with `collab eval`'s code; one joint answer per example, cfg.num_turns turns."""
+    from tqdm import tqdm
+
+    from collab_app.evaluate import EvalConfig, run_system, summarize
+
+    ecfg = EvalConfig(task=cfg.task, systems=["team"], num_turns=cfg.num_turns, max_new_tokens=cfg.max_new_tokens,
+                      temperature=cfg.eval_temperature, seed=cfg.seed)
+    sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.eval_temperature, seed=cfg.seed)
+    t0 = time.time()
+    with tqdm(total=len(examples), desc="eval", unit="ex", leave=False, disable=None) as progress:
+        rewards = run_system("team", task, examples, engine, list(task.roles), ecfg, sampling, progress)
+    summary = summarize(task, rewards)
+    out = {"return_mean": summary["mean_return"], "pass@1": summary["pass@1"], "examples": summary["examples"],
+           "seconds": round(time.time() - t0, 1)}
+    out.update({f"level/{k}": v for k, v in summary["levels"].items()})
+    return out
+
+
+class RunLog:
+    """metrics.jsonl + TensorBoard, one record per train step / evaluation."""
+
+    def __init__(self, output_dir: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.records: list[dict] = []
+        if os.path.exists(self.path):  # a resumed run keeps its history (and its plot)
+            from collab_app.plots import load_metrics
+
+            self.records = load_metrics(self.path)
+        self.tb = SummaryWriter(os.path.join(output_dir, "tb"))
+
+    def write(self, kind: str, step: int, metrics: dict) -> None:
+        rec = {"kind": kind, "step": step, "time": time.time(), **metrics}
+        self.records.append(rec)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec, default=float) + "\n")
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step":
+                self.tb.add_scalar(f"{kind}/{k}", v, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        self.tb.close()
+
+
+def _fmt_eval(e: dict) -> str:
+    levels = "  ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in e.items() if k.startswith("level/"))
+    return f"return={e['return_mean']:.3f}  pass@1={e['pass@1']:.3f}  {levels}"
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from collab_app.engine import make_engine
+    from collab_app.model import collab_home, ensure_model
+    from collab_app.plots import save_summary_plot
+    from tasks import load_task
+    from trainer.config import MAGRPOConfig
+    from trainer.configcli import parse_config
+    from trainer.magrpo import MAGRPOTrainer
+
+    cfg, _ = parse_config(MAGRPOConfig, argv, prog="collab train",
+                          description="Offline MAGRPO training of the team's per-agent LoRA adapters on a task.")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    t_start = time.time()
+    output_dir = cfg.output_dir or os.path.join(collab_home(), "runs", f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg = replace(cfg, output_dir=output_dir, adapters_dir=cfg.adapters_dir or os.path.join(output_dir, "adapters"),
+                  model=ensure_model(cfg.model or None))
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "config.json"), "w") as f:
+        json.dump(asdict(cfg), f, indent=1)
+
+    task = load_task(cfg.task)
+    if task.num_agents != cfg.num_agents:
+        print(f"collab train: task {cfg.task!r} has {task.num_agents} agents {task.roles}; "
+              f"pass --num-agents {task.num_agents}", file=sys.stderr)
+        return 2
+    eval_examples = task.examples("eval")[:cfg.eval_examples]
+    trainer = MAGRPOTrainer(cfg, task, cfg.adapters_dir)
+    kw = {"seed": cfg.seed, "num_agents": cfg.num_agents}
+    if cfg.lora_r > 16:  # vLLM's default max_lora_rank
+        kw["max_lora_rank"] = cfg.lora_r
+    engine = make_engine(cfg.engine, model=cfg.model, **kw)
+    sampler = EngineSampler(engine)
+    for role in task.roles:
+        engine.register_agent(role)
+    trainer.load_into(sampler)
+    run = RunLog(output_dir)
+    print(f"collab train: task={cfg.task} engine={engine.name} model={cfg.model}\n"
+          f"  output {output_dir}\n  adapters {cfg.adapters_dir} (versions {trainer.versions})", flush=True)
+
+    def evaluate(label: str) -> dict | None:
+        if not eval_examples:
+            return None
+        e = evaluate_team(engine, task, eval_examples, cfg)
+        e["versions"] = dict(trainer.versions)
+        run.write("eval", trainer.step, e)
+        print(f"eval {label} (step {trainer.step}, {len(eval_examples)} held-out examples, "
+              f"{'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'}): {_fmt_eval(e)}", flush=True)
+        return e
+
+    def on_step(metrics: dict) -> None:
+        run.write("train", metrics["step"], metrics)
+        if cfg.eval_every and metrics["step"] % cfg.eval_every == 0 and metrics["step"] < cfg.num_steps:
+            evaluate("during")
+
+    try:
+        before = evaluate("before")
+        trainer.train(sampler, on_step=on_step)
+        after = evaluate("after")
+    finally:
+        run.close()
+        engine.close()
+    plot = save_summary_plot(run.records, os.path.join(output_dir, "summary.png"),
+                             title=f"MAGRPO on {cfg.task} ({os.path.basename(cfg.model)})")
+    print(f"done in {time.time() - t_start:.0f} s: step {trainer.step}, versions {trainer.versions}")
+    if before and after:
+        print(f"  held-out before: {_fmt_eval(before)}\n  held-out after:  {_fmt_eval(after)}")
+    print(f"  metrics {run.path}\n  plot    {plot}\n  adapters {cfg.adapters_dir}")
+    return 0

@@ -1,0 +1,312 @@
+"""The app's handlers without a browser: real transformers engine on the embedded model, real
+SQLite store in tmp_path, real tasks (HumanEval, a person's own problem, TL;DR), G=2 and 24 new
+tokens so that a generation takes seconds."""
+from __future__ import annotations
+
+import pytest
+
+from collab_app import handlers as H
+from collab_app.context import AppContext, is_public, storage_warning
+from collab_app.engine_types import Sampling
+
+MAX_NEW = 24
+TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Residents said the lanes "
+        "made the streets safer, but shop owners worried about parking. The council agreed to test "
+        "the lanes for six months and then decide. A survey of riders will be published in June.")
+
+
+# --------------------------------------------------------------------------- no engine needed
+
+@pytest.mark.parametrize("value, fragment", [
+    ("", "empty"), ("   \n", "empty"), (None, "empty"), ("a\x00b", "NUL"), ("bad \ud800 text", "Unicode"),
+    ("x" * 1_000_000, "limit is 20,000"), (b"bytes", "must be text"), (123, "must be text"),
+])
+def test_clean_text_rejects_junk(value, fragment):
+    with pytest.raises(H.UserError, match=fragment):
+        H.clean_text(value, "prompt", 20_000)
+
+
+def test_clean_text_keeps_code_indentation():
+    code = "    def f():\n        return 1\n"
+    assert H.clean_text(code, "prompt", 100) == code
+
+
+@pytest.mark.parametrize("value", [9, 0, -1, 4.5, "abc", None, True, float("nan"), "", [3]])
+def test_parse_rating_rejects(value):
+    with pytest.raises(H.UserError, match="1 to 5"):
+        H.parse_rating(value)
+
+
+@pytest.mark.parametrize("value, want", [(1, 1), ("5", 5), (3.0, 3), ("2", 2)])
+def test_parse_rating_accepts(value, want):
+    assert H.parse_rating(value) == want
+
+
+class _Ctx:   # check_admin reads only these two fields
+    def __init__(self, admin_token, public):
+        self.admin_token, self.public = admin_token, public
+
+
+def test_admin_rules():
+    H.check_admin(_Ctx(None, public=False), "")           # local app, no token: allowed
+    with pytest.raises(H.UserError, match="COLLAB_ADMIN_TOKEN"):
+        H.check_admin(_Ctx(None, public=True), "anything")  # public without a token: off
+    with pytest.raises(H.UserError, match="wrong"):
+        H.check_admin(_Ctx("s3cret", public=True), "guess")
+    with pytest.raises(H.UserError, match="wrong"):
+        H.check_admin(_Ctx("s3cret", public=False), "")     # a set token is required even locally
+    H.check_admin(_Ctx("s3cret", public=True), "s3cret")
+
+
+def test_is_public(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    assert not is_public("127.0.0.1", False) and not is_public("localhost", False) and not is_public(None, False)
+    assert is_public("0.0.0.0", False) and is_public("192.168.1.5", False) and is_public("127.0.0.1", True)
+    monkeypatch.setenv("SPACE_ID", "someone/collab")
+    assert is_public("127.0.0.1", False)
+
+
+def test_storage_warning_on_space(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert storage_warning(str(tmp_path)) is None               # not a Space: nothing to say
+    monkeypatch.setenv("SPACE_ID", "someone/collab")
+    assert "ephemeral" in storage_warning(str(tmp_path))       # a Space, home not on /data
+
+
+def test_rater_id():
+    assert H.rater_id("  ana ", "abcdef0123456789") == "ana"
+    assert H.rater_id("", "abcdef0123456789") == "session:abcdef012345"
+    with pytest.raises(H.UserError):
+        H.rater_id("x" * 100, None)
+
+
+# --------------------------------------------------------------------------- real engine + store
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    from collab_app.engine import make_engine
+
+    eng = make_engine("transformers", model=model_path)
+    yield eng
+    eng.close()
+
+
+def make_ctx(engine, store_path, **kw) -> AppContext:
+    from collab_app.store import Store
+    from collab_app.team import Agent, Team
+    from tasks import load_task
+
+    tasks = {name: load_task(name) for name in ("humaneval", "tldr")}
+    teams = {name: Team([Agent(role) for role in t.roles]) for name, t in tasks.items()}
+    for team in teams.values():
+        for a in team.agents:
+            engine.register_agent(a.name)
+            engine.load_adapter(a.name, None, None)   # each test starts on the base model
+    kw.setdefault("sampling", Sampling(max_new_tokens=MAX_NEW, temperature=0.8))
+    return AppContext(engine=engine, store=Store(f"sqlite:///{store_path}"), tasks=tasks, teams=teams,
+                      num_generations=2, home=str(store_path.parent), **kw)
+
+
+@pytest.fixture(scope="module")
+def ctx(engine, tmp_path_factory):
+    return make_ctx(engine, tmp_path_factory.mktemp("app") / "store.db", admin_token="tok", public=True)
+
+
+@pytest.fixture(scope="module")
+def first_round(ctx):
+    """One HumanEval round in session A, with its progress events."""
+    ep = H.start_coding(ctx, H.SOURCES[0], "eval", ctx.tasks["humaneval"].examples("eval")[0]["id"], "", "", "")
+    events = list(H.generate(ctx, ep, "session-A"))
+    return events
+
+
+def test_generate_humaneval(ctx, first_round):
+    kinds = [e["kind"] for e in first_round]
+    assert kinds[-1] == "done" and kinds.count("done") == 1 and "progress" in kinds
+    assert any("running tests" in e.get("message", "") for e in first_round)
+    ep = first_round[-1]["episode"]
+    task = ctx.tasks["humaneval"]
+    assert len(ep["candidates"]) == 2 and ep["turn"] == 1
+    for i, c in enumerate(ep["candidates"]):
+        assert [p["role"] for p in c["parts"]] == list(task.roles) == ["helper", "main"]
+        assert all(p["adapter_version"] is None for p in c["parts"])     # base model
+        assert set(c["reward"]["levels"]) == set(task.level_names)
+        md = H.render_candidate(c, i, coding=True)
+        assert "**helper** · agent `helper` · base model" in md and "Automatic checks" in md
+    grp = ctx.store.group(ep["group_id"])
+    assert grp.session_id == "session-A" and grp.task == "humaneval" and grp.num_generations == 2
+    assert [j.id for j in grp.joints] == [c["joint_sample_id"] for c in ep["candidates"]]
+    assert [j.auto_total for j in grp.joints] == [c["reward"]["total"] for c in ep["candidates"]]
+
+
+def test_rating_flow(ctx, first_round):
+    ep = first_round[-1]["episode"]
+    before = ctx.store.stats()["ratings"]
+    msg = H.rate_candidates(ctx, ep, ["5", None], "ana", "nice helper")
+    assert msg.startswith("rating saved: #") and "candidate 1: 5/5" in msg
+    assert ctx.store.stats()["ratings"] == before + 1
+    # re-rating adds a row (append-only); a second rater too
+    H.rate_candidates(ctx, ep, ["2", "4"], "ana")
+    H.rate_candidates(ctx, ep, [None, "3"], "bo")
+    jid0, jid1 = (c["joint_sample_id"] for c in ep["candidates"])
+    assert [r.value for r in ctx.store.ratings_for(jid0)] == [5, 2]
+    assert [(r.rater, r.value) for r in ctx.store.ratings_for(jid1)] == [("ana", 4), ("bo", 3)]
+    n = ctx.store.stats()["ratings"]
+    for values, fragment in ((["9", None], "1 to 5"), ([None, None], "at least one"), (["3", "0"], "1 to 5")):
+        with pytest.raises(H.UserError, match=fragment):
+            H.rate_candidates(ctx, ep, values, "ana")
+    with pytest.raises(H.UserError, match="no joint sample"):
+        H.rate(ctx, 10**9, 3, "ana")
+    with pytest.raises(H.UserError, match="generate first"):
+        H.rate_candidates(ctx, H.new_episode(), ["3"], "ana")
+    assert ctx.store.stats()["ratings"] == n     # nothing stored by the bad ones (not even "3")
+
+
+def test_another_round_feeds_feedback(ctx, first_round):
+    ep = first_round[-1]["episode"]
+    task = ctx.tasks["humaneval"]
+    nxt = H.another_round(ctx, ep, 1)
+    outs = ep["candidates"][1]["outputs"]
+    assert nxt["history"] == [[outs, task.feedback(ep["example"], outs)]] and nxt["candidates"] == []
+    done = H.run_generate(ctx, nxt, "session-A")
+    ep2 = done["episode"]
+    assert ep2["turn"] == 2 and len(ep2["history"]) == 1
+    grp = ctx.store.group(ep2["group_id"])
+    assert grp.turn == 1                                      # 0-based turn in the store
+    assert "Score" in grp.prompts[0] or "Score" in grp.prompts[1]   # the feedback reached the prompts
+    with pytest.raises(H.UserError, match="does not exist"):
+        H.another_round(ctx, ep, 5)
+
+
+def test_custom_coding_problem(ctx):
+    with pytest.raises(H.UserError, match="not accepted"):
+        H.start_coding(ctx, H.SOURCES[1], "eval", "", "def add(a, b):\n    pass\n", "assert add(1, 2) ==", "")
+    ep = H.start_coding(ctx, H.SOURCES[1], "eval", "", 'def add(a, b):\n    """Sum."""\n',
+                        "assert add(1, 2) == 3\nassert add(0, 0) == 0\n", "")
+    assert ep["task"] == "custom-coding" and ep["example"]["entry_point"] == "add"
+    done = H.run_generate(ctx, ep, "session-B")
+    grp = ctx.store.group(done["episode"]["group_id"])
+    assert grp.task == "custom-coding" and grp.session_id == "session-B"
+
+
+@pytest.mark.parametrize("prompt, tests, fragment", [
+    ("", "assert True", "empty"), ("x" * 1_000_000, "assert True", "limit"),
+    ("def f():\x00", "assert True", "NUL"), ("def f(): pass", "", "empty"),
+])
+def test_bad_coding_input_is_refused_before_generating(ctx, prompt, tests, fragment):
+    groups = ctx.store.stats()["groups"]
+    with pytest.raises(H.UserError, match=fragment):
+        H.start_coding(ctx, H.SOURCES[1], "eval", "", prompt, tests, "")
+    assert ctx.store.stats()["groups"] == groups
+
+
+def test_writing_round(ctx):
+    for text, fragment in (("", "empty"), ("é" * 30_000, "limit"), ("ok\ud800", "Unicode")):
+        with pytest.raises(H.UserError, match=fragment):
+            H.start_writing(ctx, "tldr", text)
+    with pytest.raises(H.UserError, match="unknown writing task"):
+        H.start_writing(ctx, "humaneval", TEXT)
+    ep = H.start_writing(ctx, "tldr", TEXT)
+    ep = H.run_generate(ctx, ep, "session-A")["episode"]
+    task = ctx.tasks["tldr"]
+    assert [p["role"] for p in ep["candidates"][0]["parts"]] == list(task.roles)
+    assert set(ep["candidates"][0]["reward"]["levels"]) == set(task.level_names)
+    md = H.render_candidate(ep["candidates"][0], 0, coding=False)
+    assert f"**{task.roles[0]}**" in md and "```" not in md
+
+
+def test_sessions_see_only_their_groups(ctx, first_round):
+    mine = {row[0] for row in H.recent_groups_table(ctx, "session-A")}
+    theirs = {row[0] for row in H.recent_groups_table(ctx, "session-B")}
+    assert first_round[-1]["episode"]["group_id"] in mine and mine and theirs and not mine & theirs
+    assert H.recent_groups_table(ctx, None) == []
+    with pytest.raises(H.UserError, match="admin token"):
+        H.recent_groups_table(ctx, "session-A", all_sessions=True, token="")
+    everyone = {row[0] for row in H.recent_groups_table(ctx, "session-A", all_sessions=True, token="tok")}
+    assert mine | theirs <= everyone
+
+
+def test_team_settings_need_admin(ctx):
+    with pytest.raises(H.UserError, match="admin token"):
+        H.set_role_prompt(ctx, "", "helper", "Be brief.")
+    assert "saved" in H.set_role_prompt(ctx, "tok", "helper", "Be brief.")
+    assert H.role_prompt(ctx, "helper") == "Be brief."
+    assert "Be brief." in H.team_overview(ctx)
+    with pytest.raises(H.UserError, match="unknown agent"):
+        H.set_role_prompt(ctx, "tok", "nobody", "x")
+    with pytest.raises(H.UserError, match="2..4"):
+        H.set_generation_settings(ctx, "tok", 9, 0.8, 1.0, MAX_NEW)
+    with pytest.raises(H.UserError, match="temperature"):
+        H.set_generation_settings(ctx, "tok", 2, -1, 1.0, MAX_NEW)
+    try:
+        assert "G = 3" in H.set_generation_settings(ctx, "tok", 3, 0.7, 0.95, MAX_NEW)
+        ep = H.start_writing(ctx, "tldr", TEXT)
+        assert len(H.run_generate(ctx, ep, "session-C")["episode"]["candidates"]) == 3
+    finally:
+        H.set_generation_settings(ctx, "tok", 2, 0.8, 1.0, MAX_NEW)
+        H.set_role_prompt(ctx, "tok", "helper", "")
+
+
+def test_pin_and_roll_back_adapters(engine, tmp_path, lora_adapter):
+    ctx = make_ctx(engine, tmp_path / "store.db")            # local app, no token: admin allowed
+    ctx.store.record_adapter_version("helper", 1, lora_adapter(1))
+    ctx.store.record_adapter_version("helper", 2, lora_adapter(2))
+    H.sync_adapters(ctx)
+    assert engine.adapter_version("helper") == 2 and engine.adapter_version("main") is None
+    assert "rolled back to adapter v1" in H.roll_back(ctx, "", "helper")
+    assert engine.adapter_version("helper") == 1
+    rows = H.adapter_table(ctx, "helper")
+    assert [r[0] for r in rows] == [2, 1] and rows[1][3] == "yes" and rows[1][4] == "yes"
+    ep = H.start_coding(ctx, H.SOURCES[0], "eval", ctx.tasks["humaneval"].examples("eval")[0]["id"], "", "", "")
+    cands = H.run_generate(ctx, ep, "s")["episode"]["candidates"]
+    assert all(c["parts"][0]["adapter_version"] == 1 and c["parts"][1]["adapter_version"] is None for c in cands)
+    assert "adapter v1" in H.render_candidate(cands[0], 0, coding=True)
+    with pytest.raises(H.UserError, match="no older version"):
+        H.roll_back(ctx, "", "helper")
+    with pytest.raises(H.UserError, match="no adapter version 7"):
+        H.pin_adapter(ctx, "", "helper", 7)
+    assert "follows the trainer's newest" in H.unpin_adapter(ctx, "", "helper")
+    assert engine.adapter_version("helper") == 2
+    assert H.pin_adapter(ctx, "", "helper", "1").startswith("`helper` pinned to adapter v1")
+    engine.load_adapter("helper", None, None)
+
+
+def test_training_tab(engine, tmp_path):
+    from collab_app.service import STATUS_KEY, is_paused
+
+    ctx = make_ctx(engine, tmp_path / "store.db", admin_token="tok")
+    assert "no trainer service" in H.training_status(ctx)
+    assert H.training_figure(ctx) is None
+    import time
+    ctx.store.set_state(STATUS_KEY, {"state": "training", "step": 3, "heartbeat": time.time(), "heartbeat_s": 5})
+    ctx.store.record_train_step(1, {"return_mean": 1.0, "zero_variance_frac": 0.5, "level/tests": 0.2,
+                                    "level/syntax": 0.5, "groups": 4}, [])
+    ctx.store.record_train_step(2, {"return_mean": 1.5, "zero_variance_frac": 0.25, "level/tests": 0.4,
+                                    "level/syntax": 0.5, "groups": 4}, [])
+    status = H.training_status(ctx)
+    assert "training · step 3" in status and "last step** 2" in status
+    fig = H.training_figure(ctx)
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.lines][0] == [1.0, 1.5]
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"tests", "syntax", "return (mean)"}
+    with pytest.raises(H.UserError):
+        H.set_training_paused(ctx, "nope", True)
+    assert not is_paused(ctx.store)
+    H.set_training_paused(ctx, "tok", True)
+    assert is_paused(ctx.store) and "pause requested" in H.training_status(ctx)
+    H.set_training_paused(ctx, "tok", False)
+    assert not is_paused(ctx.store)
+    ctx.store.set_state(STATUS_KEY, {"state": "idle", "heartbeat": time.time() - 3600, "heartbeat_s": 5})
+    assert "not running" in H.training_status(ctx)
+
+
+def test_data_tab_and_export(ctx, first_round):
+    s = H.data_stats(ctx)
+    assert "**ratings** " in s and "**groups** " in s
+    assert H.stats_dict(ctx)["ratings"] >= 1
+    with pytest.raises(H.UserError, match="admin token"):
+        H.export_data(ctx, "", ["jsonl"])
+    files = H.export_data(ctx, "tok", ["jsonl"])
+    import os
+    assert files and all(os.path.getsize(f) > 0 for f in files)

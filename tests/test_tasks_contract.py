@@ -1,0 +1,58 @@
+"""Every task honours the Task contract of tasks/base.py: attributes, prompt and reward shapes,
+one feedback text per agent, wrong output counts rejected, `load_task` by name. Cheap outputs
+only (no sandbox run: a coding answer without the entry function stops at the structure gate)."""
+from __future__ import annotations
+
+import pytest
+
+from tasks import TASKS, load_task
+from tasks.base import Reward, Task, Turn, check_prompts, check_reward
+
+PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
+CASES = [("humaneval", {}), ("humaneval", {"num_agents": 1}),
+         ("custom_coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3"}),
+         ("custom_coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3", "num_agents": 1}),
+         ("tldr", {}), ("tldr", {"num_agents": 1}), ("expansion", {}), ("expansion", {"num_agents": 1})]
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=[f"{n}-{kw.get('num_agents', 2)}" for n, kw in CASES])
+def test_contract(name, kw):
+    task = load_task(name, **kw)
+    assert isinstance(task, Task)
+    assert task.name == name and task.num_agents == kw.get("num_agents", 2)
+    assert len(task.roles) == task.num_agents and all(isinstance(r, str) and r for r in task.roles)
+    assert task.max_reward in (3.0, 4.0) and len(task.level_names) == 4
+    for split in ("train", "eval"):
+        exs = task.examples(split)
+        assert exs and all(isinstance(e["id"], str) for e in exs)
+    ex = task.examples("eval")[0]
+    prompts = check_prompts(task, task.agent_prompts(ex, []))
+    # turn 1 of a 2048-token model: the prompt must leave room to answer (chars/3 >= tokens for
+    # English and code, so 4000 chars stay well under 1500 tokens)
+    assert max(len(p) for p in prompts) < 4000
+    outputs = ["nothing useful"] * task.num_agents
+    check_prompts(task, task.agent_prompts(ex, [Turn(tuple(outputs), tuple(outputs))]))
+    check_prompts(task, task.agent_prompts(ex, [], earlier=tuple(outputs[:-1])))
+    r = check_reward(task, task.reward(ex, outputs))
+    assert isinstance(r, Reward) and r.max_total == task.max_reward and 0 <= r.total <= task.max_reward
+    assert list(r.levels) == list(task.level_names)
+    fb = task.feedback(ex, outputs)
+    assert isinstance(fb, list) and len(fb) == task.num_agents and all(isinstance(f, str) and f for f in fb)
+    assert isinstance(task.combine(ex, outputs), str)
+    with pytest.raises(TypeError):
+        task.reward(ex, outputs + ["one too many"])
+
+
+def test_every_shipped_prompt_fits():
+    for name in ("humaneval", "tldr", "expansion"):
+        for n in (1, 2):
+            task = load_task(name, num_agents=n)
+            for split in ("train", "eval"):
+                for ex in task.examples(split):
+                    assert max(len(p) for p in task.agent_prompts(ex, [])) < 4000, ex["id"]
+
+
+def test_load_task_names():
+    assert set(TASKS) == {"humaneval", "custom_coding", "tldr", "expansion"}
+    with pytest.raises(ValueError, match="unknown task"):
+        load_task("chess")
