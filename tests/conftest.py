@@ -53,5 +53,13 @@ def lora_adapter(model_path, tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def hf_engine(model_path):
+    """One bf16 TransformersEngine for the session (tests register their own agent names)."""
+    from collab_app.engine_hf import TransformersEngine
+
+    return TransformersEngine(model_path, seed=0)
+
+
 def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None

