@@ -1,17 +1,16 @@
-"""Hugging Face Spaces entry (README front matter: `app_file: app.py`; see docs/SPACES.md).
+"""Hugging Face Spaces entry (README front matter `app_file: app.py`; docs/SPACES.md).
 
-Same app as `collab serve` without the trainer: engine + store from env (COLLAB_HOME, COLLAB_MODEL,
-COLLAB_ENGINE, COLLAB_STORE_URL, COLLAB_ADMIN_TOKEN). The __main__ guard matters: vLLM starts
-its engine process with `spawn`.
+The same as `collab serve` (engine + Gradio app + trainer service + adapter hot-swap) on the
+address a Space serves (0.0.0.0:7860). More flags via env COLLAB_SERVE_ARGS, e.g.
+"--engine vllm --trainer off". Data goes to COLLAB_HOME (set it to /data on a Space with
+persistent storage). The __main__ guard matters: vLLM starts its engine with `spawn`.
 """
 import os
+import shlex
+import sys
 
-from collab_app.context import build_context, is_public
-from collab_app.ui import launch
+from collab_app.serve import cli_main
 
 if __name__ == "__main__":
-    host = os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0")   # a Space serves on 0.0.0.0:7860
-    ctx = build_context(engine=os.environ.get("COLLAB_ENGINE", "auto"),
-                        store_url=os.environ.get("COLLAB_STORE_URL") or None,
-                        public=is_public(host, share=False))
-    launch(ctx, server_name=host, server_port=int(os.environ.get("PORT", "7860")))
+    argv = ["--host", os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), "--port", os.environ.get("PORT", "7860")]
+    sys.exit(cli_main(argv + shlex.split(os.environ.get("COLLAB_SERVE_ARGS", ""))))

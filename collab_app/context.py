@@ -24,9 +24,9 @@ from collab_app.engine_types import Sampling
 
 log = logging.getLogger(__name__)
 
-# Writing tasks take the person's pasted text; coding tasks a HumanEval problem or their own.
+# Coding tasks take a HumanEval problem or the person's own; every other task is a writing
+# task on pasted text.
 CODING_TASKS = ("humaneval",)
-WRITING_TASKS = ("tldr", "expansion")
 
 
 def default_home() -> str:
@@ -73,7 +73,7 @@ class GenerationBatcher:
     If a batch fails with EngineError (one bad prompt), its requests are retried one by one so
     that only the bad one fails."""
 
-    def __init__(self, ctx: "AppContext", max_examples: int = 16, window_s: float = 0.05):
+    def __init__(self, ctx: "AppContext", max_examples: int = 16, window_s: float = 0.25):
         self.ctx, self.max_examples, self.window_s = ctx, max_examples, window_s
         self._q: queue.Queue = queue.Queue()
         self.batches: list[int] = []          # examples per engine call (last 1000; for tests / logs)

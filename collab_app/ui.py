@@ -9,14 +9,10 @@ are private to the browser (`api_visibility="private"`) because they carry UI-sh
 """
 from __future__ import annotations
 
-import logging
-
 import gradio as gr
 
 from collab_app import handlers as H
 from collab_app.context import AppContext
-
-log = logging.getLogger(__name__)
 
 PRIVATE = {"api_visibility": "private"}
 RATING_CHOICES = ["1", "2", "3", "4", "5"]
@@ -71,7 +67,7 @@ class _Panel:
         with gr.Row(visible=False) as self.round_row:
             self.continue_from = gr.Dropdown(label="continue from candidate (default: best automatic score)",
                                              choices=[], value=None, scale=2)
-            self.again = gr.Button("Another round (with the checks' feedback)", scale=1)
+            self.again = gr.Button("Another round (with the checks' feedback)", scale=1, elem_id=f"{name}-again")
 
     def outputs(self):
         return [self.status, *self.columns, *self.cards, *self.ratings, self.rate_row, self.rate_msg,
@@ -219,6 +215,9 @@ def _team_tab(ctx: AppContext, token):
             unpin = gr.Button("Unpin (follow the trainer's newest)")
     msg = gr.Markdown(elem_id="team-msg")
 
+    def refresh(a):
+        return H.team_overview(ctx), H.adapter_table(ctx, a)
+
     agent.change(lambda a: H.role_prompt(ctx, a), [agent], [prompt], **PRIVATE)
     ad_agent.change(lambda a: H.adapter_table(ctx, a), [ad_agent], [versions], **PRIVATE)
     save_prompt.click(_err(lambda t, a, p: H.set_role_prompt(ctx, t, a, p)), [token, agent, prompt], [msg],
@@ -230,8 +229,8 @@ def _team_tab(ctx: AppContext, token):
                     (back, lambda t, a, v: H.roll_back(ctx, t, a)),
                     (unpin, lambda t, a, v: H.unpin_adapter(ctx, t, a))):
         btn.click(_err(fn), [token, ad_agent, version], [msg], concurrency_id="generate", **PRIVATE
-                  ).then(lambda a: (H.adapter_table(ctx, a), H.team_overview(ctx)), [ad_agent],
-                         [versions, overview], **PRIVATE)
+                  ).then(refresh, [ad_agent], [overview, versions], **PRIVATE)
+    return refresh, [ad_agent], [overview, versions]
 
 
 def _training_tab(ctx: AppContext, token):
@@ -240,17 +239,21 @@ def _training_tab(ctx: AppContext, token):
         pause = gr.Button("Pause training (admin)")
         resume = gr.Button("Resume training (admin)")
     msg = gr.Markdown()
-    plot = gr.Plot(label="return, reward levels, human vs automatic, zero-variance groups")
-    timer = gr.Timer(10)
+    gr.Markdown("#### Return and reward levels per training step")
+    levels_plot = gr.Plot(show_label=False)
+    gr.Markdown("#### Learning signal: zero-variance groups, human vs automatic reward")
+    signal_plot = gr.Plot(show_label=False)
+    timer = gr.Timer(10)   # refreshes status and plots by itself
+    outs = [status, levels_plot, signal_plot]
 
     def refresh():
-        return H.training_status(ctx), H.training_figure(ctx)
-    timer.tick(refresh, None, [status, plot], concurrency_limit=4, show_progress="hidden", **PRIVATE)
+        return (H.training_status(ctx), *H.training_figures(ctx))
+    timer.tick(refresh, None, outs, concurrency_limit=4, show_progress="hidden", **PRIVATE)
     pause.click(_err(lambda t: H.set_training_paused(ctx, t, True)), [token], [msg], **PRIVATE
-                ).then(refresh, None, [status, plot], **PRIVATE)
+                ).then(refresh, None, outs, **PRIVATE)
     resume.click(_err(lambda t: H.set_training_paused(ctx, t, False)), [token], [msg], **PRIVATE
-                 ).then(refresh, None, [status, plot], **PRIVATE)
-    return refresh, [status, plot]
+                 ).then(refresh, None, outs, **PRIVATE)
+    return refresh, outs
 
 
 def _data_tab(ctx: AppContext, token):
@@ -262,7 +265,7 @@ def _data_tab(ctx: AppContext, token):
     with gr.Row():
         formats = gr.CheckboxGroup(["jsonl", "parquet", "datasets"], value=["jsonl"], label="export formats")
         export_btn = gr.Button("Export everything (admin)")
-    files = gr.File(label="export", file_count="multiple", interactive=False)
+    files = gr.File(label="export", file_count="multiple", interactive=False, height=120)
 
     @_err
     def refresh(request: gr.Request, all_, t):
@@ -324,22 +327,27 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 _code_tab(ctx, rater)
             with gr.Tab("Co-write", id="write"):
                 _write_tab(ctx, rater)
-            with gr.Tab("Team", id="team"):
-                _team_tab(ctx, token)
+            with gr.Tab("Team", id="team") as team_tab:
+                team_refresh, team_ins, team_outs = _team_tab(ctx, token)
             with gr.Tab("Training", id="training"):
                 train_refresh, train_outs = _training_tab(ctx, token)
             with gr.Tab("Data", id="data"):
                 data_refresh, data_ins, data_outs = _data_tab(ctx, token)
         _api(ctx)
+        # versions the trainer wrote since the page was built show on load and on opening the tab
+        team_tab.select(team_refresh, team_ins, team_outs, **PRIVATE)
         demo.load(train_refresh, None, train_outs, **PRIVATE)
         demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
     return demo
 
 
 def launch(ctx: AppContext, server_name: str = "127.0.0.1", server_port: int | None = None,
-           share: bool = False, max_size: int | None = 64, **launch_kw):
-    """Queue (bounded; `generate` runs `ctx.generate_concurrency` at a time) and serve."""
+           share: bool = False, max_size: int | None = 64, **launch_kw) -> gr.Blocks:
+    """Queue and serve; returns the app (blocks until closed unless prevent_thread_lock=True).
+
+    The queue holds at most `max_size` waiting events (more get "queue full"); `generate` runs
+    `ctx.generate_concurrency` events at once, merged into shared engine calls; other events 4."""
     demo = build_app(ctx)
     demo.queue(max_size=max_size, default_concurrency_limit=4)
-    return demo.launch(server_name=server_name, server_port=server_port, share=share,
-                       **launch_kw)
+    demo.launch(server_name=server_name, server_port=server_port, share=share, **launch_kw)
+    return demo

@@ -5,10 +5,6 @@ import importlib.util
 
 import pytest
 
-# peft's LoRA targets for the adapters the app trains (attention projections of a Llama block).
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
 @pytest.fixture(scope="session")
 def model_path() -> str:
     """The embedded SmolLM2-135M-Instruct folder (provisioned once into $COLLAB_HOME, then reused)."""
@@ -17,27 +13,17 @@ def model_path() -> str:
     return ensure_model()
 
 
-def make_lora_adapter(model_path: str, out_dir, seed: int, scale: float = 2.0, r: int = 8) -> str:
-    """Write a random-init peft LoRA adapter for `model_path` into `out_dir` and return its path.
+def make_lora_adapter(model_path: str, out_dir, seed: int, scale: float = 2.0) -> str:
+    """A random-init r=8 peft LoRA adapter (q/k/v/o) on `model_path`, written to `out_dir`.
 
     init_lora_weights=False makes B non-zero (peft's default B=0 would be a no-op adapter);
-    `scale` multiplies every LoRA weight so that the adapters' outputs clearly differ from the
-    base model's and from each other's .
+    scale=2 multiplies every LoRA weight so that greedy outputs clearly differ from the base
+    model's and between seeds even on a prompt the base answers confidently (at scale 1 the
+    first tokens on such a prompt stay the base's).
     """
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from collab_app.bench import make_random_lora
 
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=LORA_TARGETS, init_lora_weights=False, task_type="CAUSAL_LM")
-    peft_model = get_peft_model(base, cfg)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.mul_(scale)
-    peft_model.save_pretrained(str(out_dir))
-    return str(out_dir)
+    return make_random_lora(model_path, out_dir, seed, r=8, scale=scale)
 
 
 @pytest.fixture(scope="session")

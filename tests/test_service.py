@@ -81,7 +81,7 @@ def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0) -> list[in
             samples = [[fake_sample(a, g) for g in range(G)] for a in AGENTS]
         else:
             out = engine.generate([Request(a, p) for a, p in zip(AGENTS, prompts)], G,
-                                  Sampling(max_new_tokens=16, temperature=1.0, seed=seed + k))
+                                  Sampling(max_new_tokens=8, temperature=1.0, seed=seed + k))
             samples = [list(o) for o in out]
         rewards = [Reward(float(g), {"score": float(g)}, float(G)) for g in range(G)]
         gid, _ = store.add_group(task=TASK.name, example=ex, prompts=prompts, samples=samples,
@@ -114,7 +114,8 @@ def test_cli_is_parsed_from_the_config_dataclass():
     from trainer.configcli import parse_config
 
     cfg, _ = parse_config(ServiceConfig, ["--min-groups", "3", "--self-play", "--learning-rate", "1e-3",
-                                          "--return-mode", "weighted", "--db", "sqlite:///x.db"])
+                                          "--return-mode", "weighted", "--db", "sqlite:///x.db"],
+                          description="test")
     assert (cfg.min_groups, cfg.self_play, cfg.learning_rate, cfg.return_mode, cfg.db) == \
         (3, True, 1e-3, "weighted", "sqlite:///x.db")
     assert cfg.rule().mode == "weighted"

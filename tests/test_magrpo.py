@@ -1,0 +1,340 @@
+"""MAGRPO's pieces against hand-computed values: advantages, cross-mode credit, multi-turn
+returns and early termination, the rollout's batching, pad masking in the log-probs, the
+importance ratio / clipping, staleness, and the config's validation rules."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from collab_app.engine_types import Sample
+from tasks.base import Reward
+from trainer.config import MAGRPOConfig
+from trainer.configcli import field_docs, parse_config
+from trainer.magrpo import (Group, RewardError, advantages, agent_returns, compute_returns, joint_actions,
+                            rollout, sequence_logprobs)
+
+
+# ------------------------------------------------------------------------------- advantages
+@pytest.mark.parametrize("mode, expected", [
+    ("mean", [-2.0, -1.0, 0.0, 3.0]),               # R - 3
+    ("rloo", [1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3]),  # R - mean of the other three
+    ("max", [-5.0, -4.0, -3.0, 0.0]),               # R - 6
+    ("raw", [1.0, 2.0, 3.0, 6.0]),
+])
+def test_advantages_by_hand(mode, expected):
+    assert advantages([1.0, 2.0, 3.0, 6.0], mode) == pytest.approx(expected)
+
+
+def test_advantages_normalized_by_population_std():
+    std = math.sqrt((4 + 1 + 0 + 9) / 4)             # pstdev([1, 2, 3, 6])
+    got = advantages([1.0, 2.0, 3.0, 6.0], "mean", normalize_std=True)
+    assert got == pytest.approx([a / (std + 1e-4) for a in (-2.0, -1.0, 0.0, 3.0)])
+
+
+def test_zero_variance_group_has_zero_advantage_even_normalized():
+    assert advantages([0.5, 0.5, 0.5], "mean", normalize_std=True) == [0.0, 0.0, 0.0]
+    assert advantages([0.5, 0.5], "rloo") == [0.0, 0.0]
+
+
+def test_advantages_need_siblings():
+    with pytest.raises(ValueError, match="siblings"):
+        advantages([1.0], "mean")
+
+
+# ------------------------------------------------------------------------------- joint actions
+def test_joint_actions_aligned_and_cross():
+    assert joint_actions(3, 2, "aligned") == [(0, 0), (1, 1), (2, 2)]
+    assert joint_actions(2, 2, "cross") == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len(joint_actions(3, 3, "cross")) == 27
+
+
+def _group(joint, returns, G=2, N=2, parent=None, rewards=None):
+    return Group(task="t", example_id="e", turn=0, prompts=["p"] * N, samples=[[None] * G for _ in range(N)],
+                 joint=joint, returns=list(returns), rewards=list(rewards if rewards is not None else returns),
+                 parent=parent)
+
+
+def test_cross_credit_2x2_by_hand():
+    # joint returns: (a0,b0)=1, (a0,b1)=3, (a1,b0)=0, (a1,b1)=4
+    g = _group([(0, 0), (0, 1), (1, 0), (1, 1)], [1.0, 3.0, 0.0, 4.0])
+    assert agent_returns(g, 0, "mean") == [2.0, 2.0]      # a0: mean(1, 3); a1: mean(0, 4)
+    assert agent_returns(g, 1, "mean") == [0.5, 3.5]      # b0: mean(1, 0); b1: mean(3, 4)
+    assert agent_returns(g, 0, "max") == [3.0, 4.0]
+    assert agent_returns(g, 1, "max") == [1.0, 4.0]
+    assert advantages(agent_returns(g, 0), "mean") == [0.0, 0.0]    # agent a's choice did not matter on average
+    assert advantages(agent_returns(g, 1), "mean") == [-1.5, 1.5]   # agent b's did
+
+
+def test_aligned_credit_is_the_joint_return():
+    g = _group([(0, 0), (1, 1)], [2.0, 5.0])
+    assert agent_returns(g, 0) == agent_returns(g, 1) == [2.0, 5.0]
+
+
+# ------------------------------------------------------------------------------- returns
+def test_multi_turn_returns_by_hand():
+    """root -> child A (joint 0), child B (joint 1) -> grandchild of B's joint 1; gamma 0.5."""
+    groups = [
+        _group([(0, 0), (1, 1)], [], rewards=[1.0, 0.0]),
+        _group([(0, 0), (1, 1)], [], rewards=[2.0, 4.0], parent=(0, 0)),
+        _group([(0, 0), (1, 1)], [], rewards=[0.0, 1.0], parent=(0, 1)),
+        _group([(0, 0), (1, 1)], [], rewards=[3.0, 3.0], parent=(2, 1)),
+    ]
+    compute_returns(groups, gamma=0.5)
+    assert groups[3].returns == [3.0, 3.0]
+    assert groups[2].returns == [0.0, 1.0 + 0.5 * 3.0]              # only joint 1 has a child
+    assert groups[1].returns == [2.0, 4.0]
+    assert groups[0].returns == [1.0 + 0.5 * 3.0, 0.0 + 0.5 * 1.25]  # mean(2, 4) = 3; mean(0, 2.5) = 1.25
+
+
+# ------------------------------------------------------------------------------- rollout
+class ScriptedEngine:
+    """Test double of the Sampler: text "<agent><j>d<depth>" where depth = turns in the prompt."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sample(self, requests, n, *, max_new_tokens, temperature, top_p, seed):
+        self.calls.append((list(requests), n))
+        return [[Sample(agent=a, adapter_version=0, prompt_token_ids=[1, 2], text=f"{a}{j}d{p.count('FB')}",
+                        token_ids=[5, 6], logprobs=[-1.0, -1.0]) for j in range(n)] for a, p in requests]
+
+    def load_adapter(self, agent, path, version):
+        pass
+
+
+class ScriptedTask:
+    """Two agents; reward = sample index j at depth 0, 2.0 at depth 1; feedback 'FB'."""
+
+    name, num_agents, roles, max_reward, level_names = "scripted", 2, ("a", "b"), 2.0, ("score",)
+
+    def __init__(self, fail_on=None):
+        self.fail_on = fail_on
+        self.seen_histories = []
+
+    def examples(self, split):
+        return [{"id": "e0"}, {"id": "e1"}]
+
+    def agent_prompts(self, example, history, earlier=()):
+        self.seen_histories.append(history)
+        fb = " ".join(t.feedback[0] for t in history)
+        return [f"{example['id']} {r} {fb}".strip() for r in self.roles]
+
+    def combine(self, example, outputs):
+        return "\n".join(outputs)
+
+    def reward(self, example, outputs):
+        if self.fail_on and outputs[0] == self.fail_on:
+            raise ZeroDivisionError("boom")
+        j, depth = int(outputs[0][1]), int(outputs[0].split("d")[1])
+        r = float(j) if depth == 0 else 2.0
+        return Reward(total=r, levels={"score": r}, max_total=2.0)
+
+    def feedback(self, example, outputs):
+        return ["FB", "FB"]
+
+
+def _cfg(**kw):
+    base = dict(num_generations=2, num_turns=2, gamma=0.5, model="unused")
+    return MAGRPOConfig(**{**base, **kw})
+
+
+def test_rollout_batches_all_agents_and_prompts_in_one_call_per_turn():
+    eng, task = ScriptedEngine(), ScriptedTask()
+    groups = rollout(eng, task, task.examples("train"), _cfg(num_turns=1))
+    assert len(eng.calls) == 1
+    requests, n = eng.calls[0]
+    assert n == 2 and [a for a, _ in requests] == ["a", "b", "a", "b"]
+    assert [g.example_id for g in groups] == ["e0", "e1"]
+    assert groups[0].returns == [0.0, 1.0] and groups[0].levels == [{"score": 0.0}, {"score": 1.0}]
+
+
+def test_rollout_tree_two_turns():
+    eng, task = ScriptedEngine(), ScriptedTask()
+    groups = rollout(eng, task, task.examples("train")[:1], _cfg())
+    assert len(eng.calls) == 2 and len(eng.calls[1][0]) == 2 * 2     # 2 child nodes x 2 agents in one call
+    root, c0, c1 = groups
+    assert (c0.parent, c1.parent) == ((0, 0), (0, 1)) and (c0.turn, c1.turn) == (1, 1)
+    assert c1.prompts[0].endswith("FB")                               # the feedback reached turn 2
+    hist = task.seen_histories[-1]
+    assert hist[0].outputs == ("a1d0", "b1d0")                        # child of joint action 1
+    assert c0.returns == [2.0, 2.0]
+    assert root.rewards == [0.0, 1.0]
+    assert root.returns == [0.0 + 0.5 * 2.0, 1.0 + 0.5 * 2.0]
+
+
+def test_rollout_early_termination_is_per_group():
+    task = ScriptedTask()
+    # root mean reward 0.5 reaches the threshold: no second turn, returns = rewards
+    groups = rollout(ScriptedEngine(), task, task.examples("train")[:1], _cfg(early_stop_threshold=0.5))
+    assert len(groups) == 1 and groups[0].returns == [0.0, 1.0]
+    groups = rollout(ScriptedEngine(), task, task.examples("train")[:1], _cfg(early_stop_threshold=0.6))
+    assert len(groups) == 3
+
+
+def test_rollout_cross_mode_scores_every_combination():
+    task = ScriptedTask()
+    groups = rollout(ScriptedEngine(), task, task.examples("train")[:1], _cfg(num_turns=1, joint_mode="cross"))
+    assert groups[0].joint == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert groups[0].returns == [0.0, 0.0, 1.0, 1.0]                  # reward follows agent a's sample
+
+
+def test_reward_that_raises_is_an_error_with_the_outputs():
+    task = ScriptedTask(fail_on="a1d0")
+    with pytest.raises(RewardError, match=r"e0.*ZeroDivisionError.*a1d0"):
+        rollout(ScriptedEngine(), task, task.examples("train")[:1], _cfg(num_turns=1))
+
+
+# ------------------------------------------------------------------------------- log-probs
+@pytest.fixture(scope="module")
+def model_fp32(model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def test_padding_does_not_change_logprobs(model_fp32):
+    short_p, short_c = [1, 504, 3060, 28, 2], [907, 314, 253, 2]
+    long_p, long_c = list(range(100, 140)), list(range(300, 330))
+    with torch.no_grad():
+        alone, m1 = sequence_logprobs(model_fp32, [short_p], [short_c])
+        batched, m2 = sequence_logprobs(model_fp32, [long_p, short_p], [long_c, short_c])
+    assert m1.sum() == 4 and m2[1].sum() == 4 and m2[0].sum() == 30
+    assert torch.allclose(alone[0], batched[1, :4], atol=1e-4)
+    assert (batched[1, 4:] == 0).all()                                 # padded positions are 0
+
+
+def test_tokens_after_eos_are_masked(model_fp32):
+    eos = 2
+    p, c = [1, 504, 3060, 28], [907, 314, eos]
+    with torch.no_grad():
+        clean, m_clean = sequence_logprobs(model_fp32, [p], [c], {eos})
+        padded, m_pad = sequence_logprobs(model_fp32, [p], [c + [eos, eos, 17, 99]], {eos})
+    assert m_clean.sum() == m_pad.sum() == 3
+    assert torch.allclose(clean.sum(), padded.sum(), atol=1e-5)
+    assert torch.isfinite(clean).all() and (clean[0, :3] < 0).all()
+
+
+# ------------------------------------------------------------------------------- update
+@pytest.fixture(scope="module")
+def trainer(model_path, tmp_path_factory):
+    from tasks import load_task
+    from trainer.magrpo import MAGRPOTrainer
+
+    cfg = MAGRPOConfig(task="tldr", model=model_path, dtype="float32", learning_rate=1e-3, max_staleness=0,
+                       keep_versions=0, micro_batch_size=16)
+    return MAGRPOTrainer(cfg, load_task("tldr"), str(tmp_path_factory.mktemp("adapters")))
+
+
+def _on_policy_groups(trainer, shift=0.0, returns=(1.0, 0.0)):
+    """Two groups (G=2) whose behaviour log-probs are the trainer's own current ones (+ shift)."""
+    groups = []
+    for e in range(2):
+        samples = []
+        for agent in trainer.agents:
+            prompts = [[1, 504 + e, 3060, 28, 2]] * 2
+            comps = [[907 + e, 314, 253], [11 + e, 12, 13, 14, 2]]
+            trainer.model.set_adapter(agent)
+            with torch.no_grad():
+                lp, mask = sequence_logprobs(trainer.model, prompts, comps)
+            version = trainer.versions[agent]
+            samples.append([Sample(agent=agent, adapter_version=version, prompt_token_ids=p, text="x", token_ids=c,
+                                   logprobs=[v + shift for v in lp[i, :len(c)].tolist()])
+                            for i, (p, c) in enumerate(zip(prompts, comps))])
+        groups.append(Group(task="tldr", example_id=f"e{e}", turn=0, prompts=["x", "y"], samples=samples,
+                            joint=[(0, 0), (1, 1)], returns=list(returns), rewards=list(returns),
+                            levels=[{}, {}]))
+    return groups
+
+
+def test_ratio_is_one_when_nothing_moved_then_versions_advance(trainer):
+    before = dict(trainer.versions)
+    m = trainer.update(_on_policy_groups(trainer))
+    for agent in trainer.agents:
+        assert m[f"{agent}/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert m[f"{agent}/clip_frac"] == 0.0
+        assert m[f"{agent}/grad_norm"] > 0 and m[f"{agent}/trained_samples"] == 4
+        assert m[f"{agent}/kl"] == pytest.approx(0.0, abs=1e-5)          # version 0 is the base model
+        assert trainer.versions[agent] == before[agent] + 1 == m[f"{agent}/version"]
+    assert m["zero_variance_frac"] == 0.0 and m["return_mean"] == 0.5
+
+
+def test_clipping_binds_only_where_it_should(trainer):
+    # behaviour log-probs 1 nat lower: ratio = e > 1 + eps on every token. Positive-advantage
+    # samples are clipped (no gradient), negative ones are not: clip_frac = their token share.
+    m = trainer.update(_on_policy_groups(trainer, shift=-1.0))
+    a = trainer.agents[0]
+    assert m[f"{a}/ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    assert m[f"{a}/clip_frac"] == pytest.approx(3 / 8)                    # A>0 on the 3-token completion, A<0 on the 5-token one
+
+
+def test_zero_variance_groups_do_not_train(trainer):
+    before = dict(trainer.versions)
+    m = trainer.update(_on_policy_groups(trainer, returns=(0.5, 0.5)))
+    assert m["zero_variance_frac"] == 1.0
+    assert all(m[f"{a}/trained_samples"] == 0 for a in trainer.agents)
+    assert trainer.versions == before                                       # nothing changed: no new version
+
+
+def test_stale_groups_are_dropped(trainer):
+    groups = _on_policy_groups(trainer)
+    trainer.update(groups)                                                  # versions move on by one
+    before = dict(trainer.versions)
+    m = trainer.update(groups)                                              # same data, now 1 version old > max_staleness 0
+    assert m["groups_dropped_stale"] == 2 and m["groups"] == 0
+    assert trainer.versions == before
+
+
+# ------------------------------------------------------------------------------- config
+def test_defaults_are_valid_and_every_field_is_documented():
+    MAGRPOConfig()
+    docs = field_docs(MAGRPOConfig)
+    assert {f.name for f in dataclasses.fields(MAGRPOConfig)} == set(docs)
+    assert "mean (default)" in docs["cross_credit"]
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(num_generations=1), "a group needs siblings"),
+    (dict(num_agents=0), "num_agents"),
+    (dict(joint_mode="pairs"), "joint_mode"),
+    (dict(cross_credit="min"), "cross_credit"),
+    (dict(advantage_mode="std"), "advantage_mode"),
+    (dict(engine="tgi"), "engine"),
+    (dict(dtype="float16"), "dtype"),
+    (dict(num_turns=0), "num_turns"),
+    (dict(gamma=1.5), "gamma"),
+    (dict(joint_mode="cross", num_generations=8, num_agents=3, num_turns=2), "reward calls per prompt"),
+    (dict(learning_rate=0.0), "learning_rate"),
+    (dict(max_grad_norm=0.0), "max_grad_norm"),
+    (dict(lora_r=0), "lora_r"),
+    (dict(lora_dropout=1.0), "lora_dropout"),
+    (dict(lora_target_modules=[]), "lora_target_modules"),
+    (dict(clip_epsilon=0.0), "clip_epsilon"),
+    (dict(max_staleness=-1), "max_staleness"),
+    (dict(kl_coef=-0.1), "kl_coef"),
+    (dict(micro_batch_size=0), "micro_batch_size"),
+    (dict(temperature=0.0), "every advantage is 0"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(eval_temperature=-1.0), "eval_temperature"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(prompts_per_step=0), "prompts_per_step"),
+    (dict(num_steps=-1), "num_steps"),
+    (dict(eval_every=-1), "eval_every"),
+    (dict(keep_versions=-1), "keep_versions"),
+    (dict(keep_versions=3, max_staleness=4), "must exceed max_staleness"),
+])
+def test_config_rule(kw, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        MAGRPOConfig(**kw)
+
+
+def test_cli_reports_the_rule(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(MAGRPOConfig, ["--num-generations", "1"], description="x")
+    assert "a group needs siblings" in capsys.readouterr().err
+    cfg, _ = parse_config(MAGRPOConfig, ["--joint-mode", "cross", "--lora-target-modules", "q_proj", "v_proj",
+                                         "--early-stop-threshold", "3.5", "--no-resume"], description="x")
+    assert (cfg.joint_mode, cfg.lora_target_modules, cfg.early_stop_threshold, cfg.resume) == \
+        ("cross", ["q_proj", "v_proj"], 3.5, False)

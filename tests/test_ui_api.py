@@ -1,0 +1,154 @@
+"""End to end through Gradio's own client: a launched app on 127.0.0.1 (random port), real engine
+(transformers, embedded model), real SQLite store. Generate, rate, see the rating counted; bad
+input gets a clear error and the app stays up."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no network from tests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(home, num_generations: int = 2, max_new_tokens: int = 24, admin_token: str | None = None,
+              torch_threads: int | None = 1):
+    """Build the real context (engine, store under `home`) and launch the app in this process.
+    Returns (demo, url, ctx); `demo.close()` stops it. One torch thread by default: the server,
+    the test client (and a browser) share the 2 cores; see tests/test_handlers.py::engine."""
+    from collab_app.context import build_context
+    from collab_app.ui import launch
+
+    if torch_threads:
+        import torch
+        torch.set_num_threads(torch_threads)
+    ctx = build_context(engine="transformers", store_url=f"sqlite:///{home}/store.db",
+                        task_names=("humaneval", "tldr"), num_generations=num_generations,
+                        max_new_tokens=max_new_tokens, home=str(home))
+    ctx.admin_token = admin_token
+    demo = launch(ctx, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    return demo, demo.local_url, ctx
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    demo, url, ctx = start_app(tmp_path_factory.mktemp("ui_api"))
+    yield url, ctx
+    demo.close()
+    ctx.engine.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from gradio_client import Client
+
+    return Client(app[0], verbose=False, analytics_enabled=False, download_files=False)
+
+
+def test_endpoints_are_named(client):
+    named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/generate", "/rate", "/stats"} <= set(named)
+
+
+def test_generate_rate_and_count(app, client):
+    from collab_app import handlers as H
+
+    url, ctx = app
+    task = ctx.tasks["humaneval"]
+    pid = task.examples("eval")[3]["id"]
+    out = client.predict(task="humaneval", problem=pid, api_name="/generate")
+    assert len(out["candidates"]) == 2 and out["group_id"] >= 1
+    cand = out["candidates"][0]
+    assert [p["role"] for p in cand["parts"]] == ["helper", "main"]
+    assert set(cand["reward"]["levels"]) == set(task.level_names)
+    grp = ctx.store.group(out["group_id"])
+    assert grp.example_id == pid and grp.session_id    # the client's session hash is recorded
+
+    before = client.predict(api_name="/stats")["ratings"]
+    msg = client.predict(joint_sample_id=cand["joint_sample_id"], rating=4, rater="api-test",
+                         comment="ok", api_name="/rate")
+    assert msg.startswith("rating saved: #")
+    rid = int(msg.split("#")[1])
+    assert client.predict(api_name="/stats")["ratings"] == before + 1
+    stored = ctx.store.ratings_for(cand["joint_sample_id"])
+    assert [(r.id, r.rater, r.value, r.comment) for r in stored] == [(rid, "api-test", 4, "ok")]
+    assert f"**ratings** {before + 1} " in H.data_stats(ctx)   # what the Data tab shows
+
+
+def test_writing_over_api(client):
+    text = ("Researchers trained a small model to summarise news. It learned faster when two copies "
+            "worked together, one writing a short summary and one a longer one, and people rated them.")
+    out = client.predict(task="tldr", text=text, api_name="/generate")
+    assert len(out["candidates"]) == 2 and len(out["candidates"][0]["parts"]) == 2
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(task="custom-coding", text="", tests="assert True"), "empty"),
+    (dict(task="custom-coding", text="x" * 1_000_000, tests="assert True"), "limit"),
+    (dict(task="custom-coding", text="def f():\x00\n", tests="assert True"), "NUL"),
+    (dict(task="custom-coding", text="def f(a):\n    pass\n", tests="assert f(1) =="), "not accepted"),
+    (dict(task="tldr", text=""), "empty"),
+    (dict(task="humaneval", problem="HumanEval/nope"), "no example"),
+    (dict(task="nope", text="hello"), "unknown writing task"),
+])
+def test_bad_generate_input(app, client, kwargs, fragment):
+    from gradio_client.exceptions import AppError
+
+    groups = app[1].store.stats()["groups"]
+    with pytest.raises(AppError, match=fragment):
+        client.predict(**kwargs, api_name="/generate")
+    assert app[1].store.stats()["groups"] == groups         # nothing stored
+    assert "ratings" in client.predict(api_name="/stats")   # and the app is still up
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(joint_sample_id=1, rating=9), "1 to 5"),
+    (dict(joint_sample_id=1, rating=0), "1 to 5"),
+    (dict(joint_sample_id=10**9, rating=3), "no joint sample"),
+    (dict(joint_sample_id=1, rating=3, comment="c" * 5000), "limit"),
+    (dict(joint_sample_id=1, rating=3, rater="bad\x00name"), "NUL"),
+])
+def test_bad_rating(app, client, kwargs, fragment):
+    from gradio_client.exceptions import AppError
+
+    n = app[1].store.stats()["ratings"]
+    with pytest.raises(AppError, match=fragment):
+        client.predict(**kwargs, api_name="/rate")
+    assert app[1].store.stats()["ratings"] == n
+
+
+def _call_raw(url: str, body: bytes) -> tuple[int, str]:
+    """Gradio's plain HTTP API (POST /gradio_api/call/<name>, then read its SSE stream), for input
+    that gradio_client cannot even send."""
+    import httpx
+
+    r = httpx.post(f"{url.rstrip('/')}/gradio_api/call/generate", content=body,
+                   headers={"content-type": "application/json"}, timeout=60)
+    if r.status_code != 200:
+        return r.status_code, r.text
+    return 200, httpx.get(f"{url.rstrip('/')}/gradio_api/call/generate/{r.json()['event_id']}", timeout=120).text
+
+
+def test_binary_junk_over_http(app, client):
+    import json
+
+    url, ctx = app
+    groups = ctx.store.stats()["groups"]
+    # a lone surrogate (valid JSON escape, invalid Unicode text): a clear message
+    status, sse = _call_raw(url, json.dumps({"data": ["tldr", "", "eval", "broken \ud800 text", "", ""]}).encode())
+    assert status == 200 and "event: error" in sse and "not valid Unicode" in sse
+    # bytes that are not UTF-8 at all: refused by the server before any handler
+    status, text = _call_raw(url, b'{"data": ["tldr", "", "eval", "\xff\xfe\x00junk", "", ""]}')
+    assert status >= 400 or "event: error" in text
+    assert ctx.store.stats()["groups"] == groups
+    assert "ratings" in client.predict(api_name="/stats")   # still up
