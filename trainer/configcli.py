@@ -19,7 +19,16 @@ import typing
 
 
 def field_docs(cls) -> dict[str, str]:
-    """{field name: the string literal right after it in the class body}."""
+    """{field name: the string literal right after it in the class body}, inherited docs included."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(_own_field_docs(base))
+    docs.update(_own_field_docs(cls))
+    return docs
+
+
+def _own_field_docs(cls) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
