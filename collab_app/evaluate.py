@@ -143,7 +143,9 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
 
     team_task = load_task(cfg.task)
     model_path = ensure_model(cfg.model or None)
-    engine = engine or make_engine(cfg.engine, model=model_path)
+    # Agent names in use: the team's roles (adapters), "base-<role>" for naive/sequential, and the
+    # single agent's "base-<role>": vLLM reserves LoRA slots per agent, so it must know them all.
+    engine = engine or make_engine(cfg.engine, model=model_path, num_agents=2 * team_task.num_agents + 1)
     adapters_dir = cfg.adapters_dir or os.path.join(
         os.environ.get("COLLAB_HOME", os.path.expanduser("~/.cache/collab")), "adapters")
     sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
