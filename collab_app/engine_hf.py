@@ -2,9 +2,11 @@
 
 One base model, one peft LoRA adapter per agent (agents without one use the base). A batch that
 mixes agents runs as ONE `generate` call with peft's mixed-batch `adapter_names=[...]` (one
-name per row, "__base__" for base rows), left-padded. Log-probs: `output_logits=True` gives the
-raw (pre-temperature, pre-top-p) logits of every step; we take log_softmax of those at the
-sampled token, the untempered convention of engine_types.
+name per row, "__base__" for base rows), left-padded. Log-probs (`SampledLogprobs`): a logits
+processor that transformers runs before its temperature / top-p warpers takes each step's
+log_softmax and keeps only the entry of the token sampled from it, the untempered convention
+of engine_types. It replaces `output_logits=True`, which held every step's float32 logits
+until the end (rows x steps x 49152 x 4 bytes: 3.2 GB for the bench's 128 x 128).
 
 Thread safety: one lock around `generate` and around adapter loading. peft's mixed batch works
 through forward hooks registered on the shared modules, so two forwards must not overlap, and
@@ -12,8 +14,7 @@ an adapter must not be deleted under a running batch. A `load_adapter` during a 
 therefore waits for that batch (which finishes on the versions it started with); the old
 version is deleted right after the new one is in.
 
-Left out: chunking a very large batch (the logits of every step are held until the end:
-rows x steps x vocab; ~1.6 GB in bf16 for 128 rows x 128 tokens) and KV-cache reuse across calls.
+Left out: KV-cache reuse across calls (a prompt's G samples each prefill it again).
 """
 from __future__ import annotations
 
@@ -22,12 +23,39 @@ import re
 import threading
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from collab_app.engine import chat_prompt_ids, check_lengths, check_requests
 from collab_app.engine_types import EngineError, Request, Sample, Sampling
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+class SampledLogprobs(LogitsProcessor):
+    """log pi(sampled token) per step without keeping the logits: step t's log_softmax waits
+    until step t+1's call, whose input_ids end with the token sampled at t; `finish` takes the
+    last step's from the final sequences. Changes no scores. Memory: one (rows, vocab) tensor.
+    It sees the scores after the processors the model's generation_config asks for (none for
+    SmolLM2: no repetition penalty or suppressed tokens), before temperature and top-p."""
+
+    def __init__(self):
+        self.pending: torch.Tensor | None = None   # (rows, vocab) log_softmax of the last step
+        self.taken: list[torch.Tensor] = []         # (rows,) per finished step
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.taken.append(self.pending.gather(1, tokens[:, -1:]).squeeze(1))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._take(input_ids)
+        self.pending = torch.log_softmax(scores.float(), -1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(rows, new tokens) log-probs, given generate's output sequences."""
+        self._take(sequences)
+        self.pending = None
+        return torch.stack(self.taken, 1)
 
 
 class TransformersEngine:
@@ -90,6 +118,11 @@ class TransformersEngine:
                                       f"pass a peft LoRA directory (adapter_config.json + weights)") from e
                 self._agents[agent] = (name, version)
             if old is not None:
+                # Make some other adapter active first: deleting the active one makes peft warn
+                # ("... was active which is now deleted") on every hot-swap.
+                others = [n for n in self._peft.peft_config if n != old]
+                if others and self._peft.active_adapter == old:
+                    self._peft.set_adapter(others[-1])
                 self._peft.delete_adapter(old)
                 if not self._peft.peft_config:  # no adapter left: peft cannot run with none, go back to the base
                     self.model = self._peft.unload()
@@ -104,11 +137,12 @@ class TransformersEngine:
             agents = {r.agent: self._agents[r.agent] for r in requests}  # versions this batch runs on
             rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(n)]
             batch = self.tokenizer.pad({"input_ids": [ids for _, ids in rows]}, padding=True, return_tensors="pt")
+            logprobs = SampledLogprobs()
             kw = dict(
                 input_ids=batch["input_ids"].to(self.device), attention_mask=batch["attention_mask"].to(self.device),
                 max_new_tokens=sampling.max_new_tokens, do_sample=sampling.temperature > 0,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids),
-                return_dict_in_generate=True, output_logits=True,
+                return_dict_in_generate=True, logits_processor=LogitsProcessorList([logprobs]),
             )
             if sampling.temperature > 0:
                 # top_k=0: the model's generation_config may carry a default top-k (HF's is 50); vLLM has none.
@@ -124,9 +158,10 @@ class TransformersEngine:
             with torch.inference_mode():
                 out = model.generate(**kw)
             new = out.sequences[:, batch["input_ids"].shape[1]:]
-            # log-softmax step by step (rows x vocab each) instead of stacking all steps at once
-            lp = torch.stack([torch.log_softmax(step.float(), -1).gather(1, new[:, t:t + 1]).squeeze(1)
-                              for t, step in enumerate(out.logits)], 1)
+            lp = logprobs.finish(out.sequences)                                  # (rows, new tokens)
+            if lp.shape != new.shape:
+                raise EngineError(f"log-probs for {tuple(lp.shape)} tokens but {tuple(new.shape)} generated: "
+                                  f"transformers changed how logits processors are called")
         return self._samples(requests, rows, new.tolist(), lp.tolist(), prompt_ids, agents, n)
 
     def _samples(self, requests, rows, seqs, lps, prompt_ids, agents, n) -> list[list[Sample]]:

@@ -9,7 +9,8 @@ Systems (arXiv 2508.04652, Table 1 naming):
 - `single`: the task's single-agent variant (one agent does every role), base model.
 (The paper's "discussion" baseline is left out: it needs a turn protocol the tasks don't model.)
 
-Per system: the mean of each reward level, the mean return and pass@1 (the share of examples
+Per system: the mean of each reward level, the mean return, each example's return (JSON, keyed by
+example id, for paired comparisons between runs) and pass@1 (the share of examples
 whose final joint answer reaches the task's success test: all unit tests pass for coding; the
 full reward for writing). Sampling is greedy by default (temperature 0) so a run is repeatable;
 pass `--temperature` to sample instead.
@@ -175,6 +176,8 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
             rewards = run_system(system, task, examples, engine, names, cfg, sampling, progress)
             summary = summarize(task, rewards)
             summary["seconds"] = round(time.time() - t0, 1)
+            # per example, so two runs can be compared example by example (paired), not only by means
+            summary["returns"] = {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)}
             if versions:
                 summary["adapter_versions"] = versions
             result["systems"][system] = summary

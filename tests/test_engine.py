@@ -180,3 +180,22 @@ def test_large_seeded_batch_does_not_crash_vllm(vllm_engine, adapters):
     reqs = [Request("a1" if k % 2 else "base", f"Task {k}: write a Python function that adds {k}.") for k in range(160)]
     out = vllm_engine.generate(reqs, 1, Sampling(max_new_tokens=2, temperature=0.8, seed=7))
     assert len(out) == 160 and all(len(o[0].token_ids) >= 1 for o in out)
+
+
+def test_sampled_logprobs_processor_pairs_each_step_with_its_token():
+    """SampledLogprobs (transformers engine) on a scripted 3-step decode: step t's log_softmax
+    is read at the token appended after it, and it never changes the scores."""
+    import torch
+
+    from collab_app.engine_hf import SampledLogprobs
+
+    torch.manual_seed(0)
+    proc, seq = SampledLogprobs(), torch.tensor([[5, 6], [7, 8]])              # (rows, prompt)
+    steps = [torch.randn(2, 11) for _ in range(3)]                               # (rows, vocab) per step
+    picked = [torch.tensor([[1], [4]]), torch.tensor([[0], [10]]), torch.tensor([[3], [3]])]
+    for scores, tok in zip(steps, picked):
+        assert torch.equal(proc(seq, scores.clone()), scores)
+        seq = torch.cat([seq, tok], 1)
+    got = proc.finish(seq)                                                       # (rows, 3)
+    want = torch.stack([torch.log_softmax(s, -1).gather(1, t).squeeze(1) for s, t in zip(steps, picked)], 1)
+    assert got.shape == (2, 3) and torch.allclose(got, want)

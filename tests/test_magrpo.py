@@ -303,6 +303,7 @@ def test_defaults_are_valid_and_every_field_is_documented():
     (dict(advantage_mode="std"), "advantage_mode"),
     (dict(engine="tgi"), "engine"),
     (dict(dtype="float16"), "dtype"),
+    (dict(device="tpu"), "device must be auto, cpu or cuda"),
     (dict(num_turns=0), "num_turns"),
     (dict(gamma=1.5), "gamma"),
     (dict(joint_mode="cross", num_generations=8, num_agents=3, num_turns=2), "reward calls per prompt"),
@@ -338,3 +339,13 @@ def test_cli_reports_the_rule(capsys):
                                          "--early-stop-threshold", "3.5", "--no-resume"], description="x")
     assert (cfg.joint_mode, cfg.lora_target_modules, cfg.early_stop_threshold, cfg.resume) == \
         ("cross", ["q_proj", "v_proj"], 3.5, False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-GPU error")
+def test_cuda_device_without_gpu_says_how_to_fix(tmp_path):
+    from tasks import load_task
+    from trainer.magrpo import MAGRPOTrainer
+
+    with pytest.raises(ValueError, match="--device cpu"):
+        MAGRPOTrainer(MAGRPOConfig(task="tldr", model=str(tmp_path), device="cuda"), load_task("tldr"),
+                      str(tmp_path / "adapters"))

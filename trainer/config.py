@@ -28,6 +28,8 @@ class MAGRPOConfig:
     """agents in the team; must equal the task's number of roles."""
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """dtype of the trainer's frozen base model (LoRA weights and optimizer state are always float32)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where the trainer's model and optimizers live: auto (cuda when a GPU is visible, else cpu), cpu or cuda."""
 
     # -- groups and joint actions (paper §4) --------------------------------------------------
     num_generations: int = 4
@@ -119,6 +121,7 @@ class MAGRPOConfig:
              f"advantage_mode must be one of mean, rloo, max, raw; got {self.advantage_mode!r}")
         need(self.engine in ("auto", "vllm", "transformers"), f"engine must be auto, vllm or transformers, got {self.engine!r}")
         need(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
         need(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
         joint = self.num_generations ** (self.num_agents if self.joint_mode == "cross" else 1)

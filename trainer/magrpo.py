@@ -30,6 +30,7 @@ import os
 import random
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -183,18 +184,23 @@ def rollout(engine: Sampler, task, examples: list[dict], cfg: MAGRPOConfig,
                             top_p=cfg.top_p, seed=None if seed is None else seed + turn)
         timings["rollout_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
+        samples = [[out[p * N + a] for a in range(N)] for p in range(len(nodes))]   # (P, N, G)
+        outputs = [[[s[a][action[a]].text for a in range(N)] for action in joint] for s in samples]  # (P, J, N)
+        # Reward calls of the whole turn at once, at most one per core: code rewards spend their
+        # time in sandbox subprocesses, so threads overlap them (writing rewards gain nothing).
+        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(nodes) * len(joint)))) as pool:
+            scored = list(pool.map(lambda e_o: _score(task, *e_o),
+                                   [(ex, o) for (ex, _, _), outs in zip(nodes, outputs) for o in outs]))
         children = []
         for p, ((ex, hist, parent), ps) in enumerate(zip(nodes, prompts)):
-            samples = [out[p * N + a] for a in range(N)]                          # (N, G)
-            outputs = [[samples[a][action[a]].text for a in range(N)] for action in joint]   # (J, N)
-            rewards = [_score(task, ex, o) for o in outputs]                      # (J,)
-            grp = Group(task=task.name, example_id=str(ex["id"]), turn=turn, prompts=ps, samples=samples,
+            rewards = scored[p * len(joint):(p + 1) * len(joint)]                 # (J,)
+            grp = Group(task=task.name, example_id=str(ex["id"]), turn=turn, prompts=ps, samples=samples[p],
                         joint=joint, returns=[r.total for r in rewards], rewards=[r.total for r in rewards],
                         levels=[dict(r.levels) for r in rewards], parent=parent)
             groups.append(grp)
             stop = cfg.early_stop_threshold is not None and statistics.fmean(grp.rewards) >= cfg.early_stop_threshold
             if turn + 1 < cfg.num_turns and not stop:
-                for k, o in enumerate(outputs):
+                for k, o in enumerate(outputs[p]):
                     feedback = tuple(task.feedback(ex, o))
                     children.append((ex, hist + [Turn(tuple(o), feedback)], (len(groups) - 1, k)))
         timings["reward_s"] += time.perf_counter() - t0
@@ -275,7 +281,10 @@ class MAGRPOTrainer:
         self.cfg, self.task, self.adapters_dir = cfg, task, adapters_dir
         self.agents = list(task.roles)
         torch.manual_seed(cfg.seed)  # the LoRA A matrices, so version 0 is reproducible
-        base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA GPU: use --device cpu (or auto)")
+        base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype)).to(self.device)
         eos = base.generation_config.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
@@ -323,7 +332,7 @@ class MAGRPOTrainer:
                                       adapter_name=a)
             opt = os.path.join(path, store.OPTIMIZER)
             if os.path.exists(opt):
-                self.optimizers[a].load_state_dict(torch.load(opt, weights_only=True))
+                self.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=self.device))
             else:
                 log.warning("%s has no optimizer state: AdamW moments restart from zero", path)
             self.versions[a] = version
@@ -335,7 +344,7 @@ class MAGRPOTrainer:
         from safetensors.torch import save_file
 
         def write(tmp: str) -> None:
-            state = {k: v.detach().contiguous() for k, v in
+            state = {k: v.detach().cpu().contiguous() for k, v in
                      get_peft_model_state_dict(self.model, adapter_name=agent).items()}
             save_file(state, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
             self.model.peft_config[agent].save_pretrained(tmp)

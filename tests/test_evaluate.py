@@ -1,0 +1,80 @@
+"""`collab eval` (collab_app/evaluate.py) on the real HumanEval task and sandbox, with a scripted
+engine whose answers are known: the helper writes a real `aux`, main writes the canonical
+solution (calling aux or not, per test). Checks every system's per-level means, pass@1, the
+per-example returns, that the sequential baseline shows main the helper's code, and that the
+single agent is asked for both functions."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from collab_app.engine_types import Sample
+from collab_app.evaluate import EvalConfig, evaluate, format_table
+from tasks import load_task
+
+AUX_SRC = "def aux(x):\n    return x\n"
+
+
+class ScriptedEngine:
+    """Answers by role, read off the prompt: the helper's prompt asks for `aux` only; main's and
+    the single agent's for the entry function (full canonical solution; the single agent also
+    defines aux). Records every (agent, prompt)."""
+
+    name = "scripted"
+
+    def __init__(self, main_calls_aux: bool):
+        self.main_calls_aux = main_calls_aux
+        self.requests = []
+        self.loaded = {}
+
+    def register_agent(self, agent):
+        pass
+
+    def load_adapter(self, agent, path, version):
+        self.loaded[agent] = version
+
+    def _answer(self, prompt: str) -> str:
+        ex = next(e for e in load_task("humaneval").examples("eval") if e["prompt"].strip() in prompt)
+        body = ex["canonical_solution"]
+        if self.main_calls_aux:  # calls aux and uses its (identity) result: not a thin wrapper
+            body = "    _ = aux(0)\n" + body
+        main = ex["prompt"] + body
+        if "You are the helper" in prompt:
+            return f"```python\n{AUX_SRC}```"
+        if "Write two Python functions" in prompt:  # single agent
+            return f"```python\n{AUX_SRC}\n{main}```"
+        return f"Here it is:\n```python\n{main}```"
+
+    def generate(self, requests, n, sampling):
+        self.requests += [(r.agent, r.prompt) for r in requests]
+        return [[Sample(agent=r.agent, adapter_version=self.loaded.get(r.agent), prompt_token_ids=[1],
+                        text=self._answer(r.prompt), token_ids=[2], logprobs=[-0.5]) for _ in range(n)]
+                for r in requests]
+
+
+@pytest.mark.parametrize("main_calls_aux", [False, True])
+def test_eval_levels_pass_at_1_and_per_example_returns(main_calls_aux, tmp_path):
+    engine = ScriptedEngine(main_calls_aux)
+    cfg = EvalConfig(task="humaneval", limit=3, batch_size=2, adapters_dir=str(tmp_path))
+    result = evaluate(cfg, engine=engine)
+    assert set(result["systems"]) == {"team", "naive", "sequential", "single"}
+    for name, s in result["systems"].items():
+        assert s["examples"] == 3 and math.isclose(s["pass@1"], 1.0), name
+        assert s["levels"]["structure"] == pytest.approx(1.0) and s["levels"]["syntax"] == pytest.approx(0.5)
+        assert s["levels"]["tests"] == pytest.approx(1.0)
+        # canonical main ignores aux: no cooperation; calling it and using the result: +0.5 +1.0
+        assert s["levels"]["cooperation"] == pytest.approx(1.5 if main_calls_aux else 0.0)
+        assert list(s["returns"]) == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+        assert all(r == pytest.approx(s["mean_return"]) for r in s["returns"].values())
+    # team agents are named by role and get no adapter when the adapters dir is empty
+    assert result["systems"]["team"]["adapter_versions"] == {"helper": None, "main": None}
+    # sequential: main's prompt carries the helper's answer; naive/team: it never does
+    seq_main = [p for a, p in engine.requests if a == "base-main" and "teammate's helper" in p]
+    assert len(seq_main) == 3 and all(AUX_SRC.strip() in p for p in seq_main)
+    assert "team" in format_table(result) and "single" in format_table(result)
+
+
+def test_eval_rejects_unknown_systems():
+    with pytest.raises(ValueError, match="unknown system"):
+        EvalConfig(systems=["team", "debate"])
