@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 
-from collab_app.serve import cli_main
+from collab_app.web.serve import cli_main
 
 if __name__ == "__main__":
     argv = ["--host", os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), "--port", os.environ.get("PORT", "7860")]

@@ -10,13 +10,13 @@ import sys
 
 # name -> (module:function taking argv, one-line help)
 COMMANDS = {
-    "models": ("collab_app.model:cli_main", "provision / show the embedded model (SmolLM2-135M-Instruct) and engines"),
-    "bench": ("collab_app.bench:cli_main", "benchmarks: `bench generate` (vLLM vs transformers), `bench train` (MAGRPO step)"),
-    "eval": ("collab_app.evaluate:cli_main", "evaluate the team and the baselines on a task split"),
-    "train": ("collab_app.train_cmd:cli_main", "offline MAGRPO training on a task's train split"),
-    "trainer": ("collab_app.service:cli_main", "background trainer service: trains on ready groups from the store"),
-    "serve": ("collab_app.serve:cli_main", "engine + Gradio app + trainer service"),
-    "export": ("collab_app.export:cli_main", "export collected groups, samples and rewards (JSONL, datasets, Parquet)"),
+    "models": ("collab_app.engines.model:cli_main", "provision / show the embedded model (SmolLM2-135M-Instruct) and engines"),
+    "bench": ("collab_app.commands.bench:cli_main", "benchmarks: `bench generate` (vLLM vs transformers), `bench train` (MAGRPO step)"),
+    "eval": ("collab_app.commands.evaluate:cli_main", "evaluate the team and the baselines on a task split"),
+    "train": ("collab_app.commands.train_cmd:cli_main", "offline MAGRPO training on a task's train split"),
+    "trainer": ("collab_app.online.service:cli_main", "background trainer service: trains on ready groups from the store"),
+    "serve": ("collab_app.web.serve:cli_main", "engine + Gradio app + trainer service"),
+    "export": ("collab_app.online.export:cli_main", "export collected groups, samples and rewards (JSONL, datasets, Parquet)"),
 }
 
 

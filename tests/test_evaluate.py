@@ -1,4 +1,4 @@
-"""`collab eval` (collab_app/evaluate.py) on the real HumanEval task and sandbox, with a scripted
+"""`collab eval` (collab_app/commands/evaluate.py) on the real HumanEval task and sandbox, with a scripted
 engine whose answers are known: the helper writes a real `aux`, main writes the canonical
 solution (calling aux or not, per test). Checks every system's per-level means, pass@1, the
 per-example returns, that the sequential baseline shows main the helper's code, and that the
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from collab_app.engine_types import Sample
-from collab_app.evaluate import EvalConfig, evaluate, format_table
+from collab_app.engines.engine_types import Sample
+from collab_app.commands.evaluate import EvalConfig, evaluate, format_table
 from tasks import load_task
 
 AUX_SRC = "def aux(x):\n    return x\n"

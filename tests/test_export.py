@@ -1,4 +1,4 @@
-"""`collab export` (collab_app/export.py): every format loads back with the stored values exact."""
+"""`collab export` (collab_app/online/export.py): every format loads back with the stored values exact."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from collab_app.engine_types import Sample
-from collab_app.export import FORMATS, SCHEMA, cli_main, export
-from collab_app.returns import ReturnRule, scale_rating
-from collab_app.store import Store
+from collab_app.engines.engine_types import Sample
+from collab_app.online.export import FORMATS, SCHEMA, cli_main, export
+from collab_app.online.returns import ReturnRule, scale_rating
+from collab_app.online.store import Store
 from tasks.base import Reward
 
 

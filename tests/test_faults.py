@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from collab_app.engine_types import Request, Sampling
-from collab_app.hotswap import AdapterWatcher
-from collab_app.service import ServiceConfig, TrainerService, read_status
-from collab_app.store import Store
+from collab_app.engines.engine_types import Request, Sampling
+from collab_app.online.hotswap import AdapterWatcher
+from collab_app.online.service import ServiceConfig, TrainerService, read_status
+from collab_app.online.store import Store
 from tasks import load_task
 from trainer import adapters
 
@@ -40,7 +40,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    from collab_app.engine_hf import TransformersEngine
+    from collab_app.engines.engine_hf import TransformersEngine
 
     eng = TransformersEngine(model_path, dtype="float32", seed=0)
     for role in load_task(TASK).roles:
@@ -167,7 +167,7 @@ def test_kill_9_during_update_then_restart(tmp_path, engine, model_path):
 
 def groups_without_model(store) -> list[int]:
     """Two stored groups whose samples are written by hand (the rating test needs no model)."""
-    from collab_app.engine_types import Sample
+    from collab_app.engines.engine_types import Sample
     from tasks.base import Reward
 
     ids = []
@@ -183,7 +183,7 @@ def groups_without_model(store) -> list[int]:
 
 RATING_WRITER = textwrap.dedent("""
     import sys
-    from collab_app.store import Store
+    from collab_app.online.store import Store
     store = Store(sys.argv[1])
     joint_ids = [int(x) for x in sys.argv[2].split(",")]
     k = 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from collab_app import handlers as H
-from collab_app.context import AppContext, is_public, storage_warning
-from collab_app.engine_types import Sampling
+from collab_app.web import handlers as H
+from collab_app.web.context import AppContext, is_public, storage_warning
+from collab_app.engines.engine_types import Sampling
 
 MAX_NEW = 24
 TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Residents said the lanes "
@@ -87,7 +87,7 @@ def test_rater_id():
 def engine(model_path):
     import torch
 
-    from collab_app.engine import make_engine
+    from collab_app.engines import make_engine
 
     # One intra-op thread: on the 2-core box other processes (a trainer, a browser, other test
     # runs) share the cores, and OpenMP's spinning threads then slow generation 5-10x (measured:
@@ -101,8 +101,8 @@ def engine(model_path):
 
 
 def make_ctx(engine, store_path, **kw) -> AppContext:
-    from collab_app.store import Store
-    from collab_app.team import Agent, Team
+    from collab_app.online.store import Store
+    from collab_app.engines.team import Agent, Team
     from tasks import load_task
 
     tasks = {name: load_task(name) for name in ("humaneval", "tldr")}
@@ -281,7 +281,7 @@ def test_pin_and_roll_back_adapters(engine, tmp_path, lora_adapter):
 
 
 def test_training_tab(engine, tmp_path):
-    from collab_app.service import STATUS_KEY, is_paused
+    from collab_app.online.service import STATUS_KEY, is_paused
 
     ctx = make_ctx(engine, tmp_path / "store.db", admin_token="tok")
     assert "no trainer service" in H.training_status(ctx)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from collab_app.engine_types import Sample
+from collab_app.engines.engine_types import Sample
 from tasks.base import Reward
 from trainer.config import MAGRPOConfig
 from trainer.configcli import field_docs, parse_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collab_app import model as M
+from collab_app.engines import model as M
 
 
 @pytest.fixture

@@ -14,13 +14,13 @@ import time
 
 import pytest
 
-from collab_app import handlers as H
-from collab_app.context import AppContext
-from collab_app.engine_types import Request, Sampling
-from collab_app.hotswap import AdapterWatcher
-from collab_app.service import ServiceConfig, TrainerService, read_status
-from collab_app.store import Store
-from collab_app.team import Agent, Team
+from collab_app.web import handlers as H
+from collab_app.web.context import AppContext
+from collab_app.engines.engine_types import Request, Sampling
+from collab_app.online.hotswap import AdapterWatcher
+from collab_app.online.service import ServiceConfig, TrainerService, read_status
+from collab_app.online.store import Store
+from collab_app.engines.team import Agent, Team
 from tasks import load_task
 
 K = 2
@@ -41,7 +41,7 @@ def greedy(engine, roles):
 
 @pytest.mark.slow
 def test_online_loop_end_to_end(tmp_path, model_path, capsys):
-    from collab_app.engine_hf import TransformersEngine
+    from collab_app.engines.engine_hf import TransformersEngine
 
     task = load_task("tldr")
     roles = list(task.roles)

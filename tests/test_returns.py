@@ -1,11 +1,11 @@
-"""Reward assembly (collab_app/returns.py): every mode and its edge cases, as pure functions."""
+"""Reward assembly (collab_app/online/returns.py): every mode and its edge cases, as pure functions."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from collab_app.returns import (RATING_MAX, RATING_MIN, ReturnRule, check_rating_value, group_returns,
+from collab_app.online.returns import (RATING_MAX, RATING_MIN, ReturnRule, check_rating_value, group_returns,
                                 group_state, human_score, joint_return, latest_per_rater, scale_rating)
 
 MAX = 4.0

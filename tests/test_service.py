@@ -1,5 +1,5 @@
-"""The trainer service's pieces (collab_app/service.py) and the hot-swap watcher
-(collab_app/hotswap.py), in this process, on the embedded model with the transformers engine."""
+"""The trainer service's pieces (collab_app/online/service.py) and the hot-swap watcher
+(collab_app/online/hotswap.py), in this process, on the embedded model with the transformers engine."""
 from __future__ import annotations
 
 import threading
@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from collab_app.engine_types import Request, Sample, Sampling
-from collab_app.hotswap import AdapterWatcher
-from collab_app.service import (STATUS_KEY, ServiceConfig, TrainerService, is_paused, read_status,
+from collab_app.engines.engine_types import Request, Sample, Sampling
+from collab_app.online.hotswap import AdapterWatcher
+from collab_app.online.service import (STATUS_KEY, ServiceConfig, TrainerService, is_paused, read_status,
                                 reconcile, set_paused)
-from collab_app.store import Store
+from collab_app.online.store import Store
 from tasks.base import Reward
 from trainer import adapters
 
@@ -50,7 +50,7 @@ TASK = TwoAgentTask()
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    from collab_app.engine_hf import TransformersEngine
+    from collab_app.engines.engine_hf import TransformersEngine
 
     eng = TransformersEngine(model_path, dtype="float32", seed=0)
     for a in AGENTS:

@@ -1,4 +1,4 @@
-"""The episode store (collab_app/store.py) on SQLite and, where the binaries exist, PostgreSQL.
+"""The episode store (collab_app/online/store.py) on SQLite and, where the binaries exist, PostgreSQL.
 
 The PostgreSQL server is a throwaway one (initdb in a temp dir, a free local port), started once
 per session; the tests parametrized with `url` skip PostgreSQL with the reason when `initdb` /
@@ -18,9 +18,9 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from collab_app.engine_types import Sample
-from collab_app.returns import ReturnRule, scale_rating
-from collab_app.store import (SCHEMA_VERSION, Base, NotFound, Store, StoreError, default_url, migrate,
+from collab_app.engines.engine_types import Sample
+from collab_app.online.returns import ReturnRule, scale_rating
+from collab_app.online.store import (SCHEMA_VERSION, Base, NotFound, Store, StoreError, default_url, migrate,
                               utcnow)
 from tasks.base import Reward
 
@@ -285,7 +285,7 @@ def test_ratings_append_only(store, url):
     assert writes and not [s for s in writes if "ratings" in s.split("WHERE")[0].lower()]
     assert len(store.ratings_for()) == 3
 
-    from collab_app.store import RatingRow
+    from collab_app.online.store import RatingRow
     from sqlalchemy.orm import Session
     with Session(store.engine) as s:
         row = s.scalars(sa.select(RatingRow)).first()

@@ -22,9 +22,9 @@ import threading
 import time
 import traceback
 
-from collab_app.engine_types import Sample
-from collab_app.returns import ReturnRule
-from collab_app.store import Store
+from collab_app.engines.engine_types import Sample
+from collab_app.online.returns import ReturnRule
+from collab_app.online.store import Store
 from tasks.base import Reward
 
 SECONDS = 2.0

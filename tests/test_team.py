@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from collab_app.engine_types import EngineError, Sampling
-from collab_app.team import Agent, Team
+from collab_app.engines.engine_types import EngineError, Sampling
+from collab_app.engines.team import Agent, Team
 
 SAMPLING = Sampling(max_new_tokens=8, temperature=0.8, seed=0)
 

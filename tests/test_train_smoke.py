@@ -20,7 +20,7 @@ from trainer import adapters
 
 @pytest.mark.slow
 def test_collab_train_two_steps(model_path, tmp_path, monkeypatch):
-    from collab_app import train_cmd
+    from collab_app.commands import train_cmd
 
     served = {}
     real_sampler = train_cmd.EngineSampler

@@ -22,8 +22,8 @@ def start_app(home, num_generations: int = 2, max_new_tokens: int = 24, admin_to
     """Build the real context (engine, store under `home`) and launch the app in this process.
     Returns (demo, url, ctx); `demo.close()` stops it. One torch thread by default: the server,
     the test client (and a browser) share the 2 cores; see tests/test_handlers.py::engine."""
-    from collab_app.context import build_context
-    from collab_app.ui import launch
+    from collab_app.web.context import build_context
+    from collab_app.web.ui import launch
 
     if torch_threads:
         import torch
@@ -61,7 +61,7 @@ def test_endpoints_are_named(client):
 
 
 def test_generate_rate_and_count(app, client):
-    from collab_app import handlers as H
+    from collab_app.web import handlers as H
 
     url, ctx = app
     task = ctx.tasks["humaneval"]

@@ -13,11 +13,11 @@ Policies: ONE frozen base model with a peft LoRA adapter per agent (`set_adapter
 one optimizer per agent over that adapter's parameters only. Agent names are the task's roles.
 
 Data arrives late when the app collects it online, so every sample keeps the adapter version
-and the (untempered) log-probs it was generated with (collab_app/engine_types.py); groups more
+and the (untempered) log-probs it was generated with (collab_app/engines/engine_types.py); groups more
 than `max_staleness` versions behind are dropped.
 
 Knows nothing of collab_app: the inference engine reaches rollout through the `Sampler`
-protocol below (collab_app.train_cmd.EngineSampler wraps an Engine).
+protocol below (collab_app.commands.train_cmd.EngineSampler wraps an Engine).
 Left out: heterogeneous agents (one base per agent), several optimizer epochs per batch,
 value baselines. Shapes in comments: B sequences, T completion tokens, G group size, J joint actions.
 """
@@ -70,7 +70,7 @@ class RewardError(RuntimeError):
 
 
 class Sampler(Protocol):
-    """What the trainer needs from an inference engine (see collab_app.train_cmd.EngineSampler)."""
+    """What the trainer needs from an inference engine (see collab_app.commands.train_cmd.EngineSampler)."""
 
     def sample(self, requests: list[tuple[str, str]], n: int, *, max_new_tokens: int, temperature: float,
                top_p: float, seed: int | None) -> list[list[Any]]:
@@ -277,7 +277,7 @@ class MAGRPOTrainer:
                              f"{cfg.num_agents}: pass --num-agents {task.num_agents}")
         if not cfg.model:
             raise ValueError("cfg.model is empty: resolve the model folder first "
-                             "(collab_app.model.ensure_model, which `collab train` does)")
+                             "(collab_app.engines.model.ensure_model, which `collab train` does)")
         self.cfg, self.task, self.adapters_dir = cfg, task, adapters_dir
         self.agents = list(task.roles)
         torch.manual_seed(cfg.seed)  # the LoRA A matrices, so version 0 is reproducible

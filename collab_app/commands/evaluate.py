@@ -87,7 +87,7 @@ def _success(task, reward) -> bool:
 
 def _generate(engine, agent_names, prompts_per_example, sampling):
     """prompts_per_example[e][a] -> texts[e][a] (one sample each) in one batched engine call."""
-    from collab_app.engine_types import Request
+    from collab_app.engines.engine_types import Request
 
     requests = [Request(agent=agent_names[a], prompt=p)
                 for ps in prompts_per_example for a, p in enumerate(ps)]
@@ -136,9 +136,9 @@ def summarize(task, rewards) -> dict:
 
 
 def evaluate(cfg: EvalConfig, engine=None) -> dict:
-    from collab_app.engine import make_engine
-    from collab_app.engine_types import Sampling
-    from collab_app.model import ensure_model
+    from collab_app.engines import make_engine
+    from collab_app.engines.engine_types import Sampling
+    from collab_app.engines.model import ensure_model
     from tasks import load_task
     from trainer.adapters import latest_version
 

@@ -3,7 +3,7 @@
     collab train --task humaneval --num-steps 20 --engine transformers
 
 Provisions the model (embedded SmolLM2 by default), starts an engine (`auto`: vLLM where it
-is the faster choice, see collab_app/engine.py), saves version 0 of every agent's adapter,
+is the faster choice, see collab_app/engines/__init__.py), saves version 0 of every agent's adapter,
 evaluates the team on the first `--eval-examples` of the held-out split, then loops
 rollout -> MAGRPO update -> new adapter versions -> hot-load into the engine, and finally
 evaluates again. Evaluation is greedy by default (`--eval-temperature 0`), so before/after
@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-from collab_app.engine_types import Request, Sampling
+from collab_app.engines.engine_types import Request, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def evaluate_team(engine, task, examples, cfg) -> dict:
     `examples`, with `collab eval`'s code; one joint answer per example, cfg.num_turns turns."""
     from tqdm import tqdm
 
-    from collab_app.evaluate import EvalConfig, run_system, summarize
+    from collab_app.commands.evaluate import EvalConfig, run_system, summarize
 
     ecfg = EvalConfig(task=cfg.task, systems=["team"], num_turns=cfg.num_turns, max_new_tokens=cfg.max_new_tokens,
                       temperature=cfg.eval_temperature, seed=cfg.seed)
@@ -73,7 +73,7 @@ class RunLog:
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self.records: list[dict] = []
         if os.path.exists(self.path):  # a resumed run keeps its history (and its plot)
-            from collab_app.plots import load_metrics
+            from collab_app.web.plots import load_metrics
 
             self.records = load_metrics(self.path)
         self.tb = SummaryWriter(os.path.join(output_dir, "tb"))
@@ -98,9 +98,9 @@ def _fmt_eval(e: dict) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from collab_app.engine import make_engine
-    from collab_app.model import collab_home, ensure_model
-    from collab_app.plots import save_summary_plot
+    from collab_app.engines import make_engine
+    from collab_app.engines.model import collab_home, ensure_model
+    from collab_app.web.plots import save_summary_plot
     from tasks import load_task
     from trainer.config import MAGRPOConfig
     from trainer.configcli import parse_config

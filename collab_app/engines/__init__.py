@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import os
 
-from collab_app.engine_types import Engine, EngineError, Request, Sampling
+from collab_app.engines.engine_types import Engine, EngineError, Request, Sampling
 
 log = logging.getLogger(__name__)
 
 # Which engine was faster on the 2-core CPU box with two LoRA adapters loaded
 # (`collab bench generate`, 2 agents x G=4 x 16 prompts, 128 new tokens, bf16). Update it
-# together with BENCH_RESULT in collab_app/bench.py. Last, on a quiet box: transformers 133.6 vs
+# together with BENCH_RESULT in collab_app/commands/bench.py. Last, on a quiet box: transformers 133.6 vs
 # vLLM 76.6 tok/s with adapters (vLLM wins only without adapters: 309 vs 232 tok/s).
 CPU_LORA_FASTER = "transformers"
 
@@ -76,7 +76,7 @@ def cuda_available() -> bool:
 def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
     """An Engine on `model` (HF id / local folder; None = the embedded SmolLM2, see model.py).
     `kw` goes to the backend (dtype, max_model_len, seed, num_agents for vLLM, ...)."""
-    from collab_app.model import ensure_model
+    from collab_app.engines.model import ensure_model
 
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
     if kind not in KINDS:
@@ -102,10 +102,10 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
 
 def _build(kind: str, path: str, kw: dict) -> Engine:
     if kind == "vllm":
-        from collab_app.engine_vllm import VLLMEngine
+        from collab_app.engines.engine_vllm import VLLMEngine
 
         return VLLMEngine(path, **{k: v for k, v in kw.items() if k != "num_threads"})
-    from collab_app.engine_hf import TransformersEngine
+    from collab_app.engines.engine_hf import TransformersEngine
 
     kw = {k: v for k, v in kw.items() if k not in ("num_agents", "gpu_memory_utilization")}
     return TransformersEngine(path, **kw)

@@ -25,8 +25,8 @@ import threading
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from collab_app.engine import chat_prompt_ids, check_lengths, check_requests
-from collab_app.engine_types import EngineError, Request, Sample, Sampling
+from collab_app.engines import chat_prompt_ids, check_lengths, check_requests
+from collab_app.engines.engine_types import EngineError, Request, Sample, Sampling
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 

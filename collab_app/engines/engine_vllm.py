@@ -33,8 +33,8 @@ import os
 import threading
 from pathlib import Path
 
-from collab_app.engine import chat_prompt_ids, check_lengths, check_requests, cuda_available
-from collab_app.engine_types import EngineError, Request, Sample, Sampling
+from collab_app.engines import chat_prompt_ids, check_lengths, check_requests, cuda_available
+from collab_app.engines.engine_types import EngineError, Request, Sample, Sampling
 
 
 class VLLMEngine:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collab_app.engine_types import Engine, EngineError, Request, Sample, Sampling
+from collab_app.engines.engine_types import Engine, EngineError, Request, Sample, Sampling
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Team:
     def make_engines(self, kind: str = "auto", **kw) -> dict[str, Engine]:
         """One engine per distinct base model, agent name -> engine; agents registered and their
         start adapters (version 0) loaded. `kw` goes to `make_engine`."""
-        from collab_app.engine import make_engine
+        from collab_app.engines import make_engine
 
         by_model: dict[str | None, Engine] = {}
         engines = {}

@@ -28,8 +28,8 @@ from typing import Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collab_app.returns import ReturnRule, group_returns, human_score
-from collab_app.store import GroupRecord, Store
+from collab_app.online.returns import ReturnRule, group_returns, human_score
+from collab_app.online.store import GroupRecord, Store
 
 FORMATS = ("jsonl", "datasets", "parquet")
 FILE_NAMES = {"jsonl": "joint_samples.jsonl", "parquet": "joint_samples.parquet", "datasets": "dataset"}

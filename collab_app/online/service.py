@@ -11,7 +11,7 @@ ready one has waited `max_wait_s` (T). One step, in this order:
     4. store.record_train_step(step, metrics, group ids)   marks the groups trained (one transaction)
     5. status "idle"
 
-The serving process picks the new rows up (collab_app/hotswap.py) and serves them.
+The serving process picks the new rows up (collab_app/online/hotswap.py) and serves them.
 
 Crash safety (kill -9 at any point; tests/test_faults.py does it):
 - a half-written version is a `.tmp-*` dir that no reader takes for a version and the next
@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from collab_app.returns import ReturnRule
+from collab_app.online.returns import ReturnRule
 from trainer.config import MAGRPOConfig
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class ServiceConfig(MAGRPOConfig):
     heartbeat_s: float = 5.0
     """refresh the status row this often, also during a step (a stale heartbeat = a dead service)."""
     return_mode: Literal["human_first", "auto", "human", "weighted"] = "human_first"
-    """how automatic rewards and human ratings become a return (collab_app/returns.py)."""
+    """how automatic rewards and human ratings become a return (collab_app/online/returns.py)."""
     human_weight: float = 0.5
     """weighted mode: w in w*human + (1-w)*auto."""
     human_timeout_s: float = 300.0
@@ -211,8 +211,8 @@ class TrainerService:
     def __init__(self, cfg: ServiceConfig, store=None, tasks: dict | None = None):
         """`store`: an open Store (default: Store(cfg.db)); `tasks`: task objects by name to use
         instead of `tasks.load_task(name)` (e.g. a person's own task, or a test's)."""
-        from collab_app.model import ensure_model
-        from collab_app.store import Store
+        from collab_app.engines.model import ensure_model
+        from collab_app.online.store import Store
 
         self.cfg = dataclasses.replace(cfg, model=ensure_model(cfg.model or None),
                                        adapters_dir=cfg.adapters_dir or default_adapters_dir())
@@ -289,8 +289,8 @@ class TrainerService:
     def self_play_round(self) -> list[int]:
         """Sample `self_play_prompts` train prompts of cfg.task with the current adapters and store
         the groups with their automatic rewards. Returns the new group ids."""
-        from collab_app.engine import make_engine
-        from collab_app.train_cmd import EngineSampler
+        from collab_app.engines import make_engine
+        from collab_app.commands.train_cmd import EngineSampler
         from tasks.base import Reward
         from trainer.magrpo import rollout
 

@@ -39,8 +39,8 @@ from sqlalchemy import JSON, ForeignKey, String, Text, UniqueConstraint, event, 
 from sqlalchemy.orm import (DeclarativeBase, Mapped, Session, mapped_column, relationship,
                             selectinload)
 
-from collab_app.engine_types import Sample
-from collab_app.returns import ReturnRule, check_rating_value, group_returns, group_state
+from collab_app.engines.engine_types import Sample
+from collab_app.online.returns import ReturnRule, check_rating_value, group_returns, group_state
 from tasks.base import Reward
 
 MAX_RATER_CHARS = 200
@@ -434,7 +434,7 @@ def _adapter(a: AdapterVersionRow) -> AdapterVersionRecord:
 def _check_sample(s: Sample, where: str) -> None:
     """Token ids ints, one finite behaviour log-prob per generated token: what the trainer needs."""
     if not isinstance(s, Sample):
-        raise StoreError(f"{where} must be a collab_app.engine_types.Sample, got {type(s).__name__}")
+        raise StoreError(f"{where} must be a collab_app.engines.engine_types.Sample, got {type(s).__name__}")
     for name in ("prompt_token_ids", "token_ids"):
         ids = getattr(s, name)
         if not isinstance(ids, (list, tuple)) or not all(

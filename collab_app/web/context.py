@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from collab_app.engine_types import Sampling
+from collab_app.engines.engine_types import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class GenerationBatcher:
                 self._generate(batch)
 
     def _generate(self, batch) -> None:
-        from collab_app.engine_types import EngineError
+        from collab_app.engines.engine_types import EngineError
 
         team, _, G, sampling, _ = batch[0]
         live = [it for it in batch if it[4].set_running_or_notify_cancel()]
@@ -134,13 +134,13 @@ class GenerationBatcher:
 @dataclass
 class AppContext:
     engine: Any
-    """the inference engine (`collab_app.engine_types.Engine`): vllm or transformers."""
+    """the inference engine (`collab_app.engines.engine_types.Engine`): vllm or transformers."""
     store: Any
-    """`collab_app.store.Store`: groups, samples, rewards, ratings, adapter versions, train steps."""
+    """`collab_app.online.store.Store`: groups, samples, rewards, ratings, adapter versions, train steps."""
     tasks: dict[str, Any]
     """task choices by name (`humaneval`, `tldr`, `expansion`): `tasks.base.Task` objects."""
     teams: dict[str, Any]
-    """task name -> `collab_app.team.Team` working on it (its agents, one adapter each)."""
+    """task name -> `collab_app.engines.team.Team` working on it (its agents, one adapter each)."""
     num_generations: int = 2
     """G: joint answers per prompt (>= 2: MAGRPO compares siblings)."""
     sampling: Sampling = field(default_factory=lambda: Sampling(max_new_tokens=256, temperature=0.8))
@@ -184,9 +184,9 @@ class AppContext:
         return list(dict.fromkeys(a.name for t in self.teams.values() for a in t.agents))
 
     def adapter_watcher(self):
-        """The hot-swap watcher (collab_app.hotswap) over every agent, sharing `engine_lock`."""
+        """The hot-swap watcher (collab_app.online.hotswap) over every agent, sharing `engine_lock`."""
         if self._watcher is None:
-            from collab_app.hotswap import AdapterWatcher
+            from collab_app.online.hotswap import AdapterWatcher
             self._watcher = AdapterWatcher(self.engine, self.store, self.agent_names(), lock=self.engine_lock)
         return self._watcher
 
@@ -208,10 +208,10 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     """Everything the app needs, from settings: provision the model, start the engine, open the
     store, load tasks and their teams, load each agent's current adapter. Heavy imports happen
     here, not at module import."""
-    from collab_app.engine import make_engine
-    from collab_app.model import ensure_model
-    from collab_app.store import Store
-    from collab_app.team import Agent, Team
+    from collab_app.engines import make_engine
+    from collab_app.engines.model import ensure_model
+    from collab_app.online.store import Store
+    from collab_app.engines.team import Agent, Team
     from tasks import load_task
 
     home = home or default_home()
@@ -230,6 +230,6 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     for team in teams.values():
         for agent in team.agents:
             eng.register_agent(agent.name)
-    from collab_app.handlers import sync_adapters
+    from collab_app.web.handlers import sync_adapters
     sync_adapters(ctx)
     return ctx

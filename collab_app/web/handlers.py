@@ -92,7 +92,7 @@ def new_episode() -> dict:
 
 
 def task_choices(ctx) -> dict[str, list[str]]:
-    from collab_app.context import CODING_TASKS
+    from collab_app.web.context import CODING_TASKS
     return {"coding": [n for n in ctx.tasks if n in CODING_TASKS] + ["custom-coding"],
             "writing": [n for n in ctx.tasks if n not in CODING_TASKS]}
 
@@ -193,7 +193,7 @@ def writing_example_text(ctx, task_name: str, example_id: str) -> str:
 def sync_adapters(ctx) -> list:
     """Serve each agent's current adapter (an admin's pinned version, else the trainer's newest)
     before a generation, so new versions and rollbacks show without waiting for the serving
-    process's hot-swap thread (collab_app.hotswap; the same watcher does the work here)."""
+    process's hot-swap thread (collab_app.online.hotswap; the same watcher does the work here)."""
     return ctx.adapter_watcher().poll_once()
 
 
@@ -229,7 +229,7 @@ def generate(ctx, episode: dict, session_id: str | None, tick_s: float = 1.0) ->
     team = ctx.team_for(episode["task"])
     G, sampling = ctx.num_generations, ctx.sampling
     names = [a.name for a in team.agents]
-    from collab_app.engine_types import EngineError
+    from collab_app.engines.engine_types import EngineError
     t0 = time.monotonic()
     fut = ctx.batcher().submit(team, prompts, G, sampling)   # merged with other sessions' requests
     while True:
@@ -471,7 +471,7 @@ def set_generation_settings(ctx, token: str, num_generations: Any, temperature: 
                             max_new_tokens: Any) -> str:
     """Admin: G and sampling for the next generations (every session)."""
     check_admin(ctx, token)
-    from collab_app.engine_types import EngineError, Sampling
+    from collab_app.engines.engine_types import EngineError, Sampling
     try:
         G = int(num_generations)
         sampling = Sampling(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
@@ -548,7 +548,7 @@ def unpin_adapter(ctx, token: str, agent: str) -> str:
 def training_status(ctx) -> str:
     """Markdown: the trainer service's state (from its heartbeat row in the store), the pause
     flag, groups waiting, and the last step's return."""
-    from collab_app.service import is_paused, read_status
+    from collab_app.online.service import is_paused, read_status
     st = read_status(ctx.store)
     counts = ctx.store.stats()["groups"]
     steps = ctx.store.train_steps(last=1)
@@ -580,7 +580,7 @@ def set_training_paused(ctx, token: str, paused: bool) -> str:
     """Admin: ask the trainer service to pause (after its current step) or resume; the flag is
     in the store, so an external `collab trainer` on the same store obeys it too."""
     check_admin(ctx, token)
-    from collab_app.service import set_paused
+    from collab_app.online.service import set_paused
     set_paused(ctx.store, bool(paused), by="app")
     return ("pause requested: the trainer stops after its current step" if paused
             else "resume requested: the trainer continues with the next ready groups")
@@ -588,7 +588,7 @@ def set_training_paused(ctx, token: str, paused: bool) -> str:
 
 def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:
     """(automatic total, human score on the same scale) for rated joint samples of recent groups."""
-    from collab_app.returns import human_score
+    from collab_app.online.returns import human_score
     pairs = []
     for g in ctx.store.recent_groups(n_groups):
         for j in g.joints:
@@ -601,12 +601,12 @@ def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:
 
 def training_figures(ctx, last: int = 500):
     """Two matplotlib figures (None where there is nothing to plot yet):
-    - return and each reward level over steps (collab_app.plots.summary_figure, as `collab train`);
+    - return and each reward level over steps (collab_app.web.plots.summary_figure, as `collab train`);
     - learning signal: the fraction of zero-variance groups per step (advantage 0: nothing to
       learn from) and human vs automatic reward of the rated joint answers."""
     from matplotlib.figure import Figure   # no pyplot: no global backend, thread-safe enough
 
-    from collab_app.plots import summary_figure
+    from collab_app.web.plots import summary_figure
     steps = ctx.store.train_steps(last=last)
     records = [{**s["metrics"], "step": s["step"], "kind": "train"} for s in steps]
     levels = summary_figure(records, smooth=3) if records else None
@@ -670,7 +670,7 @@ def export_data(ctx, token: str, formats: list[str]) -> list[str]:
     check_admin(ctx, token)
     if not formats:
         raise UserError("pick at least one export format")
-    from collab_app.export import export
+    from collab_app.online.export import export
     out = os.path.join(ctx.home, "exports", time.strftime("%Y%m%d-%H%M%S"))
     try:
         paths = export(ctx.store, out, list(formats))   # {format: path, "meta": path}

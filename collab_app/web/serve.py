@@ -4,8 +4,8 @@
                   --db URL --share]
 
 What runs where:
-- this process: the engine (vLLM or transformers), the store, the Gradio app (collab_app/ui.py)
-  and the hot-swap watcher (collab_app/hotswap.py) that loads each new adapter version the
+- this process: the engine (vLLM or transformers), the store, the Gradio app (collab_app/web/ui.py)
+  and the hot-swap watcher (collab_app/online/hotswap.py) that loads each new adapter version the
   trainer publishes, between requests;
 - `--trainer child` (default): `collab trainer` as a child process on the same store and
   adapters dir. It is restarted (with back-off) if it dies, stopped with SIGTERM (it finishes its
@@ -16,7 +16,7 @@ What runs where:
   the serving engine already holds this machine's cores and a second vLLM would double the memory.
 
 vLLM starts its engine core with multiprocessing `spawn`, which re-imports the main module: the
-console script `collab` and `python -m collab_app.serve` both call `cli_main` only under
+console script `collab` and `python -m collab_app.web.serve` both call `cli_main` only under
 `if __name__ == "__main__"`, so that re-import starts nothing. A script of your own that calls
 `serve(cfg)` needs the same guard (app.py has it).
 """
@@ -44,7 +44,7 @@ class ServeConfig:
     share: bool = False
     """also open a public Gradio share link."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
-    """serving engine: auto (see collab_app/engine.py), vllm or transformers."""
+    """serving engine: auto (see collab_app/engines/__init__.py), vllm or transformers."""
     model: str = ""
     """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
     db: str = ""
@@ -136,12 +136,12 @@ def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) 
 
 
 def serve(cfg: ServeConfig) -> None:
-    from collab_app.context import build_context, is_public
-    from collab_app.hotswap import AdapterWatcher
-    from collab_app.model import ensure_model
-    from collab_app.service import default_adapters_dir
-    from collab_app.store import default_url
-    from collab_app.ui import launch
+    from collab_app.web.context import build_context, is_public
+    from collab_app.online.hotswap import AdapterWatcher
+    from collab_app.engines.model import ensure_model
+    from collab_app.online.service import default_adapters_dir
+    from collab_app.online.store import default_url
+    from collab_app.web.ui import launch
 
     db = cfg.db or default_url()
     adapters_dir = cfg.adapters_dir or default_adapters_dir()

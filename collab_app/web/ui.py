@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from collab_app import handlers as H
-from collab_app.context import AppContext
+from collab_app.web import handlers as H
+from collab_app.web.context import AppContext
 
 PRIVATE = {"api_visibility": "private"}
 RATING_CHOICES = ["1", "2", "3", "4", "5"]

@@ -1,0 +1,1 @@
+"""Offline commands: benches, `collab train`, `collab eval` (DESIGN §2)."""

@@ -1,0 +1,1 @@
+"""The Gradio app: UI wiring (ui.py), plain handlers (handlers.py), shared context, `collab serve` (DESIGN §2)."""
