@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from collab_app.engines.engine_types import Engine, EngineError, Request, Sampling
+from collab_app.engines.engine_types import Engine, EngineError, Progress, Request, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,16 @@ def check_lengths(prompt_ids: list[list[int]], sampling: Sampling, max_model_len
                 f"({sampling.max_new_tokens}) > max_model_len ({max_model_len}); shorten the prompt, "
                 f"lower max_new_tokens, or start the engine with a larger max_model_len"
             )
+
+
+def stream(engine, requests: list[Request], n: int, sampling: Sampling):
+    """`engine.generate_stream(...)`, or for an engine without one (a test's scripted engine) a
+    stream of one snapshot: `generate`'s result."""
+    if hasattr(engine, "generate_stream"):
+        yield from engine.generate_stream(requests, n, sampling)
+        return
+    out = engine.generate(requests, n, sampling)
+    yield Progress([[s.text for s in row] for row in out], [list(row) for row in out])
 
 
 def cuda_available() -> bool:

@@ -11,7 +11,7 @@ convention, so the importance ratio is exactly 1 when the adapter has not moved.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterator, Protocol
 
 
 class EngineError(ValueError):
@@ -56,6 +56,28 @@ class Sample:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass
+class Progress:
+    """A snapshot of a streaming generation (`Engine.generate_stream`), indexed like
+    `generate`'s result: [request i][sample j].
+
+    `texts[i][j]` is the text decoded so far (grows monotonically; final = the sample's text),
+    `done[i][j]` the finished `Sample` or None while it is still running. The last snapshot a
+    stream yields has every `done` entry set; `result()` then equals what `generate` returns."""
+
+    texts: list[list[str]]
+    done: list[list["Sample | None"]]
+
+    @property
+    def finished(self) -> bool:
+        return all(s is not None for row in self.done for s in row)
+
+    def result(self) -> list[list[Sample]]:
+        if not self.finished:
+            raise EngineError("generation still running: result() only on the last snapshot")
+        return [list(row) for row in self.done]  # type: ignore[arg-type]
+
+
 class Engine(Protocol):
     name: str             # "vllm" | "transformers"
     model_path: str
@@ -74,5 +96,10 @@ class Engine(Protocol):
     def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
         """For each request, `n` samples (result[i][j] = sample j of request i), all requests
         in one batched call. Raises EngineError for bad requests before generating anything."""
+
+    def generate_stream(self, requests: list[Request], n: int, sampling: Sampling) -> Iterator[Progress]:
+        """`generate`, streamed: yields a `Progress` snapshot whenever some sample's text grew or
+        finished (at most one per decode step), the last one with every sample done. Bad requests
+        raise EngineError before the first snapshot. `generate` is the last snapshot's result."""
 
     def close(self) -> None: ...

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Iterator
+
 from collab_app.engines.engine_types import Engine, EngineError, Request, Sample, Sampling
 
 
@@ -54,6 +56,16 @@ class Team:
     def generate(self, engines: Engine | dict[str, Engine], prompts: list[list[str]], n: int,
                  sampling: Sampling) -> list[list[list[Sample]]]:
         """prompts[e][i] = agent i's prompt for example e. Returns samples[e][i][g] (g < n)."""
+        last = None
+        for last in self.generate_stream(engines, prompts, n, sampling):
+            pass
+        return last.done  # type: ignore[union-attr, return-value]
+
+    def generate_stream(self, engines: Engine | dict[str, Engine], prompts: list[list[str]], n: int,
+                        sampling: Sampling) -> Iterator["TeamProgress"]:
+        """`generate`, streamed: yields TeamProgress snapshots (texts[e][i][g] so far, done[e][i][g]
+        a Sample or None), the last with every sample done. One engine call (stream) per
+        distinct engine, one after the other (a heterogeneous team's engines do not overlap)."""
         if not isinstance(engines, dict):
             engines = {a.name: engines for a in self.agents}
         for e, row in enumerate(prompts):
@@ -66,8 +78,28 @@ class Team:
                 raise EngineError(f"no engine for agent {a.name!r}; pass one engine or a dict with every agent")
             eng = engines[a.name]
             groups.setdefault(id(eng), (eng, []))[1].extend((e, i) for e in range(len(prompts)))
-        for eng, slots in groups.values():
-            reqs = [Request(self.agents[i].name, prompts[e][i], self.agents[i].role_prompt) for e, i in slots]
-            for (e, i), samples in zip(slots, eng.generate(reqs, n, sampling)):
-                out[e][i] = samples
-        return out  # type: ignore[return-value]
+        from collab_app.engines import stream
+
+        texts = [[[""] * n for _ in range(self.num_agents)] for _ in prompts]
+        done: list[list[list[Sample | None]]] = [[[None] * n for _ in range(self.num_agents)] for _ in prompts]
+        calls = [(eng, slots, [Request(self.agents[i].name, prompts[e][i], self.agents[i].role_prompt)
+                               for e, i in slots]) for eng, slots in groups.values()]
+        for eng, slots, reqs in calls:
+            for p in stream(eng, reqs, n, sampling):
+                for k, (e, i) in enumerate(slots):
+                    texts[e][i] = list(p.texts[k])
+                    done[e][i] = list(p.done[k])
+                yield TeamProgress([[list(r) for r in ex] for ex in texts], [[list(r) for r in ex] for ex in done])
+
+
+@dataclass
+class TeamProgress:
+    """A snapshot of `Team.generate_stream`: texts[e][i][g] decoded so far, done[e][i][g] the
+    finished Sample or None. The last snapshot has every entry done."""
+
+    texts: list[list[list[str]]]
+    done: list[list[list[Sample | None]]]
+
+    @property
+    def finished(self) -> bool:
+        return all(s is not None for ex in self.done for row in ex for s in row)
