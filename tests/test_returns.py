@@ -125,3 +125,52 @@ def test_rating_value_accepts_numbers_in_scale():
     assert check_rating_value(1) == 1.0 and check_rating_value(5) == 5.0 and check_rating_value(3.5) == 3.5
     np = pytest.importorskip("numpy")
     assert check_rating_value(np.int64(4)) == 4.0
+
+
+# --------------------------------------------------------------------------- feedback forms
+
+from collab_app.online.returns import (FeedbackError, may_train_shared, pick_best_ratings,  # noqa: E402
+                                       rank_to_rating, ranking_ratings)
+
+
+def test_rank_mapping_is_even_from_5_to_1():
+    assert [rank_to_rating(r, 2) for r in (1, 2)] == [5.0, 1.0]
+    assert [rank_to_rating(r, 4) for r in (1, 2, 3, 4)] == pytest.approx([5, 11 / 3, 7 / 3, 1])
+    # candidate k's rank -> its rating, in candidate order
+    assert ranking_ratings([3, 1, 2], 3) == [1.0, 5.0, 3.0]
+
+
+@pytest.mark.parametrize("ranks, fragment", [
+    ([1, 1, 2], "several candidates and rank 3 to none"),   # duplicate
+    ([1, 2], "each of the 3 candidates"),                    # missing
+    ([1, 2, 4], "ranks go from 1"),                          # out of range
+    ([0, 1, 2], "ranks go from 1"),
+    ([1, 2, 2.5], "whole number"), ([1, 2, True], "whole number"), ("123", "list of 3"),
+])
+def test_bad_rankings(ranks, fragment):
+    with pytest.raises(FeedbackError, match=fragment):
+        ranking_ratings(ranks, 3)
+
+
+def test_pick_best_gives_best_5_others_1_and_mean_advantage():
+    vals = pick_best_ratings(2, 4)
+    assert vals == [1.0, 1.0, 5.0, 1.0]
+    mean = sum(vals) / 4
+    assert vals[2] - mean == pytest.approx(4 * 3 / 4) and vals[0] - mean == pytest.approx(-4 / 4)
+    for bad in (4, -1, 1.5):
+        with pytest.raises(FeedbackError):
+            pick_best_ratings(bad, 4)
+
+
+def test_forms_feed_human_score_like_stars():
+    # a ranking by "a" then stars by "a" on the same candidate: the latest counts, whatever its form
+    ranked = ranking_ratings([2, 1], 2)
+    assert human_score([("a", ranked[0])], MAX) == 0.0
+    assert human_score([("a", ranked[0]), ("a", 4)], MAX) == pytest.approx(3.0)
+
+
+def test_custom_coding_trains_shared_team_only_when_allowed():
+    assert may_train_shared("humaneval", None) and may_train_shared("tldr", {"allowed": False})
+    assert not may_train_shared("custom-coding", None)
+    assert not may_train_shared("custom-coding", {"allowed": False})
+    assert may_train_shared("custom-coding", {"allowed": True, "by": "admin"})

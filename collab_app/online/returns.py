@@ -23,7 +23,27 @@ the automatic reward**; a group that cannot get a return at all without a person
 or a human-only task with no automatic reward, or a failed automatic check under "auto") is
 **expired**: kept in the store with its ratings, never trained on. `math.inf` = wait forever.
 
-Deliberately left out: per-rater calibration (z-scoring each rater), rank-based ratings, and
+Feedback forms (`RATING_KINDS`, the store's `ratings.kind` column keeps which one a row came
+from, `ratings.detail` the form's own answer). Each form becomes one rating per candidate on the
+same 1..5 scale, so everything above (latest per rater, mean over raters, modes) is unchanged:
+  - "stars":     the person's 1..5 as given.
+  - "rank":      a full ranking of the G candidates (1 = best, a permutation of 1..G):
+                 rank r -> 5 - 4 (r - 1) / (G - 1)  (best 5, worst 1, evenly spaced; G=4 gives
+                 5, 3.67, 2.33, 1). Evenly spaced because a ranking says only the order: MAGRPO's
+                 mean-baseline advantage then follows the order with equal steps.
+  - "pick_best": the chosen candidate 5, every other one 1 (FastChat arena's "A is better":
+                 winner 1, losers 0, on our scale). A pick says nothing about the order of the
+                 rest, so they are equal; within the group the best gets advantage +4(G-1)/G
+                 (in rating units) and each other one -4/G.
+Only differences inside a group reach the gradient under the `mean` advantage, so the absolute
+levels matter only where one candidate mixes forms from several raters (then they average).
+
+Who may rate (enforced by collab_app/web/handlers.py, not here): the session that generated the
+group, or an admin. Groups of a person's own coding problem (`PRIVATE_TASKS`) train the shared
+team only while the admin flag `CUSTOM_TRAINING_KEY` in the store's app_state allows it
+(`may_train_shared`); the trainer service is the one that must skip them.
+
+Deliberately left out: per-rater calibration (z-scoring each rater), ties in a ranking, and
 mixing scales inside a group is allowed (human for some samples, automatic for others) in
 "human_first" after the timeout; the group baseline in MAGRPO then absorbs only part of it.
 """
@@ -37,6 +57,13 @@ from typing import Iterable, Literal, Sequence
 RATING_MIN = 1
 RATING_MAX = 5
 MODES = ("human_first", "auto", "human", "weighted")
+RATING_KINDS = ("stars", "rank", "pick_best")
+"""feedback forms a rating row can come from (module doc: how each maps to 1..5)."""
+PRIVATE_TASKS = ("custom-coding",)
+"""store task names of groups made on a person's own problem (their tests are the reward)."""
+CUSTOM_TRAINING_KEY = "custom_training"
+"""app_state key: {"allowed": bool, "by": str, "at": unix time}. Groups of `PRIVATE_TASKS` train
+the shared team only while "allowed" is true (an admin sets it in the app's Training tab)."""
 
 
 @dataclass(frozen=True)
@@ -138,3 +165,61 @@ def group_state(rule: ReturnRule, auto_totals: Sequence[float | None],
     if group_returns(rule, auto_totals, ratings, max_reward, age_s) is not None:
         return "ready"
     return "expired" if age_s >= rule.human_timeout_s else "waiting"
+
+
+class FeedbackError(ValueError):
+    """A ranking / pick that does not fit the group; the message says what to fix."""
+
+
+def _whole(x, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x != int(x):
+        raise FeedbackError(f"{what} must be a whole number, got {x!r:.40}")
+    return int(x)
+
+
+def rank_to_rating(rank: int, num_generations: int) -> float:
+    """Rank r of G (1 = best) -> 5 - 4 (r - 1) / (G - 1) on the 1..5 scale (module doc)."""
+    G = _whole(num_generations, "the number of candidates")
+    r = _whole(rank, "a rank")
+    if G < 2:
+        raise FeedbackError("ranking needs at least 2 candidates")
+    if not 1 <= r <= G:
+        raise FeedbackError(f"rank {r} is out of range: ranks go from 1 (best) to {G}")
+    return RATING_MAX - (RATING_MAX - RATING_MIN) * (r - 1) / (G - 1)
+
+
+def ranking_ratings(ranks: Sequence, num_generations: int) -> list[float]:
+    """`ranks[k]` = the rank (1 = best) of candidate k; must be a permutation of 1..G. Returns
+    one 1..5 rating per candidate. Duplicates, missing candidates, out-of-range ranks -> FeedbackError."""
+    G = _whole(num_generations, "the number of candidates")
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+        raise FeedbackError(f"a ranking is a list of {G} ranks (1 = best), one per candidate")
+    if len(ranks) != G:
+        raise FeedbackError(f"a ranking needs a rank for each of the {G} candidates, got {len(ranks)}")
+    rs = [_whole(r, f"the rank of candidate {k + 1}") for k, r in enumerate(ranks)]
+    for k, r in enumerate(rs):
+        if not 1 <= r <= G:
+            raise FeedbackError(f"candidate {k + 1} has rank {r}: ranks go from 1 (best) to {G}")
+    dup = sorted({r for r in rs if rs.count(r) > 1})
+    if dup:
+        missing = sorted(set(range(1, G + 1)) - set(rs))
+        raise FeedbackError(f"rank {', '.join(map(str, dup))} given to several candidates and rank "
+                            f"{', '.join(map(str, missing))} to none: give each candidate its own rank 1..{G}")
+    return [rank_to_rating(r, G) for r in rs]
+
+
+def pick_best_ratings(best: int, num_generations: int) -> list[float]:
+    """Candidate `best` (0-based) picked as the best of G: it gets 5, every other one 1."""
+    G = _whole(num_generations, "the number of candidates")
+    b = _whole(best, "the best candidate")
+    if G < 2:
+        raise FeedbackError("picking the best needs at least 2 candidates")
+    if not 0 <= b < G:
+        raise FeedbackError(f"candidate {b + 1} does not exist: pick one of 1..{G}")
+    return [float(RATING_MAX) if k == b else float(RATING_MIN) for k in range(G)]
+
+
+def may_train_shared(task: str, custom_training: dict | None) -> bool:
+    """Whether a group of `task` may train the shared team, given the app_state value stored
+    under `CUSTOM_TRAINING_KEY` (None when never set: not allowed)."""
+    return task not in PRIVATE_TASKS or bool((custom_training or {}).get("allowed"))

@@ -40,7 +40,8 @@ from sqlalchemy.orm import (DeclarativeBase, Mapped, Session, mapped_column, rel
                             selectinload)
 
 from collab_app.engines.engine_types import Sample
-from collab_app.online.returns import ReturnRule, check_rating_value, group_returns, group_state
+from collab_app.online.returns import (RATING_KINDS, ReturnRule, check_rating_value, group_returns,
+                                       group_state)
 from tasks.base import Reward
 
 MAX_RATER_CHARS = 200
@@ -57,6 +58,10 @@ class StoreError(ValueError):
 
 class NotFound(StoreError, LookupError):
     """An id that is not in the store."""
+
+
+class NotEntitled(StoreError, PermissionError):
+    """A rating of a group by a session that did not generate it (add_ratings' session_id)."""
 
 
 def default_url() -> str:
@@ -179,6 +184,9 @@ class RatingRow(Base):
     value: Mapped[float]
     comment: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(16), server_default="stars")   # returns.RATING_KINDS
+    detail: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))   # the form's answer (rank, pick)
+    session_id: Mapped[str | None] = mapped_column(String(200))            # the session that sent it
 
 
 class AdapterVersionRow(Base):
@@ -316,7 +324,15 @@ def _migration_2(conn: sa.Connection) -> None:
     # other databases: the ORM guard (_ratings_append_only) and the API are the enforcement
 
 
-MIGRATIONS = [_migration_1, _migration_2]
+def _migration_3(conn: sa.Connection) -> None:
+    """Feedback forms and who sent a rating: ratings.kind ("stars" for every older row),
+    ratings.detail (the form's own answer, e.g. {"rank": 2, "of": 4}), ratings.session_id."""
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN kind VARCHAR(16) NOT NULL DEFAULT 'stars'"))
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN detail JSON"))
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN session_id VARCHAR(200)"))
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3]
 """MIGRATIONS[i] takes the schema from version i to i + 1."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -350,6 +366,9 @@ class RatingRecord:
     value: float
     comment: str
     created_at: datetime
+    kind: str = "stars"               # feedback form (collab_app.online.returns.RATING_KINDS)
+    detail: dict | None = None        # the form's own answer: {"rank": r, "of": G}, {"best": bool, "of": G}
+    session_id: str | None = None     # the session that sent it (None: trusted caller / older rows)
 
 
 @dataclass(frozen=True)
@@ -418,7 +437,8 @@ class AdapterVersionRecord:
 
 
 def _rating(r: RatingRow) -> RatingRecord:
-    return RatingRecord(r.id, r.joint_sample_id, r.rater, r.value, r.comment, r.created_at)
+    return RatingRecord(r.id, r.joint_sample_id, r.rater, r.value, r.comment, r.created_at, r.kind,
+                        None if r.detail is None else dict(r.detail), r.session_id)
 
 
 def _sample(s: SampleRow) -> Sample:
@@ -616,10 +636,22 @@ class Store:
 
     # -- ratings (append-only) -------------------------------------------------------------
 
-    def add_rating(self, joint_sample_id: int, rater: str, value: float, comment: str = "") -> int:
+    def add_rating(self, joint_sample_id: int, rater: str, value: float, comment: str = "", *,
+                   kind: str = "stars", detail: dict | None = None, session_id: str | None = None) -> int:
         """Append one rating (1..5) of a joint sample by `rater`; returns its id after commit.
-        Re-rating adds a row (the latest per rater counts). Bad input -> StoreError, nothing stored."""
-        v = check_rating_value(value)
+        Re-rating adds a row (the latest per rater counts). See `add_ratings` for kind, detail,
+        session_id. Bad input -> StoreError, nothing stored."""
+        return self.add_ratings([(joint_sample_id, value)], rater, comment, kind=kind,
+                                details=None if detail is None else [detail], session_id=session_id)[0]
+
+    def add_ratings(self, items: Sequence[tuple[int, float]], rater: str, comment: str = "", *,
+                    kind: str = "stars", details: Sequence[dict | None] | None = None,
+                    session_id: str | None = None) -> list[int]:
+        """Append several ratings by one rater in one transaction (all or nothing): `items` are
+        (joint_sample_id, value 1..5); `kind` the feedback form (returns.RATING_KINDS), `details`
+        one JSON dict per item with the form's own answer. With `session_id` given, every joint
+        sample must belong to a group that session generated (else NotEntitled) and the id is
+        kept on the rows; None = no check (admins, scripts on the store). Returns the ids."""
         if not isinstance(rater, str) or not rater.strip():
             raise StoreError("rater must be a non-empty name (or a session id)")
         if len(rater) > MAX_RATER_CHARS:
@@ -628,21 +660,45 @@ class Store:
             raise StoreError(f"comment must be text, got {type(comment).__name__}")
         if len(comment) > MAX_COMMENT_CHARS:
             raise StoreError(f"comment is {len(comment):,} characters; the limit is {MAX_COMMENT_CHARS:,}")
-        if isinstance(joint_sample_id, bool) or not isinstance(joint_sample_id, numbers.Integral):
-            raise StoreError(f"joint_sample_id must be an integer id, got {joint_sample_id!r:.40}")
-        joint_sample_id = int(joint_sample_id)
+        if kind not in RATING_KINDS:
+            raise StoreError(f"rating kind must be one of {RATING_KINDS}, got {kind!r:.40}")
+        if session_id is not None and (not isinstance(session_id, str) or len(session_id) > 200):
+            raise StoreError("session_id must be text of at most 200 characters")
+        if not items:
+            raise StoreError("no ratings given")
+        if details is not None and len(details) != len(items):
+            raise StoreError(f"details needs one entry per rating ({len(items)}), got {len(details)}")
+        checked = []
+        for jid, value in items:
+            v = check_rating_value(value)
+            if isinstance(jid, bool) or not isinstance(jid, numbers.Integral):
+                raise StoreError(f"joint_sample_id must be an integer id, got {jid!r:.40}")
+            checked.append((int(jid), v))
+        ids = [jid for jid, _ in checked]
+        if len(set(ids)) != len(ids):
+            raise StoreError("the same joint sample appears twice in one submission")
         with self._write() as s:
-            joint = s.get(JointRow, joint_sample_id)
-            if joint is None:
-                raise NotFound(f"no joint sample with id {joint_sample_id}: rate a candidate that was stored")
-            row = RatingRow(joint_sample_id=joint_sample_id, rater=rater.strip(), value=v, comment=comment,
-                            created_at=utcnow())
-            s.add(row)
+            rows, groups = [], {}
+            for k, (jid, v) in enumerate(checked):
+                joint = s.get(JointRow, jid)
+                if joint is None:
+                    raise NotFound(f"no joint sample with id {jid}: rate a candidate that was stored")
+                grp = groups.get(joint.group_id) or s.get(GroupRow, joint.group_id)
+                groups[grp.id] = grp
+                if session_id is not None and grp.session_id != session_id:
+                    raise NotEntitled(f"joint sample {jid} belongs to group #{grp.id}, which another "
+                                      "session generated: only that session (or an admin) may rate it")
+                detail = None if details is None else details[k]
+                rows.append(RatingRow(joint_sample_id=jid, rater=rater.strip(), value=v, comment=comment,
+                                      created_at=utcnow(), kind=kind,
+                                      detail=None if detail is None else jsonable(dict(detail)),
+                                      session_id=session_id))
+            s.add_all(rows)
             s.flush()
-            grp = s.get(GroupRow, joint.group_id)
-            if grp.status == "open":
-                self._maybe_ready(s, grp)
-            return row.id
+            for grp in groups.values():
+                if grp.status == "open":
+                    self._maybe_ready(s, grp)
+            return [r.id for r in rows]
 
     @staticmethod
     def _maybe_ready(s: Session, grp: GroupRow) -> None:
@@ -654,10 +710,12 @@ class Store:
             grp.status = "ready"
 
     def ratings_for(self, joint_sample_id: int | None = None, group_id: int | None = None,
-                    rater: str | None = None) -> list[RatingRecord]:
-        """Every stored rating (oldest first), filtered by joint sample, group and/or rater."""
+                    rater: str | None = None, kind: str | None = None) -> list[RatingRecord]:
+        """Every stored rating (oldest first), filtered by joint sample, group, rater and/or kind."""
         with self._read() as s:
             q = select(RatingRow).order_by(RatingRow.id)
+            if kind is not None:
+                q = q.where(RatingRow.kind == kind)
             if joint_sample_id is not None:
                 q = q.where(RatingRow.joint_sample_id == joint_sample_id)
             if group_id is not None:
