@@ -1,7 +1,7 @@
 """`collab serve`: engine + Gradio app + trainer service + adapter hot-swap, in one command.
 
     collab serve [--host 127.0.0.1 --port 7860 --engine auto --model ... --trainer child|external|off
-                  --db URL --share]
+                  --db URL --share --engine-cores 0]
 
 What runs where:
 - this process: the engine (vLLM or transformers), the store, the Gradio app (collab_app/web/ui.py)
@@ -14,6 +14,8 @@ What runs where:
   GPU, PostgreSQL store, shared adapters dir); `off`: collect data only.
   The child samples nothing unless `--self-play`; its self-play engine is transformers, because
   the serving engine already holds this machine's cores and a second vLLM would double the memory.
+- on CPU, with a child trainer, the cores are split between this process and the child
+  (`--engine-cores`, collab_app/online/cpushare.py): they never spin on the same cores.
 
 vLLM starts its engine core with multiprocessing `spawn`, which re-imports the main module: the
 console script `collab` and `python -m collab_app.web.serve` both call `cli_main` only under
@@ -69,6 +71,8 @@ class ServeConfig:
     """sampling temperature of the team's answers (> 0: siblings must differ)."""
     swap_interval_s: float = 2.0
     """how often the hot-swap watcher looks for new adapter versions."""
+    engine_cores: int = 0
+    """CPU cores for serving; the trainer child gets the others (0 = auto: half; -1 = share all, as before; no effect on GPU)."""
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -77,13 +81,20 @@ class ServeConfig:
             raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
+        if self.engine_cores < -1:
+            raise ValueError(f"engine_cores must be -1 (no split), 0 (auto) or a core count, got {self.engine_cores}")
 
 
 class ChildTrainer:
     """`collab trainer` as a child process, restarted if it dies, stopped on exit."""
 
-    def __init__(self, argv: list[str], max_restarts: int = 5):
+    def __init__(self, argv: list[str], max_restarts: int = 5, cores: tuple[int, ...] | None = None):
+        """`cores`: run it on these cores only (collab_app/online/cpushare.py); None = any."""
         self.cmd = [sys.executable, "-m", "collab_app.cli", "trainer", *argv, "--parent-pid", str(os.getpid())]
+        if cores:
+            from collab_app.online.cpushare import pinned_command
+
+            self.cmd = pinned_command(cores, self.cmd)
         self.max_restarts = max_restarts
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -148,7 +159,16 @@ def serve(cfg: ServeConfig) -> None:
     model_path = ensure_model(cfg.model or None)   # once, before the child would race for it
     child = None
     if cfg.trainer == "child":
-        child = ChildTrainer(trainer_argv(cfg, db, adapters_dir, model_path)).start()
+        # Cores are given out, never shared: OpenMP barriers of two torch processes on the same
+        # cores spin against each other (a 16 s step took 9+ min beside rounds). cpushare's doc.
+        from collab_app.online.cpushare import apply_to_serving, plan
+
+        split = plan(cfg.engine_cores)
+        if split is not None:
+            apply_to_serving(split)   # before the engine or any thread starts: they inherit it
+            log.info("CPU split: %s", split.describe())
+        child = ChildTrainer(trainer_argv(cfg, db, adapters_dir, model_path),
+                             cores=split.trainer if split else None).start()
     elif cfg.trainer == "external":
         log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store", db, adapters_dir)
     watcher = None

