@@ -10,6 +10,7 @@ from collab_app.web.context import AppContext, is_public, storage_warning
 from collab_app.engines.engine_types import Sampling
 
 MAX_NEW = 24
+A, B = H.Caller("session-A"), H.Caller("session-B")
 TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Residents said the lanes "
         "made the streets safer, but shop owners worried about parking. The council agreed to test "
         "the lanes for six months and then decide. A survey of riders will be published in June.")
@@ -74,11 +75,10 @@ def test_storage_warning_on_space(monkeypatch, tmp_path):
     assert "ephemeral" in storage_warning(str(tmp_path))       # a Space, home not on /data
 
 
-def test_rater_id():
-    assert H.rater_id("  ana ", "abcdef0123456789") == "ana"
-    assert H.rater_id("", "abcdef0123456789") == "session:abcdef012345"
-    with pytest.raises(H.UserError):
-        H.rater_id("x" * 100, None)
+def test_rater_id_is_the_servers():
+    assert H.Caller("abcdef0123456789").rater == "session:abcdef0123456789"
+    assert H.Caller("abcdef0123456789", username="ana").rater == "hf:ana"   # a Space login wins
+    assert H.Caller(None).rater is None and H.Caller(None).key == "anonymous"
 
 
 # --------------------------------------------------------------------------- real engine + store
@@ -125,7 +125,7 @@ def ctx(engine, tmp_path_factory):
 def first_round(ctx):
     """One HumanEval round in session A, with its progress events."""
     ep = H.start_coding(ctx, H.SOURCES[0], "eval", ctx.tasks["humaneval"].examples("eval")[0]["id"], "", "", "")
-    events = list(H.generate(ctx, ep, "session-A"))
+    events = list(H.generate(ctx, ep, A))
     return events
 
 
@@ -133,6 +133,9 @@ def test_generate_humaneval(ctx, first_round):
     kinds = [e["kind"] for e in first_round]
     assert kinds[-1] == "done" and kinds.count("done") == 1 and "progress" in kinds
     assert any("running tests" in e.get("message", "") for e in first_round)
+    progress = [e for e in first_round if e["kind"] == "progress"]
+    assert all(len(e["candidates"]) == 2 for e in progress)
+    assert progress[-1]["candidates"][0]["parts"][0]["text"]      # texts reach the events
     ep = first_round[-1]["episode"]
     task = ctx.tasks["humaneval"]
     assert len(ep["candidates"]) == 2 and ep["turn"] == 1
@@ -151,23 +154,25 @@ def test_generate_humaneval(ctx, first_round):
 def test_rating_flow(ctx, first_round):
     ep = first_round[-1]["episode"]
     before = ctx.store.stats()["ratings"]
-    msg = H.rate_candidates(ctx, ep, ["5", None], "ana", "nice helper")
-    assert msg.startswith("rating saved: #") and "candidate 1: 5/5" in msg
+    msg = H.rate_candidates(ctx, ep, ["5", None], A, "nice helper")
+    assert msg.startswith("rating saved: #") and "candidate 1: 5/5" in msg and "as session:session-A" in msg
     assert ctx.store.stats()["ratings"] == before + 1
-    # re-rating adds a row (append-only); a second rater too
-    H.rate_candidates(ctx, ep, ["2", "4"], "ana")
-    H.rate_candidates(ctx, ep, [None, "3"], "bo")
+    # re-rating adds a row (append-only); the same person logged in on a Space is another rater id
+    H.rate_candidates(ctx, ep, ["2", "4"], A)
+    H.rate_candidates(ctx, ep, [None, "3"], H.Caller("session-A", username="bo"))
     jid0, jid1 = (c["joint_sample_id"] for c in ep["candidates"])
     assert [r.value for r in ctx.store.ratings_for(jid0)] == [5, 2]
-    assert [(r.rater, r.value) for r in ctx.store.ratings_for(jid1)] == [("ana", 4), ("bo", 3)]
+    assert [(r.rater, r.value) for r in ctx.store.ratings_for(jid1)] == [("session:session-A", 4), ("hf:bo", 3)]
     n = ctx.store.stats()["ratings"]
     for values, fragment in ((["9", None], "1 to 5"), ([None, None], "at least one"), (["3", "0"], "1 to 5")):
         with pytest.raises(H.UserError, match=fragment):
-            H.rate_candidates(ctx, ep, values, "ana")
+            H.rate_candidates(ctx, ep, values, A)
+    with pytest.raises(H.UserError, match="another session"):
+        H.rate_candidates(ctx, ep, ["3", "3"], B)
     with pytest.raises(H.UserError, match="no joint sample"):
-        H.rate(ctx, 10**9, 3, "ana")
+        H.rate(ctx, 10**9, 3, A)
     with pytest.raises(H.UserError, match="generate first"):
-        H.rate_candidates(ctx, H.new_episode(), ["3"], "ana")
+        H.rate_candidates(ctx, H.new_episode(), ["3"], A)
     assert ctx.store.stats()["ratings"] == n     # nothing stored by the bad ones (not even "3")
 
 
@@ -177,7 +182,7 @@ def test_another_round_feeds_feedback(ctx, first_round):
     nxt = H.another_round(ctx, ep, 1)
     outs = ep["candidates"][1]["outputs"]
     assert nxt["history"] == [[outs, task.feedback(ep["example"], outs)]] and nxt["candidates"] == []
-    done = H.run_generate(ctx, nxt, "session-A")
+    done = H.run_generate(ctx, nxt, A)
     ep2 = done["episode"]
     assert ep2["turn"] == 2 and len(ep2["history"]) == 1
     grp = ctx.store.group(ep2["group_id"])
@@ -193,7 +198,7 @@ def test_custom_coding_problem(ctx):
     ep = H.start_coding(ctx, H.SOURCES[1], "eval", "", 'def add(a, b):\n    """Sum."""\n',
                         "assert add(1, 2) == 3\nassert add(0, 0) == 0\n", "")
     assert ep["task"] == "custom-coding" and ep["example"]["entry_point"] == "add"
-    done = H.run_generate(ctx, ep, "session-B")
+    done = H.run_generate(ctx, ep, B)
     grp = ctx.store.group(done["episode"]["group_id"])
     assert grp.task == "custom-coding" and grp.session_id == "session-B"
 
@@ -216,7 +221,7 @@ def test_writing_round(ctx):
     with pytest.raises(H.UserError, match="unknown writing task"):
         H.start_writing(ctx, "humaneval", TEXT)
     ep = H.start_writing(ctx, "tldr", TEXT)
-    ep = H.run_generate(ctx, ep, "session-A")["episode"]
+    ep = H.run_generate(ctx, ep, A)["episode"]
     task = ctx.tasks["tldr"]
     assert [p["role"] for p in ep["candidates"][0]["parts"]] == list(task.roles)
     assert set(ep["candidates"][0]["reward"]["levels"]) == set(task.level_names)
@@ -250,7 +255,7 @@ def test_team_settings_need_admin(ctx):
     try:
         assert "G = 3" in H.set_generation_settings(ctx, "tok", 3, 0.7, 0.95, MAX_NEW)
         ep = H.start_writing(ctx, "tldr", TEXT)
-        assert len(H.run_generate(ctx, ep, "session-C")["episode"]["candidates"]) == 3
+        assert len(H.run_generate(ctx, ep, H.Caller("session-C"))["episode"]["candidates"]) == 3
     finally:
         H.set_generation_settings(ctx, "tok", 2, 0.8, 1.0, MAX_NEW)
         H.set_role_prompt(ctx, "tok", "helper", "")
@@ -267,7 +272,7 @@ def test_pin_and_roll_back_adapters(engine, tmp_path, lora_adapter):
     rows = H.adapter_table(ctx, "helper")
     assert [r[0] for r in rows] == [2, 1] and rows[1][3] == "yes" and rows[1][4] == "yes"
     ep = H.start_coding(ctx, H.SOURCES[0], "eval", ctx.tasks["humaneval"].examples("eval")[0]["id"], "", "", "")
-    cands = H.run_generate(ctx, ep, "s")["episode"]["candidates"]
+    cands = H.run_generate(ctx, ep, H.Caller("s"))["episode"]["candidates"]
     assert all(c["parts"][0]["adapter_version"] == 1 and c["parts"][1]["adapter_version"] is None for c in cands)
     assert "adapter v1" in H.render_candidate(cands[0], 0, coding=True)
     with pytest.raises(H.UserError, match="no older version"):
@@ -310,7 +315,7 @@ def test_training_tab(engine, tmp_path):
 
 
 def test_data_tab_and_export(ctx, first_round):
-    H.rate_candidates(ctx, first_round[-1]["episode"], ["4", "2"], "cy")
+    H.rate_candidates(ctx, first_round[-1]["episode"], ["4", "2"], A)
     stats = H.stats_dict(ctx)
     assert stats["ratings"] >= 2 and stats["joint_samples"] >= 2
     assert f"**ratings** {stats['ratings']} by {stats['raters']} raters" in H.data_stats(ctx)

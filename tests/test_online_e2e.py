@@ -70,10 +70,10 @@ def test_online_loop_end_to_end(tmp_path, model_path, capsys):
     # a person rates both candidates of each group (human_first: ratings are the returns)
     group_ids = []
     for text in TEXTS[:K]:
-        ep = H.run_generate(ctx, H.start_writing(ctx, "tldr", text), session_id="e2e")["episode"]
+        ep = H.run_generate(ctx, H.start_writing(ctx, "tldr", text), H.Caller("e2e"))["episode"]
         group_ids.append(ep["group_id"])
         assert all(c["reward"]["max_total"] == task.max_reward for c in ep["candidates"])
-        H.rate_candidates(ctx, ep, [5, 1], rater="tester", comment="first is better")
+        H.rate_candidates(ctx, ep, [5, 1], H.Caller("e2e"), comment="first is better")
     t_ready = time.time()                             # the K-th group just became ready
 
     deadline = time.time() + 240
@@ -98,7 +98,7 @@ def test_online_loop_end_to_end(tmp_path, model_path, capsys):
     assert [s.adapter_version for s in after] == [1, 1]
     assert [s.token_ids for s in after] != [s.token_ids for s in base_out], \
         "greedy output did not move after a large-learning-rate step"
-    ep = H.run_generate(ctx, H.start_writing(ctx, "tldr", TEXTS[2]), session_id="e2e")["episode"]
+    ep = H.run_generate(ctx, H.start_writing(ctx, "tldr", TEXTS[2]), H.Caller("e2e"))["episode"]
     grp = store.group(ep["group_id"])
     assert {s.adapter_version for row in grp.samples for s in row} == {1}
     assert {p["adapter_version"] for c in ep["candidates"] for p in c["parts"]} == {1}

@@ -1,6 +1,7 @@
 """End to end through Gradio's own client: a launched app on 127.0.0.1 (random port), real engine
-(transformers, embedded model), real SQLite store. Generate, rate, see the rating counted; bad
-input gets a clear error and the app stays up."""
+(transformers, embedded model), real SQLite store. Generate, rate (stars, rank, pick the best),
+see the ratings counted; another client (another session) is refused; bad input gets a clear
+error and the app stays up."""
 from __future__ import annotations
 
 import os
@@ -18,10 +19,12 @@ def free_port() -> int:
 
 
 def start_app(home, num_generations: int = 2, max_new_tokens: int = 24, admin_token: str | None = None,
-              torch_threads: int | None = 1):
+              torch_threads: int | None = 1, wrap_engine=None, **ctx_fields):
     """Build the real context (engine, store under `home`) and launch the app in this process.
     Returns (demo, url, ctx); `demo.close()` stops it. One torch thread by default: the server,
-    the test client (and a browser) share the 2 cores; see tests/test_handlers.py::engine."""
+    the test client (and a browser) share the 2 cores; see tests/test_handlers.py::engine.
+    `wrap_engine(engine)` replaces the engine the app generates with (tests/test_browser.py holds
+    a stream there); `ctx_fields` set AppContext fields (limits)."""
     from collab_app.web.context import build_context
     from collab_app.web.ui import launch
 
@@ -32,6 +35,10 @@ def start_app(home, num_generations: int = 2, max_new_tokens: int = 24, admin_to
                         task_names=("humaneval", "tldr"), num_generations=num_generations,
                         max_new_tokens=max_new_tokens, home=str(home))
     ctx.admin_token = admin_token
+    for k, v in ctx_fields.items():
+        setattr(ctx, k, v)
+    if wrap_engine is not None:
+        ctx.engine = wrap_engine(ctx.engine)
     demo = launch(ctx, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     return demo, demo.local_url, ctx
 
@@ -57,7 +64,8 @@ def client(app):
 
 def test_endpoints_are_named(client):
     named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert {"/generate", "/rate", "/stats"} <= set(named)
+    assert {"/generate", "/rate", "/rank", "/pick_best", "/stats"} <= set(named)
+    assert "rater" not in {p["parameter_name"] for p in named["/rate"]["parameters"]}   # no typed rater id
 
 
 def test_generate_rate_and_count(app, client):
@@ -75,14 +83,37 @@ def test_generate_rate_and_count(app, client):
     assert grp.example_id == pid and grp.session_id    # the client's session hash is recorded
 
     before = client.predict(api_name="/stats")["ratings"]
-    msg = client.predict(joint_sample_id=cand["joint_sample_id"], rating=4, rater="api-test",
-                         comment="ok", api_name="/rate")
+    msg = client.predict(joint_sample_id=cand["joint_sample_id"], rating=4, comment="ok", api_name="/rate")
     assert msg.startswith("rating saved: #")
     rid = int(msg.split("#")[1])
     assert client.predict(api_name="/stats")["ratings"] == before + 1
     stored = ctx.store.ratings_for(cand["joint_sample_id"])
-    assert [(r.id, r.rater, r.value, r.comment) for r in stored] == [(rid, "api-test", 4, "ok")]
+    assert [(r.id, r.rater, r.value, r.comment) for r in stored] == [(rid, f"session:{grp.session_id}", 4, "ok")]
     assert f"**ratings** {before + 1} " in H.data_stats(ctx)   # what the Data tab shows
+
+    # the other forms, from the same client (session); then a second client is refused
+    msg = client.predict(group_id=out["group_id"], ranks=[2, 1], api_name="/rank")
+    assert "best first: candidate 2 > candidate 1" in msg
+    assert "candidate 1 is the best of 2" in client.predict(group_id=out["group_id"], best=1, api_name="/pick_best")
+    kinds = [(r.kind, r.value) for r in ctx.store.ratings_for(group_id=out["group_id"])]
+    assert kinds == [("stars", 4), ("rank", 1), ("rank", 5), ("pick_best", 5), ("pick_best", 1)]
+
+
+def test_other_session_cannot_rate(app, client):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    url, ctx = app
+    out = client.predict(task="humaneval", problem=ctx.tasks["humaneval"].examples("eval")[1]["id"],
+                         api_name="/generate")
+    other = Client(url, verbose=False, analytics_enabled=False, download_files=False)
+    n = ctx.store.stats()["ratings"]
+    for kwargs, api in ((dict(joint_sample_id=out["candidates"][0]["joint_sample_id"], rating=5), "/rate"),
+                        (dict(group_id=out["group_id"], ranks=[1, 2]), "/rank"),
+                        (dict(group_id=out["group_id"], best=2), "/pick_best")):
+        with pytest.raises(AppError, match="another session"):
+            other.predict(**kwargs, api_name=api)
+    assert ctx.store.stats()["ratings"] == n
 
 
 def test_writing_over_api(client):
@@ -116,7 +147,7 @@ def test_bad_generate_input(app, client, kwargs, fragment):
     (dict(joint_sample_id=1, rating=0), "1 to 5"),
     (dict(joint_sample_id=10**9, rating=3), "no joint sample"),
     (dict(joint_sample_id=1, rating=3, comment="c" * 5000), "limit"),
-    (dict(joint_sample_id=1, rating=3, rater="bad\x00name"), "NUL"),
+    (dict(joint_sample_id=1, rating=3, comment="bad\x00comment"), "NUL"),
 ])
 def test_bad_rating(app, client, kwargs, fragment):
     from gradio_client.exceptions import AppError
@@ -124,6 +155,27 @@ def test_bad_rating(app, client, kwargs, fragment):
     n = app[1].store.stats()["ratings"]
     with pytest.raises(AppError, match=fragment):
         client.predict(**kwargs, api_name="/rate")
+    assert app[1].store.stats()["ratings"] == n
+
+
+@pytest.fixture(scope="module")
+def own_group(client) -> int:
+    """A group this test client generated (so only the ranking itself can be wrong)."""
+    return client.predict(task="tldr", text="A short note about bicycles, parking and a council vote.",
+                          api_name="/generate")["group_id"]
+
+
+@pytest.mark.parametrize("ranks, fragment", [
+    ([1, 1], "several candidates"), ([1], "each of the 2"), ([1, 3], "ranks go from 1"), ([0, 1], "ranks go from 1"),
+])
+def test_bad_ranking(app, client, own_group, ranks, fragment):
+    from gradio_client.exceptions import AppError
+
+    n = app[1].store.stats()["ratings"]
+    with pytest.raises(AppError, match=fragment):
+        client.predict(group_id=own_group, ranks=ranks, api_name="/rank")
+    with pytest.raises(AppError, match="no group"):
+        client.predict(group_id=10**9, ranks=[1, 2], api_name="/rank")
     assert app[1].store.stats()["ratings"] == n
 
 

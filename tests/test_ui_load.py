@@ -48,7 +48,7 @@ def run_load(url: str, problems: list[str], users: int, rounds: int) -> dict:
                 ids = []
                 for i, cand in enumerate(out["candidates"]):
                     msg = client.predict(joint_sample_id=cand["joint_sample_id"], rating=1 + (u + i) % 5,
-                                         rater=f"user{u}", api_name="/rate")
+                                         api_name="/rate")   # the rater is this client's session
                     ids.append(int(msg.split("#")[1]))
                 t2 = time.monotonic()
                 with lock:
@@ -82,6 +82,7 @@ def run(users: int = 8, rounds: int = 2, max_new_tokens: int = 24, home: str | N
         res["lost_ratings"] = sorted(set(res["acked_ratings"]) - {r.id for r in stored})
         res["groups"] = sum(ctx.store.stats()["groups"].values())
         res["batches"] = list(ctx.batcher().batches)
+        res["raters"] = len({r.rater for r in stored})
         return res
     finally:
         demo.close()
@@ -101,6 +102,7 @@ def test_eight_users_generate_and_rate(tmp_path):
     assert res["errors"] == []
     assert res["generations"] == 16 and res["groups"] == 16
     assert res["stored_ratings"] == len(res["acked_ratings"]) == 32 and res["lost_ratings"] == []
+    assert res["raters"] == 8               # one rater id per client session, none typed
     assert max(res["batches"]) > 1          # concurrent presses did share engine calls
 
 

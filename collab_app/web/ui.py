@@ -4,10 +4,17 @@ Tabs: Co-code, Co-write (generate G >= 2 joint answers, see who wrote what, rate
 round with the task's feedback), Team, Training, Data. All logic is in handlers.py; this file
 only maps components to handler arguments and results to component updates.
 
-API endpoints (gradio_client): `/generate`, `/rate`, `/stats` (see `_api`). The UI's own events
-are private to the browser (`api_visibility="private"`) because they carry UI-shaped outputs.
+API endpoints (gradio_client): `/generate`, `/rate`, `/rank`, `/pick_best`, `/stats` (see `_api`).
+The UI's own events are private to the browser (`api_visibility="private"`) because they carry
+UI-shaped outputs. `/generate` returns the final round (its streaming is the page's); a client
+rates with the same `Client` (same session) that generated, or with the admin token.
+
+Who rates is never typed: the rater id is the Gradio session (or the Hugging Face login on a
+Space with OAuth: a "Sign in" button appears there); the old "your name" box is gone.
 """
 from __future__ import annotations
+
+import os
 
 import gradio as gr
 
@@ -18,8 +25,10 @@ PRIVATE = {"api_visibility": "private"}
 RATING_CHOICES = ["1", "2", "3", "4", "5"]
 INTRO = """# collab — a team of small LLM agents that learns from you
 Pick a task, press **Generate**: the team writes **{G}** joint answers side by side (each agent
-writes its part, with its own LoRA adapter). Rate each candidate **1-5** (5 = best) and press
-**Submit**; ratings and the automatic checks become rewards for the next MAGRPO training step."""
+writes its part, with its own LoRA adapter; you see them as they are written). Rate each
+candidate **1-5** (5 = best), or **pick the best**, or **rank** them all; ratings and the
+automatic checks become rewards for the next MAGRPO training step. You can rate only the
+candidates your own session generated."""
 
 
 def _err(fn):
@@ -46,23 +55,36 @@ def _err(fn):
 
 
 class _Panel:
-    """The candidates area of a tab: status line, G side-by-side cards with a 1-5 rating each,
-    comment, Submit, and "another round"."""
+    """The candidates area of a tab: status line, G side-by-side cards (text streams in; a 1-5
+    rating appears once a candidate is checked), comment + Submit, "pick the best", "rank",
+    and "another round"."""
 
     def __init__(self, ctx: AppContext, name: str):
         self.ctx, self.coding = ctx, name == "code"
+        G = ctx.max_generations
         self.status = gr.Markdown("", elem_id=f"{name}-status")
         self.columns, self.cards, self.ratings = [], [], []
         with gr.Row(equal_height=False):
-            for i in range(ctx.max_generations):
+            for i in range(G):
                 with gr.Column(visible=False, min_width=280) as col:
                     self.cards.append(gr.Markdown(elem_id=f"{name}-cand-{i}"))
                     self.ratings.append(gr.Radio(RATING_CHOICES, label=f"your rating of candidate {i + 1}",
-                                                 elem_id=f"{name}-rate-{i}"))
+                                                 visible=False, elem_id=f"{name}-rate-{i}"))
                 self.columns.append(col)
         with gr.Row(visible=False) as self.rate_row:
-            self.comment = gr.Textbox(label="comment (optional)", scale=3, max_lines=3)
+            self.comment = gr.Textbox(label="comment (optional, kept with any feedback below)", scale=3,
+                                      max_lines=3)
             self.submit = gr.Button("Submit ratings", variant="primary", scale=1, elem_id=f"{name}-submit")
+        with gr.Row(visible=False, equal_height=False) as self.forms_row:
+            with gr.Column(scale=1, min_width=240):
+                self.best = gr.Radio([], label="or: pick the best candidate", elem_id=f"{name}-best")
+                self.best_btn = gr.Button("Submit pick", elem_id=f"{name}-pick")
+            with gr.Column(scale=2, min_width=320):
+                with gr.Row():
+                    self.ranks = [gr.Dropdown([], value=None, label=f"rank of candidate {i + 1} (1 = best)",
+                                              visible=False, min_width=120, elem_id=f"{name}-rank-{i}")
+                                  for i in range(G)]
+                self.rank_btn = gr.Button("Submit ranking", elem_id=f"{name}-rank")
         self.rate_msg = gr.Markdown(elem_id=f"{name}-rate-msg")
         with gr.Row(visible=False) as self.round_row:
             self.continue_from = gr.Dropdown(label="continue from candidate (default: best automatic score)",
@@ -70,38 +92,59 @@ class _Panel:
             self.again = gr.Button("Another round (with the checks' feedback)", scale=1, elem_id=f"{name}-again")
 
     def outputs(self):
-        return [self.status, *self.columns, *self.cards, *self.ratings, self.rate_row, self.rate_msg,
-                self.round_row, self.continue_from]
+        return [self.status, *self.columns, *self.cards, *self.ratings, self.rate_row, self.forms_row,
+                self.best, *self.ranks, self.rate_msg, self.round_row, self.continue_from]
 
-    def show(self, ep: dict, message: str) -> dict:
-        cands = ep["candidates"]
+    def done(self, ep: dict, message: str) -> dict:
+        """The stored round: every form of feedback opens."""
+        K = len(ep["candidates"])
         upd = {self.status: message, self.rate_msg: "", self.rate_row: gr.update(visible=True),
-               self.round_row: gr.update(visible=True),
-               self.continue_from: gr.update(choices=[(f"candidate {i + 1}", i) for i in range(len(cands))],
-                                             value=None)}
+               self.forms_row: gr.update(visible=True), self.round_row: gr.update(visible=True),
+               self.best: gr.update(choices=[(f"candidate {i + 1}", i + 1) for i in range(K)], value=None),
+               self.continue_from: gr.update(choices=[(f"candidate {i + 1}", i) for i in range(K)], value=None)}
         for i in range(self.ctx.max_generations):
-            on = i < len(cands)
-            upd[self.columns[i]] = gr.update(visible=on)
-            upd[self.cards[i]] = H.render_candidate(cands[i], i, self.coding) if on else ""
-            upd[self.ratings[i]] = gr.update(value=None)
+            upd[self.ranks[i]] = gr.update(visible=i < K, choices=list(range(1, K + 1)), value=None)
+            upd[self.ratings[i]] = gr.update(visible=i < K)
         return upd
 
     def hide(self, message: str) -> dict:
         upd = {self.status: message, self.rate_row: gr.update(visible=False),
-               self.round_row: gr.update(visible=False), self.rate_msg: ""}
+               self.forms_row: gr.update(visible=False), self.round_row: gr.update(visible=False),
+               self.rate_msg: ""}
         upd.update({c: gr.update(visible=False) for c in self.columns})
+        upd.update({c: "" for c in self.cards})
+        upd.update({r: gr.update(visible=False, value=None) for r in self.ratings})
         return upd
 
     def stream(self, ep: dict, state, request: gr.Request | None):
-        """Run the handler's generator, turning its progress events into status updates."""
+        """Run the handler's generator: the cards follow the candidates as they are written and
+        checked (only what changed is sent), a candidate's rating appears once it is checked
+        (the person may pick stars while the others are still written; Submit opens when the
+        group is stored), and the stored round opens every form."""
         yield self.hide("*starting ...*")
-        for ev in H.generate(self.ctx, ep, _session(request)):
-            if ev["kind"] == "progress":
-                yield {self.status: f"*{ev['message']}*"}
+        shown: list[str | None] = [None] * self.ctx.max_generations
+        rating_on: set[int] = set()
+        for ev in H.generate(self.ctx, ep, _caller(request)):
+            done = ev["kind"] == "done"
+            cands = ev["episode"]["candidates"] if done else ev["candidates"]
+            upd: dict = {}
+            for i, c in enumerate(cands):
+                if shown[i] is None:
+                    upd[self.columns[i]] = gr.update(visible=True)
+                md = H.render_candidate(c, i, self.coding)
+                if md != shown[i]:
+                    upd[self.cards[i]] = shown[i] = md
+                if c["state"] == "checked" and i not in rating_on:
+                    rating_on.add(i)
+                    upd[self.ratings[i]] = gr.update(visible=True)
+            if done:
+                upd.update(self.done(ev["episode"], f"**{ev['message']}**"))
+                upd[state] = ev["episode"]
             else:
-                yield {**self.show(ev["episode"], f"**{ev['message']}**"), state: ev["episode"]}
+                upd[self.status] = f"*{ev['message']}*"
+            yield upd
 
-    def wire(self, state, rater, start_fn, start_inputs, generate_btn):
+    def wire(self, state, start_fn, start_inputs, generate_btn):
         outs = self.outputs() + [state]
 
         @_err
@@ -117,22 +160,38 @@ class _Panel:
             yield from self.stream(ep, state, request)
 
         @_err
-        def on_submit(request: gr.Request, ep, rater_name, comment, *values):
-            who = H.rater_id(rater_name, _session(request))
-            return H.rate_candidates(self.ctx, ep, list(values), who, comment)
+        def on_submit(request: gr.Request, ep, comment, *values):
+            return H.rate_candidates(self.ctx, ep, list(values), _caller(request), comment)
+
+        @_err
+        def on_pick(request: gr.Request, ep, comment, best):
+            return H.pick_best(self.ctx, (ep or {}).get("group_id"), best, _caller(request), comment)
+
+        @_err
+        def on_rank(request: gr.Request, ep, comment, *ranks):
+            K = len((ep or {}).get("candidates") or [])
+            return H.rank(self.ctx, (ep or {}).get("group_id"), list(ranks[:K]), _caller(request), comment)
 
         gen_kw = dict(concurrency_id="generate", concurrency_limit=self.ctx.generate_concurrency, **PRIVATE)
         generate_btn.click(on_generate, start_inputs + [state], outs, **gen_kw)
         self.again.click(on_again, [state, self.continue_from], outs, **gen_kw)
-        self.submit.click(on_submit, [state, rater, self.comment, *self.ratings], [self.rate_msg],
-                          concurrency_limit=8, **PRIVATE)
+        rate_kw = dict(concurrency_limit=8, **PRIVATE)
+        self.submit.click(on_submit, [state, self.comment, *self.ratings], [self.rate_msg], **rate_kw)
+        self.best_btn.click(on_pick, [state, self.comment, self.best], [self.rate_msg], **rate_kw)
+        self.rank_btn.click(on_rank, [state, self.comment, *self.ranks], [self.rate_msg], **rate_kw)
 
 
 def _session(request) -> str | None:
     return getattr(request, "session_hash", None) if request is not None else None
 
 
-def _code_tab(ctx: AppContext, rater):
+def _caller(request) -> H.Caller:
+    """Who acts, from Gradio's request: its session hash, and the Hugging Face login where the
+    Space has OAuth (gr.Request.username). Nothing a person types."""
+    return H.Caller(_session(request), getattr(request, "username", None) if request is not None else None)
+
+
+def _code_tab(ctx: AppContext):
     humaneval = "humaneval" in ctx.tasks
     state = gr.State(H.new_episode())
     sources = list(H.SOURCES) if humaneval else [H.SOURCES[1]]
@@ -166,10 +225,10 @@ def _code_tab(ctx: AppContext, rater):
 
     def start(src, sp, pid, prompt, tests, ep_name):
         return H.start_coding(ctx, src, sp, pid, prompt, tests, ep_name)
-    panel.wire(state, rater, start, [source, split, problem, own_prompt, own_tests, entry], gen)
+    panel.wire(state, start, [source, split, problem, own_prompt, own_tests, entry], gen)
 
 
-def _write_tab(ctx: AppContext, rater):
+def _write_tab(ctx: AppContext):
     names = H.task_choices(ctx)["writing"]
     state = gr.State(H.new_episode())
     labels = {"tldr": "TL;DR: a short summary + a detailed one", "expansion": "Expansion: background + method"}
@@ -184,7 +243,7 @@ def _write_tab(ctx: AppContext, rater):
                   [text], **PRIVATE)
     gen = gr.Button("Generate", variant="primary", elem_id="write-generate")
     panel = _Panel(ctx, "write")
-    panel.wire(state, rater, lambda t, x: H.start_writing(ctx, t, x), [task, text], gen)
+    panel.wire(state, lambda t, x: H.start_writing(ctx, t, x), [task, text], gen)
 
 
 def _team_tab(ctx: AppContext, token):
@@ -238,7 +297,10 @@ def _training_tab(ctx: AppContext, token):
     with gr.Row():
         pause = gr.Button("Pause training (admin)")
         resume = gr.Button("Resume training (admin)")
-    msg = gr.Markdown()
+    with gr.Row():
+        allow_own = gr.Button("Let people's own coding problems train the team (admin)")
+        deny_own = gr.Button("Keep people's own coding problems out of training (admin)")
+    msg = gr.Markdown(elem_id="train-msg")
     gr.Markdown("#### Return and reward levels per training step")
     levels_plot = gr.Plot(show_label=False)
     gr.Markdown("#### Learning signal: zero-variance groups, human vs automatic reward")
@@ -253,6 +315,9 @@ def _training_tab(ctx: AppContext, token):
                 ).then(refresh, None, outs, **PRIVATE)
     resume.click(_err(lambda t: H.set_training_paused(ctx, t, False)), [token], [msg], **PRIVATE
                  ).then(refresh, None, outs, **PRIVATE)
+    for btn, allowed in ((allow_own, True), (deny_own, False)):
+        btn.click(_err(lambda t, a=allowed: H.set_custom_training(ctx, t, a)), [token], [msg], **PRIVATE
+                  ).then(refresh, None, outs, **PRIVATE)
     return refresh, outs
 
 
@@ -290,18 +355,32 @@ def _api(ctx: AppContext):
             ep = H.start_coding(ctx, src, split, problem, text, tests, entry_point)
         else:
             ep = H.start_writing(ctx, task, text)
-        done = H.run_generate(ctx, ep, _session(request))
+        done = H.run_generate(ctx, ep, _caller(request))
         ep = done["episode"]
         return {"group_id": ep["group_id"], "message": done["message"],
                 "candidates": [{k: c[k] for k in ("joint_sample_id", "parts", "combined", "reward")}
                                for c in ep["candidates"]]}
 
     @_err
-    def rate(joint_sample_id: int, rating: int, rater: str = "", comment: str = "",
+    def rate(joint_sample_id: int, rating: int, comment: str = "", admin_token: str = "",
              request: gr.Request = None) -> str:
-        """Rate one joint answer 1-5 (5 = best). Returns 'rating saved: #id'."""
-        rid = H.rate(ctx, joint_sample_id, rating, H.rater_id(rater, _session(request)), comment)
+        """Rate one joint answer 1-5 (5 = best); only a joint answer this client's session
+        generated (or any, with admin_token). The rater is this session. Returns 'rating saved: #id'."""
+        rid = H.rate(ctx, joint_sample_id, rating, _caller(request), comment, admin_token)
         return f"rating saved: #{rid}"
+
+    @_err
+    def rank(group_id: int, ranks: list[int], comment: str = "", admin_token: str = "",
+             request: gr.Request = None) -> str:
+        """Rank all candidates of a group this session generated: ranks[k] = rank of candidate
+        k + 1 (1 = best), each rank 1..G once. Returns 'ranking saved: ...'."""
+        return H.rank(ctx, group_id, ranks, _caller(request), comment, admin_token)
+
+    @_err
+    def pick_best(group_id: int, best: int, comment: str = "", admin_token: str = "",
+                  request: gr.Request = None) -> str:
+        """Pick the best candidate (1..G) of a group this session generated. Returns 'pick saved: ...'."""
+        return H.pick_best(ctx, group_id, best, _caller(request), comment, admin_token)
 
     def stats() -> dict:
         """Counts of groups, samples, ratings, train steps."""
@@ -309,6 +388,8 @@ def _api(ctx: AppContext):
 
     gr.api(generate, api_name="generate", concurrency_id="generate", concurrency_limit=ctx.generate_concurrency)
     gr.api(rate, api_name="rate", concurrency_limit=8)
+    gr.api(rank, api_name="rank", concurrency_limit=8)
+    gr.api(pick_best, api_name="pick_best", concurrency_limit=8)
     gr.api(stats, api_name="stats", concurrency_limit=8)
 
 
@@ -318,15 +399,15 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         if ctx.storage_warning:
             gr.Markdown("**Warning:** " + ctx.storage_warning, elem_id="storage-warning")
         with gr.Row():
-            rater = gr.Textbox(label="your name (rater id; empty = this browser session)", max_lines=1,
-                               scale=2, elem_id="rater")
+            if os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"):
+                gr.LoginButton()   # a Space with `hf_oauth: true`: ratings then carry the HF login
             token = gr.Textbox(label="admin token (only for admin actions)", type="password", max_lines=1,
                                scale=1, visible=bool(ctx.admin_token) or not ctx.public)
         with gr.Tabs():
             with gr.Tab("Co-code", id="code"):
-                _code_tab(ctx, rater)
+                _code_tab(ctx)
             with gr.Tab("Co-write", id="write"):
-                _write_tab(ctx, rater)
+                _write_tab(ctx)
             with gr.Tab("Team", id="team") as team_tab:
                 team_refresh, team_ins, team_outs = _team_tab(ctx, token)
             with gr.Tab("Training", id="training"):
