@@ -1,10 +1,16 @@
 """A real headless Chromium (Debian's /usr/bin/chromium, never a downloaded browser) drives the
-app: load the page, generate on a HumanEval problem, rate both candidates, submit; then an empty
-writing prompt shows an error and the page keeps working. Saves screenshots and prints where."""
+app: load the page, generate on a HumanEval problem and see the candidates' text in the page
+while they are being written, rate both candidates, submit, pick the best; then an empty writing
+prompt shows an error and the page keeps working. Saves screenshots and prints where.
+
+Seeing text "while it is written" is observed, not timed: the app's real engine is wrapped so
+that its first round stops after the first snapshot that has text (`HeldStream`) until the test
+has found that text in the page; only then may the round end."""
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -19,6 +25,34 @@ pytestmark = [
 ]
 
 
+class HeldStream:
+    """The real engine, except that its first round is held after the first snapshot with text
+    until `go` is set: that snapshot is the engine's own when it streams, else (an engine that
+    yields only its final result) the first half of each final text, marked not done."""
+
+    def __init__(self, engine):
+        self._engine, self.go, self.held, self.holding = engine, threading.Event(), None, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate_stream(self, requests, n, sampling):
+        from collab_app.engines import stream
+        from collab_app.engines.engine_types import Progress
+
+        for p in stream(self._engine, requests, n, sampling):
+            if not self.go.is_set() and any(t.strip() for row in p.texts for t in row):
+                partial = p if not p.finished else Progress(
+                    [[t[:max(1, len(t) // 2)] for t in row] for row in p.texts], [[None] * len(row) for row in p.done])
+                self.held = partial.texts
+                self.holding.set()
+                yield partial
+                self.go.wait(600)   # a failing test sets it too (fixture teardown); never a timing
+                if partial is p:
+                    continue
+            yield p
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     import torch
@@ -26,8 +60,9 @@ def app(tmp_path_factory):
     from test_ui_api import start_app
 
     threads = torch.get_num_threads()
-    demo, url, ctx = start_app(tmp_path_factory.mktemp("browser"))
+    demo, url, ctx = start_app(tmp_path_factory.mktemp("browser"), wrap_engine=HeldStream)
     yield url, ctx
+    ctx.engine.go.set()
     demo.close()
     ctx.engine.close()
     torch.set_num_threads(threads)
@@ -57,9 +92,20 @@ def test_generate_and_rate_in_browser(app, page, tmp_path):
     url, ctx = app
     page.goto(url)
     page.wait_for_selector("#code-generate", timeout=60_000)
-    page.locator("#rater input, #rater textarea").first.fill("browser-test")
+    assert page.locator("#rater").count() == 0                  # no typed rater name any more
     page.click("#code-generate")
     page.wait_for_selector("#code-status:has-text('generating 2 joint answers')", timeout=60_000)  # streamed progress
+    # the round is held mid-stream (HeldStream): the partial text must be in the page now
+    assert ctx.engine.holding.wait(300), "the engine never produced text"
+    held = ctx.engine.held
+    first = next(line.strip() for row in held for t in row for line in t.splitlines() if line.strip())[:12]
+    page.wait_for_function("([sel, want]) => document.querySelector(sel).innerText.includes(want)",
+                           arg=["#code-cand-0, #code-cand-1", first], timeout=60_000)
+    assert "group #" not in page.inner_text("#code-status")     # the round has not ended
+    assert "writing" in page.inner_text("#code-cand-0") + page.inner_text("#code-cand-1")
+    assert not page.locator("#code-submit").is_visible()        # ratings open only once stored
+    shot(page, tmp_path, "collab-cocode-streaming.png")
+    ctx.engine.go.set()
     page.wait_for_selector("#code-status:has-text('group #')", timeout=300_000)
     for i, value in ((0, "4"), (1, "2")):
         assert page.locator(f"#code-cand-{i}").inner_text().startswith(f"Candidate {i + 1}")
@@ -68,10 +114,15 @@ def test_generate_and_rate_in_browser(app, page, tmp_path):
     assert "helper" in card and "main" in card and "Automatic checks" in card
     page.click("#code-submit")
     page.wait_for_selector("#code-rate-msg:has-text('rating saved')", timeout=60_000)
-    assert "by browser-test" in page.inner_text("#code-rate-msg")
-    ratings = ctx.store.ratings_for(rater="browser-test")
-    assert sorted(r.value for r in ratings) == [2, 4]
-    assert ctx.store.recent_groups(1)[0].session_id      # the browser session owns the group
+    session = ctx.store.recent_groups(1)[0].session_id   # the browser session owns the group
+    assert session and f"as session:{session}" in page.inner_text("#code-rate-msg")
+    ratings = ctx.store.ratings_for(rater=f"session:{session}")
+    assert sorted(r.value for r in ratings) == [2, 4] and {r.kind for r in ratings} == {"stars"}
+    page.click("#code-best label:has-text('candidate 2')")
+    page.click("#code-pick")
+    page.wait_for_selector("#code-rate-msg:has-text('candidate 2 is the best of 2')", timeout=60_000)
+    picks = ctx.store.ratings_for(rater=f"session:{session}", kind="pick_best")
+    assert [r.value for r in picks] == [1, 5]
     assert os.path.getsize(shot(page, tmp_path, "collab-cocode.png")) > 10_000
     # multi-turn: another round from the best candidate, with the checks' feedback in the prompts
     page.click("#code-again")
