@@ -1,6 +1,6 @@
 """A real headless Chromium (Debian's /usr/bin/chromium, never a downloaded browser) drives the
 app: load the page, generate on a HumanEval problem and see the candidates' text in the page
-while they are being written, rate both candidates, submit, pick the best; then an empty writing
+while they are being written, rate both candidates, submit, pick the best, rank them; then an empty writing
 prompt shows an error and the page keeps working. Saves screenshots and prints where.
 
 Seeing text "while it is written" is observed, not timed: the app's real engine is wrapped so
@@ -123,6 +123,13 @@ def test_generate_and_rate_in_browser(app, page, tmp_path):
     page.wait_for_selector("#code-rate-msg:has-text('candidate 2 is the best of 2')", timeout=60_000)
     picks = ctx.store.ratings_for(rater=f"session:{session}", kind="pick_best")
     assert [r.value for r in picks] == [1, 5]
+    for i, r in ((0, 2), (1, 1)):   # rank: candidate 2 first
+        page.click(f"#code-rank-{i} input")
+        page.click(f"li.item[aria-label='{r}']")
+    page.click("#code-rank")
+    page.wait_for_selector("#code-rate-msg:has-text('best first: candidate 2 > candidate 1')", timeout=60_000)
+    ranks = ctx.store.ratings_for(rater=f"session:{session}", kind="rank")
+    assert [(r.value, r.detail["rank"]) for r in ranks] == [(1, 2), (5, 1)]
     assert os.path.getsize(shot(page, tmp_path, "collab-cocode.png")) > 10_000
     # multi-turn: another round from the best candidate, with the checks' feedback in the prompts
     page.click("#code-again")
