@@ -1,0 +1,277 @@
+"""`collab bench online`: does the team learn what its raters want? (issue 11 item 5)
+
+Starts a real `collab serve` (subprocess, own COLLAB_HOME / store / adapters under --out-dir),
+then scripted raters, each with a declared preference that the automatic reward does not hold,
+generate rounds and rate every candidate through the public API (gradio_client; one Client per
+rater = one server session, the one that generated the group), for --minutes. Reported (JSON +
+PNG): mean rating per window of rounds per rater, the adapter versions served per round, and the
+time from a group's ratings to the train step that contains it and to the first round served
+from that step's version.
+
+    collab bench online [--minutes 20 --raters short word:summary --num-generations 4 ...]
+
+Preferences (`--raters`, one scripted rater each; none of them is a level of the tldr reward):
+- `short`        fewer words is better: 5 at <= 30 words of combined text, 1 at >= 90, linear between
+- `word:W`       5 if the word W appears in the combined text (case-insensitive), else 1
+- `nodigits`     5 if the combined text has no digit, else 1
+The trainer's return is the rating (`human_first`), so the preference is all it learns from.
+
+Limits: every round is a full generate of the team (G joint answers); the rater rates at once,
+so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
+MAGRPO steps, in the time given. Numbers for this box: see the report (issue 11) / docs/results.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger(__name__)
+
+TEXTS_TASK = "tldr"
+
+
+@dataclass
+class BenchOnlineConfig:
+    minutes: float = 20.0
+    """how long the raters rate (wall clock, after the server is up)."""
+    raters: list[str] = field(default_factory=lambda: ["short"])
+    """one scripted rater per entry: short | word:W | nodigits (module doc)."""
+    engine: str = "auto"
+    """serving engine of the `collab serve` it starts (auto | vllm | transformers)."""
+    num_generations: int = 4
+    """G of the server: candidates per round."""
+    max_new_tokens: int = 64
+    """new tokens per agent answer."""
+    min_groups: int = 2
+    """K of the child trainer: a step per K rated groups."""
+    window: int = 5
+    """rounds per window in the mean-rating curve."""
+    trainer_args: str = "--max-wait-s 0 --human-timeout-s 3600"
+    """more `collab trainer` flags for the server's child trainer (one quoted string)."""
+    serve_args: str = ""
+    """more `collab serve` flags (one quoted string), e.g. "--engine-cores -1"."""
+    out_dir: str = "bench-online"
+    """where the server's home, the JSON, the PNG and the server log go."""
+    port: int = 0
+    """server port (0 = a free one)."""
+
+    def __post_init__(self):
+        for r in self.raters:
+            preference(r)   # raises with the valid forms
+        if self.minutes <= 0 or self.window < 1 or self.num_generations < 2 or self.min_groups < 1:
+            raise ValueError("need minutes > 0, window >= 1, num_generations >= 2, min_groups >= 1")
+
+
+def preference(spec: str):
+    """The rating function (combined text -> 1..5) of a rater spec."""
+    if spec == "short":
+        return lambda text: int(round(max(1.0, min(5.0, 5 - 4 * (len(text.split()) - 30) / 60))))
+    if spec.startswith("word:") and re.fullmatch(r"word:\w+", spec):
+        word = re.compile(rf"\b{re.escape(spec[5:])}\b", re.I)
+        return lambda text: 5 if word.search(text) else 1
+    if spec == "nodigits":
+        return lambda text: 1 if re.search(r"\d", text) else 5
+    raise ValueError(f"unknown rater preference {spec!r}: use short, word:WORD or nodigits")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(cfg: BenchOnlineConfig, home: str, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", cfg.engine,
+           "--num-generations", str(cfg.num_generations), "--max-new-tokens", str(cfg.max_new_tokens),
+           "--min-groups", str(cfg.min_groups), "--tasks", TEXTS_TASK,
+           "--db", f"sqlite:///{home}/collab.db", "--adapters-dir", os.path.join(home, "adapters"),
+           "--trainer-args", cfg.trainer_args, *shlex.split(cfg.serve_args)]
+    from collab_app.engines.model import ensure_model
+
+    env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False",
+           "COLLAB_MODEL": os.environ.get("COLLAB_MODEL") or ensure_model(None)}
+    logf = open(os.path.join(home, "serve.log"), "w")
+    log.info("starting: %s", shlex.join(cmd))
+    return subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()   # serve stops its trainer child on SIGTERM
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def connect(url: str, proc: subprocess.Popen, timeout: float = 600):
+    from gradio_client import Client
+
+    end = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"collab serve exited with code {proc.returncode}; see its log")
+        try:
+            return Client(url, verbose=False, analytics_enabled=False, download_files=False)
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.monotonic() > end:
+                raise
+            time.sleep(2)
+
+
+def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen) -> tuple[list[dict], float]:
+    """Raters take turns (one round each, round robin) until the time is up. One record per round."""
+    from tasks import load_task
+
+    texts = [ex["text"] for split in ("train", "eval") for ex in load_task(TEXTS_TASK).examples(split)]
+    clients = [connect(url, proc) for _ in cfg.raters]
+    prefs = [preference(r) for r in cfg.raters]
+    rounds, t_start = [], time.time()
+    end = time.monotonic() + 60 * cfg.minutes
+    k = 0
+    while time.monotonic() < end:
+        i = k % len(cfg.raters)
+        t0 = time.time()
+        out = clients[i].predict(task=TEXTS_TASK, text=texts[k % len(texts)], api_name="/generate")
+        t1 = time.time()
+        ratings = []
+        for c in out["candidates"]:
+            r = prefs[i](c["combined"])
+            clients[i].predict(joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
+            ratings.append(r)
+        versions = {}
+        for c in out["candidates"]:
+            for p in c["parts"]:
+                versions[p["agent"]] = max(versions.get(p["agent"], -1), p["adapter_version"] or 0)
+        rounds.append({"round": k, "rater": cfg.raters[i], "group_id": out["group_id"], "t_start": t0 - t_start,
+                       "generate_s": t1 - t0, "rated_at": time.time() - t_start, "ratings": ratings,
+                       "mean_rating": statistics.fmean(ratings), "versions": versions,
+                       "auto_mean": statistics.fmean([c["reward"]["total"] for c in out["candidates"]
+                                                      if c.get("reward")] or [float("nan")]),
+                       "words": [len(c["combined"].split()) for c in out["candidates"]]})
+        log.info("round %d (%s): %.1f s, ratings %s, versions %s", k, cfg.raters[i], t1 - t0, ratings, versions)
+        k += 1
+    return rounds, t_start
+
+
+def _unix(dt) -> float:
+    """A store timestamp (naive = UTC) as unix time."""
+    from datetime import timezone
+
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def latencies(rounds: list[dict], db_url: str, t_start: float) -> tuple[list[dict], list[dict]]:
+    """Per rated group: seconds from its last rating to the train step that took it, and to the
+    first round served from a version at least that step's."""
+    from collab_app.online.store import Store
+
+    store = Store(db_url)
+    steps = store.train_steps()
+    rated = {r["group_id"]: r for r in rounds}
+    out = []
+    for st in steps:
+        m = st["metrics"]
+        produced = {k.split("/")[0]: v for k, v in m.items() if k.endswith("/version")}
+        t_step = _unix(st["created_at"]) - t_start
+        for gid in st["group_ids"]:
+            if gid not in rated:
+                continue
+            r = rated[gid]
+            served = next((q["t_start"] for q in rounds if q["t_start"] >= t_step and
+                           any(q["versions"].get(a, 0) >= v for a, v in produced.items() if v)), None)
+            out.append({"group_id": gid, "step": st["step"], "versions": produced,
+                        "rating_to_step_s": t_step - r["rated_at"],
+                        "rating_to_served_s": None if served is None else served - r["rated_at"]})
+    return out, [{"step": s["step"], "t": _unix(s["created_at"]) - t_start, "groups": len(s["group_ids"]),
+                  "update_s": s["metrics"].get("time/update_s")} for s in steps]
+
+
+def windows(rounds: list[dict], size: int) -> dict[str, list[dict]]:
+    per: dict[str, list[dict]] = {}
+    for spec in dict.fromkeys(r["rater"] for r in rounds):
+        mine = [r for r in rounds if r["rater"] == spec]
+        per[spec] = [{"rounds": [w[0]["round"], w[-1]["round"]], "t_end": w[-1]["rated_at"],
+                      "mean_rating": statistics.fmean(x["mean_rating"] for x in w),
+                      "auto_mean": statistics.fmean(x["auto_mean"] for x in w),
+                      "mean_words": statistics.fmean(statistics.fmean(x["words"]) for x in w),
+                      "max_version": max(max(x["versions"].values(), default=0) for x in w)}
+                     for w in (mine[i:i + size] for i in range(0, len(mine), size))]
+    return per
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for spec, ws in result["windows"].items():
+        ax.plot([w["t_end"] / 60 for w in ws], [w["mean_rating"] for w in ws], marker="o", label=f"rater {spec}")
+    ax.set(xlabel="minutes", ylabel=f"mean rating per window of {result['config']['window']} rounds", ylim=(1, 5))
+    ax2 = ax.twinx()
+    rs = result["rounds"]
+    ax2.step([r["t_start"] / 60 for r in rs], [max(r["versions"].values(), default=0) for r in rs],
+             where="post", color="grey", alpha=0.6, label="adapter version served")
+    ax2.set_ylabel("adapter version served")
+    ax.legend(loc="upper left")
+    ax2.legend(loc="lower right")
+    ax.set_title(f"collab bench online: {len(rs)} rounds, {len(result['steps'])} MAGRPO steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(cfg: BenchOnlineConfig) -> dict:
+    out_dir = os.path.abspath(cfg.out_dir)
+    home = os.path.join(out_dir, "home")
+    os.makedirs(home, exist_ok=False)   # a fresh store and adapters: the curve starts at version 0
+    port = cfg.port or _free_port()
+    proc = start_server(cfg, home, port)
+    try:
+        t_up = time.time()
+        connect(f"http://127.0.0.1:{port}/", proc)
+        startup_s = time.time() - t_up
+        rounds, t_start = run_raters(cfg, f"http://127.0.0.1:{port}/", proc)
+    finally:
+        stop_server(proc)
+    lat, steps = latencies(rounds, f"sqlite:///{home}/collab.db", t_start)
+    result = {"config": asdict(cfg), "startup_s": startup_s, "loadavg_end": open("/proc/loadavg").read().split()[:3],
+              "rounds": rounds, "windows": windows(rounds, cfg.window), "steps": steps, "latency": lat,
+              "summary": {"rounds": len(rounds), "steps": len(steps),
+                          "versions_served": sorted({max(r["versions"].values(), default=0) for r in rounds}),
+                          "generate_s_median": statistics.median(r["generate_s"] for r in rounds) if rounds else None,
+                          "rating_to_served_s_median": statistics.median(
+                              [x["rating_to_served_s"] for x in lat if x["rating_to_served_s"] is not None] or [0])}}
+    with open(os.path.join(out_dir, "bench_online.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    plot(result, os.path.join(out_dir, "bench_online.png"))
+    return result
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from trainer.configcli import parse_config
+
+    cfg, _ = parse_config(BenchOnlineConfig, argv, prog="collab bench online",
+                          description="Scripted raters with declared preferences rate a running `collab serve`; "
+                                      "reports whether the team learns them (JSON + PNG).")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s bench-online %(levelname)s %(message)s")
+    res = run(cfg)
+    print(json.dumps({"summary": res["summary"], "windows": res["windows"]}, indent=1))
+    print(f"wrote {os.path.join(os.path.abspath(cfg.out_dir), 'bench_online.json')} and bench_online.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())
