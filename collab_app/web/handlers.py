@@ -271,10 +271,13 @@ def _candidates(task, names, texts, done, checks, joint_ids=None) -> list[dict]:
     return out
 
 
-def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0) -> Iterator[dict]:
+def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0,
+             min_update_s: float = 0.1) -> Iterator[dict]:
     """One round of the team on the episode, streamed. Yields {"kind": "progress", "message",
-    "candidates"} events (at every engine snapshot, every finished check, and every `tick_s`
-    while nothing happens; candidates as in `_candidates`, without joint_sample ids) and finally
+    "candidates"} events (candidates as in `_candidates`, without joint_sample ids): when a
+    candidate is written or checked, when text grew (at most one per `min_update_s`: an engine
+    may snapshot every few ms, a page needs no more than ~10 updates a second), and every
+    `tick_s` while nothing happens (the elapsed time); and finally
     {"kind": "done", "episode": new_state, "message"}. The group (G joint answers, automatic
     rewards) is stored before "done", so every candidate in it can be rated.
 
@@ -310,23 +313,29 @@ def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0) -> Iterato
         fut.add_done_callback(lambda f, g=g: None if f.cancelled() else ticket.events.put(("checked", g, f.result())))
         started.add(g)
 
+    last_yield, grew = -math.inf, False    # grew: text changed since the last yield
     try:
         while samples is None or len(checks) < G:
+            wait = tick_s if not grew else max(0.0, last_yield + min_update_s - time.monotonic())
             evs: list = []
             try:
-                evs.append(ticket.events.get(timeout=tick_s))
+                evs.append(ticket.events.get(timeout=wait))
                 while True:
                     evs.append(ticket.events.get_nowait())
             except queue.Empty:
                 pass
+            milestone = False                  # a candidate written or checked, or the engine done
             for ev in evs:
                 if ev[0] == "progress":
+                    grew = grew or ev[1] != texts
                     texts, done = ev[1], ev[2]
                 elif ev[0] == "done":
                     samples = done = ev[1]
                     texts = [[s.text for s in row] for row in samples]
+                    milestone = True
                 elif ev[0] == "checked":
                     checks[ev[1]] = ev[2]
+                    milestone = True
                 elif ev[0] == "error":
                     if isinstance(ev[1], EngineError):
                         raise UserError(f"the engine refused this prompt: {ev[1]}") from None
@@ -334,7 +343,12 @@ def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0) -> Iterato
             for g in range(G):
                 if g not in started and all(done[a][g] is not None for a in range(len(names))):
                     start_check(g)
-            dt = time.monotonic() - t0
+                    milestone = True
+            now = time.monotonic()
+            if not (milestone or not evs or now - last_yield >= min_update_s):
+                continue                       # text grew again within min_update_s: send it later
+            last_yield, grew = now, False
+            dt = now - t0
             if samples is None:
                 written = sum(all(done[a][g] is not None for a in range(len(names))) for g in range(G))
                 msg = (f"generating {G} joint answers (agents: {', '.join(names)}) ... {dt:.0f} s; "
