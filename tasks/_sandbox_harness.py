@@ -23,6 +23,10 @@ Result lines: "<mac hex> <message>" with messages
   "T <index> <ok 0|1> <error hex>"
   "F memory"                  a MemoryError: the interpreter is no longer trustworthy, stop
   "D"                         the runner reported every test
+  "C <index> <status> <aux calls> <wrapper 0|1> <site hex>=<0|1>,...|-"
+                              cooperation probe of one passed test (only when asked; see
+                              make_probe), after "D"
+  "P"                         the probe finished
   "X <wait status> <cpu s>"   the init: how the runner ended (last line)
 """
 import builtins
@@ -217,21 +221,313 @@ def runner(cfg):
     ns = {"__name__": "__candidate__", "__builtins__": builtins}
     tests = tuple(cfg.pop("tests"))  # immutable: nothing the candidate holds can edit it
     indices = range_(len(tests))  # computed now: `len`/`range` may be patched by then
+    probe = (make_probe(cfg["probe"], tests, cfg["setup"], cfg["code"], exec_, compile_, report, Base)
+             if cfg.get("probe") else None)  # built now, before candidate code, like the rest
+    passed = []
     err = run(cfg["setup"] + "\n", "<setup>", ns) if cfg["setup"] else ""
     if not err:
         err = run(cfg["code"], "<candidate>", ns)
     report("S 0 " + err if err else "S 1 ")
-    if not err:
+    code_ok = not err
+    if code_ok:
         for i in indices:
             err = run(tests[i], f"<test {i}>", ns)
             report(f"T {i} 0 {err}" if err else f"T {i} 1 ")
+            if not err:
+                passed.append(i)
     for f in flush_targets:  # -u makes these unbuffered already; belt and braces
         try:
             f.flush()
         except Base:
             pass
     report("D")
+    if probe is not None:  # every verdict is out: the probe can only lose itself
+        probe(passed)  # (none passed when the code failed: it just says "P")
     exit_(0)
+
+
+# ------------------------------------------------------------------------ cooperation probe
+# Run-time evidence for the coding task's cooperation level (tasks/coding.py explains the
+# levels): does the entry function really CALL the helper's `aux` while a test passes, and does
+# aux's result REACH the entry function's return value? Asked for with cfg["probe"] =
+# {"entry", "aux", "budget_s"}; runs after every test verdict was reported ("D"), so nothing
+# here can change a verdict, and a probe that hangs or crashes loses only the probe.
+#
+# Per test that passed, each trial in a FRESH namespace (setup + code exec'd again, so state a
+# previous test left, e.g. a memo cache, cannot hide calls), with the helper's aux and the
+# entry function replaced by recording wrappers:
+#   baseline  the test as is: which call sites of aux ran and returned while the entry function
+#             ran (outermost calls: aux's own recursion does not count), the entry function's
+#             outcome per outermost call, and whether each call just returned one of its aux
+#             results (same type and ==, or the same object): a thin wrapper.
+#   control   the baseline again: a different outcome means the code is nondeterministic and
+#             the test proves nothing (no credit from it).
+#   (every trial starts with random.seed(0), so tests that draw random inputs draw the same)
+#   perturbed per call site, aux's results at that site replaced by a different value ("shift":
+#             ~n, -x-1.5, s+"\0", elementwise for containers; then "flip": falsy <-> truthy;
+#             then "grow": numbers up to 2|x|+7 / 2|x|+1.5, the other side of a threshold);
+#             None and other types become a poison object that raises on any use. The site's
+#             result reaches the return if the entry function's outcomes change, or if it no
+#             longer returns within max(0.25 s, 5 x the baseline's time).
+# Counterfactual dependence, not syntax: `_ = aux(x)`, `r = aux(x); r = r*0 + g(x)`,
+# `if False: aux(x)` show no dependence whatever the code looks like.
+
+def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
+    """Built BEFORE any candidate code runs: every builtin it uses is captured here, so that
+    patching builtins later cannot change how the probe judges."""
+    type_, len_, str_, repr_, callable_, builtins_ = type, len, str, repr, callable, builtins
+    sum_, zip_, any_, all_, abs_ = sum, zip, any, all, abs
+    bool_, int_, float_, complex_, bytes_ = bool, int, float, complex, bytes
+    list_, tuple_, dict_, set_, frozenset_, getframe = list, tuple, dict, set, frozenset, sys._getframe
+    setitimer, set_signal = signal.setitimer, signal.signal
+    import random  # tests that draw random inputs (HumanEval/38) must draw the same ones per trial
+    import time
+    seed, monotonic = random.seed, time.monotonic
+    ITIMER_REAL, SIGALRM, open_, devnull, sys_ = signal.ITIMER_REAL, signal.SIGALRM, open, os.devnull, sys
+    bytes_hex = bytes.hex
+    entry, aux_name, budget = pcfg["entry"], pcfg["aux"], float(pcfg["budget_s"])
+    max_sites, max_items = 8, 10_000  # call sites probed per test; container items perturbed
+    trial_floor_s, trial_factor = 0.25, 5.0  # a perturbed run may take max(0.25 s, 5 x the baseline's)
+
+    class Stop(BaseException):
+        """A trial's deadline passed (raised into candidate code by SIGALRM)."""
+
+    class Poisoned(BaseException):  # not an Exception: `except Exception` in the code cannot eat it
+        pass
+
+    class Poison:
+        __slots__ = ()
+
+    def _raise(*a, **k):
+        raise Poisoned("aux's result was replaced by the cooperation probe")
+
+    for _n in ("__bool__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__",
+               "__iter__", "__len__", "__getitem__", "__setitem__", "__contains__", "__getattr__",
+               "__call__", "__index__", "__int__", "__float__", "__complex__", "__str__", "__repr__",
+               "__format__", "__bytes__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__",
+               "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
+               "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__", "__and__",
+               "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rshift__",
+               "__invert__", "__round__", "__enter__", "__reversed__"):
+        setattr(Poison, _n, _raise)
+    poison = Poison()
+    # in: candidate code is running (only then may Stop be raised); deadline: of this trial;
+    # end: of the whole probe phase; expired: the phase is over
+    st = {"in": False, "expired": False, "deadline": 0.0, "end": 0.0}
+    compiled = {}
+
+    def on_alarm(signum, frame):  # every 50 ms: a swallowed Stop comes back
+        now = monotonic()
+        if now >= st["end"]:
+            st["expired"] = True
+        if st["in"] and now >= st["deadline"]:
+            raise Stop()
+
+    def perturb(v, mode, depth=0):
+        """A different value of the same builtin type (never runs candidate code); else poison."""
+        t = type_(v)
+        if depth > 3:
+            return v
+        if t is bool_:
+            return not v
+        if t is int_:
+            return (0 if v else 1) if mode == "flip" else abs_(v) * 2 + 7 if mode == "grow" else ~v
+        if t is float_:
+            if mode == "flip":
+                return 0.0 if v else 1.0
+            p = abs_(v) * 2 + 1.5 if mode == "grow" else -v - 1.5
+            return p if p != v else v + 1.0  # (-0.75 is its own -v-1.5; nan becomes poison)
+        if t is complex_:
+            return (0j if v else 1 + 0j) if mode == "flip" else -v - (1.5 + 1j)
+        if mode == "grow":  # numbers only (the other side of a threshold); nothing else changes
+            return v
+        if t is str_ or t is bytes_:
+            if mode == "flip":
+                return v[:0] if v else (v + ("a" if t is str_ else b"a"))
+            return v + ("\x00" if t is str_ else b"\x00")
+        if t is list_ or t is tuple_ or t is set_ or t is frozenset_:
+            if mode == "flip" or not v:
+                return t(()) if v else t((0,))
+            items = list_(v)
+            return t([perturb(x, mode, depth + 1) for x in items[:max_items]] + items[max_items:])
+        if t is dict_:
+            if mode == "flip" or not v:
+                return {} if v else {0: 0}
+            return {k: perturb(x, mode, depth + 1) for k, x in v.items()}
+        return poison
+
+    def safe_perturb(v, mode):
+        try:
+            p = perturb(v, mode)
+        except Base:
+            return poison
+        return poison if (type_(p) is float_ and p != p) else p  # nan compares unequal anyway
+
+    def same(a, b, strict_type=True):
+        """a and b are the same result (the same object, or equal values of the same type; repr
+        equality catches nan). Anything that raises counts as different."""
+        if a is b:
+            return True
+        if type_(a) is Poison or type_(b) is Poison or (strict_type and type_(a) is not type_(b)):
+            return False
+        try:
+            if (a == b) is True:
+                return True
+            return type_(a) is type_(b) and repr_(a) == repr_(b)
+        except Base:
+            return False
+
+    def compiled_src(key, src, name):
+        if key not in compiled:
+            compiled[key] = compile_(src, name, "exec", dont_inherit=True)
+        return compiled[key]
+
+    def trial(i, site, mode, limit_s):
+        """One run of test i in a fresh namespace, at most limit_s seconds: a dict of findings;
+        "timeout" if it ran past limit_s; None if setup/code failed or the phase is over."""
+        rec = {"sites": {}, "order": [], "calls": [], "cur": None, "main_depth": 0, "aux_depth": 0}
+        ns = {"__name__": "__candidate__", "__builtins__": builtins_}
+        t0 = monotonic()
+        st["deadline"] = min(t0 + limit_s, st["end"])
+        seed(0)
+        st["in"] = True
+        try:
+            if setup:
+                exec_(compiled_src("setup", setup + "\n", "<setup>"), ns)
+            exec_(compiled_src("code", code, "<candidate>"), ns)
+        except Stop:
+            st["in"] = False
+            return None
+        except Base:
+            st["in"] = False
+            return None
+        st["in"] = False
+        orig_main, orig_aux = ns.get(entry), ns.get(aux_name)
+        if not (callable_(orig_main) and callable_(orig_aux)):
+            return None
+
+        def aux_w(*a, **k):
+            if rec["main_depth"] == 0 or rec["aux_depth"]:  # not from main, or aux's recursion
+                rec["aux_depth"] += 1
+                try:
+                    return orig_aux(*a, **k)
+                finally:
+                    rec["aux_depth"] -= 1
+            f = getframe(1)
+            key = (f.f_code, f.f_lasti)
+            rec["aux_depth"] += 1
+            try:
+                r = orig_aux(*a, **k)
+            finally:
+                rec["aux_depth"] -= 1
+            if key not in rec["sites"]:
+                # label: function name, line within that function (its def line = 1), offset
+                rec["sites"][key] = f"{f.f_code.co_name}:{f.f_lineno - f.f_code.co_firstlineno + 1}:{f.f_lasti}"
+                rec["order"].append(key)
+            if rec["cur"] is not None:
+                rec["cur"].append(r)
+            return safe_perturb(r, mode) if key == site else r
+
+        def main_w(*a, **k):
+            if rec["main_depth"]:  # main's own recursion: part of the outer call
+                rec["main_depth"] += 1
+                try:
+                    return orig_main(*a, **k)
+                finally:
+                    rec["main_depth"] -= 1
+            rec["main_depth"], rec["cur"] = 1, []
+            try:
+                r = orig_main(*a, **k)
+            except Base as e:
+                rec["calls"].append((("exc", type_(e).__name__), rec["cur"]))
+                raise
+            finally:
+                rec["main_depth"] = 0
+            rec["calls"].append((("ret", r), rec["cur"]))
+            rec["cur"] = None
+            return r
+
+        ns[entry], ns[aux_name] = main_w, aux_w
+        st["in"] = True
+        try:
+            exec_(compiled_src(i, tests[i], f"<test {i}>"), ns)
+            passed = True
+        except Stop:
+            st["in"] = False
+            return None if st["expired"] else "timeout"
+        except Base:
+            passed = False
+        st["in"] = False
+        if st["expired"]:
+            return None
+        return {"passed": passed, "sites": rec["sites"], "order": rec["order"], "calls": rec["calls"],
+                "seconds": monotonic() - t0}
+
+    def same_outcomes(x, y):
+        cx, cy = x["calls"], y["calls"]
+        if len_(cx) != len_(cy):
+            return False
+        for (ox, _), (oy, _) in zip_(cx, cy):
+            if ox[0] != oy[0] or not same(ox[1], oy[1]):
+                return False
+        return True
+
+    def probe_test(i):
+        """(status, aux calls, thin wrapper, [(site label, reaches)])"""
+        base = trial(i, None, None, st["end"])
+        if base is None or base == "timeout":
+            return ("budget" if st["expired"] else "error"), 0, False, []
+        n_calls = sum_(len_(rs) for _, rs in base["calls"])
+        if not base["passed"]:
+            return "baseline_failed", n_calls, False, []
+        with_aux = [(o, rs) for o, rs in base["calls"] if rs]
+        wrapper = bool_(with_aux) and all_(
+            o[0] == "ret" and any_(same(o[1], r) for r in rs) for o, rs in with_aux)
+        if not base["order"]:
+            return "ok", n_calls, wrapper, []
+        limit = max(trial_floor_s, trial_factor * base["seconds"])
+        ctrl = trial(i, None, None, limit)
+        if ctrl is None or ctrl == "timeout":
+            return ("budget" if st["expired"] else "nondeterministic"), n_calls, wrapper, []
+        if not same_outcomes(base, ctrl):
+            return "nondeterministic", n_calls, wrapper, []
+        sites = []
+        for key in base["order"][:max_sites]:
+            reaches = False
+            for mode in ("shift", "flip", "grow"):
+                t = trial(i, key, mode, limit)
+                if t is None and st["expired"]:
+                    return "budget", n_calls, wrapper, sites
+                # None: the code itself failed to load this time; "timeout": main no longer
+                # returns in time (e.g. a loop bound by aux's result): both are a change
+                if t is None or t == "timeout" or not same_outcomes(base, t):
+                    reaches = True
+                    break
+            sites.append((base["sites"][key], reaches))
+        return "ok", n_calls, wrapper, sites
+
+    def run(passed):
+        """Probe each passed test; one "C" line each, then "P"."""
+        null = open_(devnull, "w")
+        sys_.stdout = sys_.stderr = null  # prints repeated by the trials must not flood the pipes
+        st["end"] = monotonic() + budget
+        set_signal(SIGALRM, on_alarm)
+        setitimer(ITIMER_REAL, 0.05, 0.05)
+        try:
+            for i in passed:
+                if st["expired"]:
+                    break
+                try:
+                    status, n, wrapper, sites = probe_test(i)
+                except Base:  # a Stop outside the guarded spots, or the probe itself failed
+                    status, n, wrapper, sites = ("budget" if st["expired"] else "error"), 0, False, []
+                items = ",".join(bytes_hex(label.encode()) + "=" + ("1" if r else "0") for label, r in sites)
+                report(f"C {i} {status} {n} {1 if wrapper else 0} {items or '-'}")
+        finally:
+            setitimer(ITIMER_REAL, 0, 0)
+        report("P")
+
+    return run
 
 
 if __name__ == "__main__":

@@ -14,16 +14,47 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   ``for`` loop of asserts is one test), with ``candidate`` bound to the entry function. Other
   statements (``import math``, ``assert True``) run as part of the next test. All tests run in
   one sandboxed process (tasks/sandbox.py), each separately: a failing test doesn't stop the rest.
-- ``cooperation``: only if at least one test passed and the helper wrote ``aux``: +0.5 if the
-  entry function calls ``aux``; then +1.0 more if it is not a thin wrapper around ``aux``; and
-  -0.5 if it calls ``aux`` as a bare statement (its result ignored). Range -0.5 .. 1.5.
+- ``cooperation`` (the paper's levels, decided at RUN time, never on the source text): 0 unless
+  some passing test shows that the entry function (main) called the helper's ``aux`` and that
+  aux's result reached main's return value; then +0.5, +1.0 more if main is not a thin wrapper
+  around ``aux``, and -0.5 if some call site of ``aux`` has its result ignored. Range 0 .. 1.5.
+
+  How "called" and "reaches" are measured (make_probe in tasks/_sandbox_harness.py, inside the
+  same sandbox process, after every test verdict is in): each test that passed is re-run in a
+  fresh namespace with aux and main wrapped. *Called*: an aux call made while main runs, that
+  returned (aux's own recursion not counted). *Reaches*: counterfactual dependence -- re-run with
+  the results of one call site of aux replaced by different values (~n / -x-1.5 / s+"\0" /
+  elementwise, falsy<->truthy, larger numbers; None and other types by a poison object that
+  raises on any use); the site reaches the return if main's return values change (a control
+  re-run must reproduce them first, else the test counts for nothing). *Thin wrapper*: on every
+  passing test where aux's result reaches the return, each main call returned one of its aux
+  results unchanged (the same object or an equal value of the same type) -- whatever the code
+  looks like (``return aux(x)``, ``r = aux(x); r = r; return r``, ``return int(aux(x))``).
+  *Ignored*: a call site that ran during a passing test but whose result never reached the
+  return. So ``_ = aux(x)`` beside an independent solution, ``if False: aux(x)`` and
+  ``r = aux(x); return r * 0 + g(x)`` earn nothing; ``r = aux(x); r = r; return r`` earns the
+  thin wrapper's 0.5, like ``return aux(x)``.
+
+  Why this and not a static data-flow analysis of the AST: the AST says what could flow, not
+  what did (``if False:``, ``r * 0``, a branch that returns the same either way all look like
+  use); a taint-tracking proxy object changes the values the tests see (``type(x) is int``, C
+  functions) and so could change the verdicts. Perturbation runs the real code on the real
+  tests and only ever touches aux's return value.
+
+  What it still cannot catch: a result that is checked rather than used counts as reaching
+  (``return g(x) if aux(x) == aux(x) else None`` -- dependence, not usefulness); a dependence that
+  none of the perturbations exercises on any passing test is missed (no credit: the error goes
+  against the team, never for it); an identity ``aux`` through which main passes its own answer
+  (``return aux(solve(x))``) earns the wrapper's 0.5; side effects of aux (it sorts a list in
+  place) earn nothing; code that deliberately attacks the harness (introspection, signal
+  handlers) can forge the probe like it can forge verdicts (tasks/sandbox.py says so). The probe
+  has a time budget (a third of the wall-clock limit, at most 5 s) and loses only itself if it
+  hangs: tests it did not reach give no credit.
 
 Where we deliberately differ from the reference (which uses regexes on source lines):
-- "calls aux", "thin wrapper" and "result ignored" are decided on the AST of the entry function:
-  wrapper = empty body, or a single ``return`` whose value calls ``aux``, or ``v = aux(...)``
-  followed by ``return v`` (docstring ignored). Ignored = an expression statement ``aux(...)``
-  anywhere in the entry function (the reference's regex for this rarely matches at all).
-  An entry function that defines its own nested ``aux`` does not count as calling the helper's.
+- cooperation is measured at run time as above, not by regexes; ``return math.pi * aux(r)`` is
+  not a thin wrapper here (main combines aux's part), and a bare ``aux(...)`` statement beside a
+  use is caught as "ignored" (the reference's regex for this rarely matches at all).
 - The program keeps the problem's own context (its imports and any helper functions the prompt
   defines, e.g. ``encode_cyclic`` for ``decode_cyclic``) and the imports the agents wrote; the
   reference keeps only the prompt's import lines. From each answer only its own function is
@@ -258,38 +289,40 @@ def make_example(id: str, prompt: str, tests: str, entry_point: str | None = Non
             "test_setup": setup, "tests": test_list}
 
 
-# --------------------------------------------------------------------------------- analysis
+# ------------------------------------------------------------------------------ cooperation
 
-def _calls_aux(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX
-               for n in ast.walk(node))
+def cooperation(probe: dict | None) -> tuple[float, dict]:
+    """The cooperation level and its reasons from the sandbox's run-time probe (module doc).
+
+    Only conclusive probes count (status "ok": the test passed again in a fresh namespace and,
+    where aux was called, a control run reproduced main's results)."""
+    info = {"calls_aux": False, "aux_reaches_return": False, "thin_wrapper": False, "ignores_aux": False,
+            "aux_calls": 0, "ignored_sites": [], "probe_complete": bool(probe and probe["complete"]),
+            "probe_error": None if probe is None else probe["error"],
+            "tests_inconclusive": 0 if probe is None else sum(t["status"] != "ok" for t in probe["tests"].values())}
+    tests = [] if probe is None else [t for t in probe["tests"].values() if t["status"] == "ok"]
+    called = [t for t in tests if t["aux_calls"] > 0]
+    using = [t for t in called if any(t["sites"].values())]
+    info.update(calls_aux=bool(called), aux_reaches_return=bool(using), aux_calls=sum(t["aux_calls"] for t in called))
+    if not using:
+        return 0.0, info
+    sites = {s for t in called for s in t["sites"]}
+    ignored = sorted(s for s in sites if not any(t["sites"].get(s) for t in called))
+    wrapper = all(t["wrapper"] for t in using)
+    info.update(thin_wrapper=wrapper, ignores_aux=bool(ignored),
+                ignored_sites=[f"line {s.split(':')[1]} of {s.split(':')[0]}" for s in ignored])
+    return 0.5 + (0.0 if wrapper else 1.0) - (0.5 if ignored else 0.0), info
 
 
-def analyse_main(source: str) -> dict:
-    """calls_aux / thin_wrapper / ignores_aux for the entry function's source (AST based)."""
+def defines_own_aux(source: str) -> bool:
+    """main defines or assigns its own `aux` (a hint for the feedback only; the reward sees it
+    at run time: the helper's aux is then never called)."""
     try:
         fn = ast.parse(source).body[0]
     except (SyntaxError, IndexError):
-        return {"calls_aux": False, "thin_wrapper": False, "ignores_aux": False, "own_aux": False}
-    own_aux = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and
-                  getattr(n, "name", None) == AUX for n in ast.walk(fn) if n is not fn) or any(
-        isinstance(n, ast.Name) and n.id == AUX and isinstance(n.ctx, ast.Store) for n in ast.walk(fn))
-    body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # docstring
-    wrapper = (not body
-               or (len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None
-                   and _calls_aux(body[0].value))
-               or (len(body) == 2 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
-                   and isinstance(body[0].targets[0], ast.Name) and isinstance(body[0].value, ast.Call)
-                   and isinstance(body[0].value.func, ast.Name) and body[0].value.func.id == AUX
-                   and isinstance(body[1], ast.Return) and isinstance(body[1].value, ast.Name)
-                   and body[1].value.id == body[0].targets[0].id))
-    ignores = any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and
-                  isinstance(n.value.func, ast.Name) and n.value.func.id == AUX for n in ast.walk(fn))
-    calls = _calls_aux(fn) and not own_aux
-    return {"calls_aux": calls, "thin_wrapper": bool(calls and wrapper), "ignores_aux": calls and ignores,
-            "own_aux": own_aux}
+        return False
+    return any((isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not fn and n.name == AUX)
+               or (isinstance(n, ast.Name) and n.id == AUX and isinstance(n.ctx, ast.Store)) for n in ast.walk(fn))
 
 
 @dataclass
@@ -413,7 +446,12 @@ class CodingTask:
             details.update(stopped_at="syntax", syntax_error=syntax_error)
             return done()
         bind = f"candidate = {example['entry_point']}\n"
-        result = run_tests(program, [bind + t for t in example["tests"]], self.limits, setup=example["test_setup"])
+        probe = None
+        if aux is not None and example["entry_point"] != AUX:
+            probe = {"entry": example["entry_point"], "aux": AUX,
+                     "budget_s": max(1.0, min(self.limits.timeout_s / 3, 5.0))}
+        result = run_tests(program, [bind + t for t in example["tests"]], self.limits,
+                           setup=example["test_setup"], probe=probe)
         if not result.harness_ok and result.killed_by is None and (result.setup_error or "").startswith(
                 "the sandbox failed to start"):
             raise SandboxFailure(f"{self.name}: the sandbox failed, not the candidate: {result.setup_error}; "
@@ -424,11 +462,9 @@ class CodingTask:
                        timed_out=result.timed_out, killed_by=result.killed_by, harness_ok=result.harness_ok,
                        first_failure=None if first_fail is None else
                        {"test": example["tests"][first_fail.index], "error": first_fail.error})
-        analysis = analyse_main(fn.source) if fn.parses else {}
+        levels["cooperation"], analysis = cooperation(result.probe)
+        analysis["own_aux"] = fn.parses and defines_own_aux(fn.source)
         details.update(analysis)
-        if result.passed > 0 and aux is not None and analysis.get("calls_aux"):
-            coop = 0.5 + (0.0 if analysis["thin_wrapper"] else 1.0) - (0.5 if analysis["ignores_aux"] else 0.0)
-            levels["cooperation"] = coop
         return done()
 
     def reward(self, example: Example, outputs: list[str]) -> Reward:
@@ -455,10 +491,18 @@ class CodingTask:
                 shown = re.sub(r"\bcandidate\b", entry, d["first_failure"]["test"])
                 lines.append(f"First failing test:\n{shown[:400]}\nError: {d['first_failure']['error'][:300]}")
             a = s.analysis
-            lines.append(f"Cooperation: `{entry}` " + ("calls" if a.get("calls_aux") else "does not call")
-                         + f" `{AUX}`" + ("; it is only a thin wrapper around it" if a.get("thin_wrapper") else "")
-                         + ("; it ignores the result of a call to it" if a.get("ignores_aux") else "")
-                         + ("; it defines its own `aux` instead of the teammate's" if a.get("own_aux") else "") + ".")
+            if not a.get("calls_aux"):
+                how = f"does not call `{AUX}` while a test passes"
+            elif not a.get("aux_reaches_return"):
+                how = f"calls `{AUX}` but its return value never depends on the result"
+            else:
+                how = f"calls `{AUX}` and uses its result" + (
+                    "; it is only a thin wrapper around it" if a.get("thin_wrapper") else "")
+            if a.get("ignores_aux"):
+                how += f"; it ignores the result of the call at {', '.join(a['ignored_sites'])}"
+            if a.get("own_aux"):
+                how += f"; it defines its own `{AUX}` instead of the teammate's"
+            lines.append(f"Cooperation: `{entry}` {how}.")
         common = "\n".join(lines)
         if self.num_agents == 1:
             return [common]

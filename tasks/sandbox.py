@@ -18,6 +18,11 @@ DESIGN §7. `run_tests(code, tests)` never executes anything in the calling proc
   test, redefining `__import__`/`AssertionError`/builtins, or writing to the result fd cannot
   turn a failing test into a pass. A run without the harness's final MAC'd "done" line (or with
   any line failing the MAC) has `harness_ok=False`, and every test it did not report fails.
+- optionally (`probe=`), after the final verdict, the same process re-runs the passed tests to
+  measure whether one function calls another and uses its result (the coding task's
+  cooperation level; make_probe in the harness). Anything that goes wrong after the verdicts
+  (a hang, a kill, a flood) costs only the probe's findings, never a verdict; the findings are
+  as trustworthy as the verdicts (see below: code that introspects the interpreter can forge both).
 
 Isolation levels, probed once per process (`isolation()` says which one is in use):
 
@@ -68,6 +73,7 @@ What this does NOT protect against, at any level:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -112,6 +118,10 @@ class SandboxResult:
     stderr: str
     harness_ok: bool  # the harness reported completion on its private channel; else untrusted
     duration_s: float
+    # The cooperation probe's findings when run_tests was asked for one (else None):
+    # {"tests": {index: {"status", "aux_calls", "wrapper", "sites": {label: reaches}}},
+    #  "complete": bool, "error": str | None}. See make_probe in _sandbox_harness.py.
+    probe: dict | None = None
 
     @property
     def passed(self) -> int:
@@ -221,15 +231,27 @@ def _probe() -> _Mode:
 
 # ------------------------------------------------------------------------------------ running
 
-def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str = "") -> SandboxResult:
+def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str = "",
+              probe: dict | None = None) -> SandboxResult:
     """exec `setup` (e.g. imports the problem needs), then `code`, then each test snippet (e.g.
     "assert f(1) == 2", or a multi-line block) in one namespace, in a sandboxed subprocess. Each
-    test runs separately: a failing test doesn't stop the rest."""
+    test runs separately: a failing test doesn't stop the rest.
+
+    `probe` = {"entry": name, "aux": name, "budget_s": seconds}: after every verdict is
+    reported, the same process checks at run time whether the function `entry` calls `aux`
+    while a test passes and whether aux's result reaches entry's return value (the coding
+    task's cooperation level; `SandboxResult.probe`). A probe that hangs, crashes or floods is
+    cut off and loses only itself: the test verdicts stand."""
     if isinstance(tests, str):
         raise TypeError("tests must be a list of snippets, not one string: wrap it in [...]")
     if not all(isinstance(x, str) for x in [code, setup, *tests]):
         raise TypeError("code, setup and every test must be str (Python source)")
-    return _run(_mode(), code, list(tests), limits, setup)
+    if probe is not None and not (isinstance(probe, dict) and set(probe) == {"entry", "aux", "budget_s"}
+                                  and all(isinstance(probe[k], str) and probe[k].isidentifier()
+                                          for k in ("entry", "aux"))
+                                  and isinstance(probe["budget_s"], (int, float)) and probe["budget_s"] > 0):
+        raise ValueError(f"probe must be {{'entry': name, 'aux': name, 'budget_s': seconds > 0}}, got {probe!r}")
+    return _run(_mode(), code, list(tests), limits, setup, probe)
 
 
 def run_many(jobs: list[tuple[str, list[str]]], limits: Limits = Limits(),
@@ -276,7 +298,8 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.01)
 
 
-def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str) -> SandboxResult:
+def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
+         probe: dict | None = None) -> SandboxResult:
     t0 = time.monotonic()
     nonce = secrets.token_hex(32)
     uid = UID_BASE + secrets.randbelow(UID_SPAN) if mode.separate_uid else None
@@ -289,7 +312,7 @@ def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str) -
         if uid is not None:
             os.chown(workdir, uid, uid)
         request = json.dumps({
-            "nonce": nonce, "results_fd": wfd, "code": code, "tests": tests, "setup": setup,
+            "nonce": nonce, "results_fd": wfd, "code": code, "tests": tests, "setup": setup, "probe": probe,
             "uid": uid, "workdir": workdir, "namespaces": mode.namespaces, "confine": mode.confine,
             "reach": _reach() if mode.separate_uid else [], "tmpfs_mb": 4 * limits.max_file_mb,
             "nproc": nproc, "limits": {k: getattr(limits, k) for k in
@@ -311,7 +334,7 @@ def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str) -
         if uid is not None and mode.name == "plain":
             _kill_uid(uid)
         shutil.rmtree(workdir, ignore_errors=True)
-    return _assemble(tests, nonce, got, limits, time.monotonic() - t0)
+    return _assemble(tests, nonce, got, limits, time.monotonic() - t0, probe is not None)
 
 
 @dataclass
@@ -412,13 +435,17 @@ def _text(b: bytes, dropped: int, limit: int) -> str:
     return s
 
 
-def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: float) -> SandboxResult:
+def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: float,
+              probed: bool = False) -> SandboxResult:
     """Turn the verified result lines and how the process ended into a SandboxResult. Only
-    lines whose MAC checks out count; tests are accepted in order, once each."""
+    lines whose MAC checks out count; tests are accepted in order, once each. With a probe,
+    whatever happens after "D" (a kill, a memory error) concerns the probe only."""
     key = bytes.fromhex(nonce)
     setup: tuple[bool, str] | None = None
     results: list[tuple[bool, str]] = []
     done = memory = False
+    probe_tests: dict[int, dict] = {}
+    probe_done = probe_memory = False
     ended: tuple[int, float] | None = None  # the runner's exit code and CPU s, from the supervisor
     *lines, torn = got.channel.split(b"\n")
     tampered = torn != b""  # a partial line: something else wrote to the channel
@@ -433,15 +460,28 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
             setup = (f[0] == "1", _unhex(f[1]))
         elif kind == "T" and setup and int(f[0]) == len(results) < len(tests):
             results.append((f[1] == "1", _unhex(f[2])))
+        elif kind == "F" and done and probed:
+            probe_memory = True
         elif kind == "F":
             memory = True
         elif kind == "D":
             done = True
+        elif kind == "C" and done and probed and len(f) == 5 and f[0].isdigit():
+            sites = {} if f[4] == "-" else {_unhex(h): r == "1" for h, _, r in (x.partition("=") for x in f[4].split(","))}
+            probe_tests[int(f[0])] = {"status": f[1], "aux_calls": int(f[2]), "wrapper": f[3] == "1", "sites": sites}
+        elif kind == "P" and done and probed:
+            probe_done = True
         elif kind == "X":
             ended = (os.waitstatus_to_exitcode(int(f[0])), float(f[1]))
 
     status, cpu_s = ended or (got.status, got.cpu_s)
     killed_by = None
+    probe_error = None
+    if probed and done and not probe_done:  # the run ended in the probe: the tests stand
+        probe_error = ("timeout" if got.timed_out else "output" if got.flood else "memory" if probe_memory
+                       else f"the process ended with status {status}")
+        got = dataclasses.replace(got, timed_out=False, flood=False)
+        status = 0
     if got.timed_out:
         killed_by = "timeout"
     elif got.flood:
@@ -480,7 +520,9 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
         tests=out, setup_error=setup_error, timed_out=got.timed_out, killed_by=killed_by,
         exit_code=status, stdout=_text(got.out, got.over["stdout"], limits.max_output_bytes),
         stderr=_text(got.err, got.over["stderr"], limits.max_output_bytes),
-        harness_ok=done and complete and not tampered and killed_by is None, duration_s=duration)
+        harness_ok=done and complete and not tampered and killed_by is None, duration_s=duration,
+        probe=None if not probed else {"tests": probe_tests, "complete": probe_done and not tampered,
+                                       "error": "tampered" if tampered else probe_error})
 
 
 def _unhex(h: str) -> str:

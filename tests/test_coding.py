@@ -9,7 +9,7 @@ import pytest
 
 import tasks.coding as coding
 from tasks.base import Turn
-from tasks.coding import (CustomCodingTask, HumanEvalTask, SandboxFailure, analyse_main,
+from tasks.coding import (CustomCodingTask, HumanEvalTask, SandboxFailure, cooperation, defines_own_aux,
                           extract_code, split_tests)
 from tasks.sandbox import Limits, SandboxResult, TestResult
 
@@ -192,20 +192,124 @@ def test_ignored_aux_result_is_penalised(task):
 def test_no_passing_test_means_no_cooperation_and_partial_tests(task):
     never = MAIN_GOOD.replace("return True\n    return False", "return False\n    return aux(1, 1) > 5")
     r = task.reward(HE0, [AUX_GOOD, never])  # always False: only the 3 "== False" asserts pass
-    assert r.levels["tests"] == pytest.approx(3 / 7) and r.levels["cooperation"] == 1.5
+    # `return aux(1, 1) > 5` depends on aux (+0.5 +1.0); the loop's call does not: whatever
+    # aux says there, main returns False (-0.5, ignored)
+    assert r.levels["tests"] == pytest.approx(3 / 7) and r.levels["cooperation"] == 1.0
+    assert r.details["aux_reaches_return"] and r.details["ignored_sites"] == ["line 4 of has_close_elements"]
     nothing = MAIN_GOOD.replace("return True\n    return False", "return 'x'\n    return 'y'")
     r = task.reward(HE0, [AUX_GOOD, nothing])
     assert r.levels["tests"] == 0.0 and r.levels["cooperation"] == 0.0
     assert r.details["first_failure"]["test"].startswith("assert candidate(")
 
 
-def test_analyse_main_cases():
-    assert analyse_main("def f(x):\n    return x") == {"calls_aux": False, "thin_wrapper": False,
-                                                       "ignores_aux": False, "own_aux": False}
-    own = analyse_main("def f(x):\n    def aux(y):\n        return y\n    return aux(x) + 1")
-    assert own["own_aux"] and not own["calls_aux"]
-    mixed = analyse_main("def f(x):\n    y = aux(x)\n    return y + 1")
-    assert mixed["calls_aux"] and not mixed["thin_wrapper"]
+def test_main_with_its_own_aux_earns_nothing(task):
+    own = MAIN_GOOD.replace("    for i, x", "    def aux(a, b):\n        return abs(a - b)\n    for i, x")
+    r = task.reward(HE0, [AUX_GOOD, own])
+    assert r.levels["tests"] == 1.0 and r.levels["cooperation"] == 0.0  # the helper's aux never runs
+    assert not r.details["calls_aux"] and r.details["own_aux"]
+    assert "defines its own `aux`" in task.feedback(HE0, [AUX_GOOD, own])[1]
+    assert defines_own_aux("def f(x):\n    aux = abs\n    return aux(x)")
+    assert not defines_own_aux("def f(x):\n    return aux(x)") and not defines_own_aux("not python(")
+
+
+# ------------------------------------------------------------------- cooperation hacks
+# Issue 11: each of these earned the full 1.5 while cooperation was read off main's source.
+
+INDEPENDENT = """
+    for i, x in enumerate(numbers):
+        for j, y in enumerate(numbers):
+            if i != j and abs(x - y) < threshold:
+                return True
+    return False"""
+SIG = "def has_close_elements(numbers, threshold):"
+
+
+@pytest.mark.parametrize("name,main", [
+    ("result assigned and dropped", SIG + "\n    _ = aux(numbers[0], threshold) if numbers else 0" + INDEPENDENT),
+    ("call never runs", SIG + "\n    if False:\n        aux(0, 0)" + INDEPENDENT),
+    ("result multiplied away", SIG + "\n    r = aux(1.0, 2.0)\n    found = bool(r * 0)" +
+     INDEPENDENT.replace("return True", "return True or found")),
+    ("both branches return the same", SIG + "\n    if aux(1.0, 2.0) > 0:\n        pass" + INDEPENDENT),
+])
+def test_cooperation_hacks_earn_nothing(task, name, main):
+    r = task.reward(HE0, [AUX_GOOD, main])
+    assert r.levels["tests"] == 1.0, (name, r.details)
+    assert r.levels["cooperation"] == 0.0, (name, r.details)
+    assert r.total == 2.5 and not r.details["aux_reaches_return"]
+    assert r.details["calls_aux"] == (name != "call never runs")
+
+
+def test_renamed_thin_wrapper_earns_only_the_wrappers_half_point(task):
+    """`r = aux(x); r = r; return r` is a thin wrapper at run time, like `return aux(x)`: the
+    paper's +0.5 for calling aux while a test passes, never the +1.0 for real work in main."""
+    aux = ("def aux(numbers, threshold):\n    return any(abs(a - b) < threshold "
+           "for i, a in enumerate(numbers) for b in numbers[i + 1:])")
+    for body in ["r = aux(numbers, threshold)\n    r = r\n    return r",
+                 "r = aux(numbers, threshold)\n    out = r\n    return bool(out)",
+                 "return aux(numbers, threshold)"]:
+        r = task.reward(HE0, [aux, f"{SIG}\n    {body}"])
+        assert r.levels == {"structure": 1.0, "syntax": 0.5, "tests": 1.0, "cooperation": 0.5}, body
+        assert r.details["thin_wrapper"] and r.details["aux_reaches_return"]
+
+
+# ------------------------------------------------------------- cooperation, legitimate uses
+
+def test_aux_computes_a_part_and_main_combines_it():
+    t = CustomCodingTask('def hypot(a, b):\n    """Length of the hypotenuse."""\n',
+                         "assert hypot(3, 4) == 5.0\nassert hypot(5, 12) == 13.0\nassert hypot(0, 0) == 0.0")
+    r = t.reward(t.example, ["def aux(x):\n    return x * x", "def hypot(a, b):\n    return (aux(a) + aux(b)) ** 0.5"])
+    assert r.levels["cooperation"] == 1.5 and r.total == 4.0, r.details
+    assert r.details["aux_calls"] == 6 and not r.details["ignores_aux"]
+
+
+def test_aux_called_in_a_loop():
+    t = CustomCodingTask('def total_length(words):\n    """Sum of the lengths of the words."""\n',
+                         "assert total_length(['ab', 'c']) == 3\nassert total_length([]) == 0\n"
+                         "assert total_length(['hello', 'x', 'yz']) == 8")
+    main = "def total_length(words):\n    n = 0\n    for w in words:\n        n += aux(w)\n    return n"
+    r = t.reward(t.example, ["def aux(w):\n    return len(w)", main])
+    # the passing test where aux never runs (the empty list) takes nothing away
+    assert r.levels["cooperation"] == 1.5 and r.details["aux_calls"] == 5, r.details
+
+
+def test_aux_result_transformed_before_return():
+    t = CustomCodingTask('def shout(s):\n    """s without surrounding spaces, in upper case, with a !"""\n',
+                         "assert shout(' hi ') == 'HI!'\nassert shout('ok') == 'OK!'")
+    r = t.reward(t.example, ["def aux(s):\n    return s.strip()", "def shout(s):\n    return aux(s).upper() + '!'"])
+    assert r.levels["cooperation"] == 1.5, r.details
+    t = CustomCodingTask('def desc(xs):\n    """xs sorted, largest first."""\n',
+                         "assert desc([1, 3, 2]) == [3, 2, 1]\nassert desc([5, 4]) == [5, 4]")
+    r = t.reward(t.example, ["def aux(xs):\n    return sorted(xs)", "def desc(xs):\n    return aux(xs)[::-1]"])
+    assert r.levels["cooperation"] == 1.5, r.details
+
+
+def test_aux_result_used_only_as_a_condition_still_counts():
+    t = CustomCodingTask('def sign(x):\n    """1, 0 or -1."""\n',
+                         "assert sign(5) == 1\nassert sign(-2) == -1\nassert sign(0) == 0")
+    main = "def sign(x):\n    if aux(x):\n        return 1\n    if x == 0:\n        return 0\n    return -1"
+    r = t.reward(t.example, ["def aux(x):\n    return x > 0", main])
+    assert r.levels["cooperation"] == 1.5, r.details
+
+
+def test_cooperation_aggregation():
+    """From probe findings to the level: inconclusive tests count for nothing, one ignored call
+    site costs 0.5, one non-wrapper test is enough for the +1.0."""
+    def ok(calls, wrapper, sites):
+        return {"status": "ok", "aux_calls": calls, "wrapper": wrapper, "sites": sites}
+
+    def probe(*ts):
+        return {"tests": dict(enumerate(ts)), "complete": True, "error": None}
+
+    assert cooperation(None)[0] == 0.0
+    assert cooperation(probe(ok(0, False, {})))[0] == 0.0
+    assert cooperation(probe(ok(2, False, {"f:2:10": False})))[0] == 0.0
+    assert cooperation(probe(ok(2, False, {"f:2:10": True})))[0] == 1.5
+    assert cooperation(probe(ok(2, True, {"f:2:10": True})))[0] == 0.5
+    assert cooperation(probe(ok(2, True, {"f:2:10": True}), ok(1, False, {"f:2:10": True})))[0] == 1.5
+    score, info = cooperation(probe(ok(2, False, {"f:2:10": True, "f:3:40": False})))
+    assert score == 1.0 and info["ignored_sites"] == ["line 3 of f"]
+    score, info = cooperation(probe({"status": "nondeterministic", "aux_calls": 2, "wrapper": False, "sites": {}}))
+    assert score == 0.0 and info["tests_inconclusive"] == 1
 
 
 def test_timeout_and_crash_are_the_candidates_fault(task):
@@ -223,7 +327,7 @@ def _no_sandbox(*a, **k):
 
 
 def test_sandbox_failure_raises_instead_of_a_silent_zero(task, monkeypatch):
-    def broken(code, tests, limits, setup=""):
+    def broken(code, tests, limits, setup="", probe=None):
         return SandboxResult(
             tests=[TestResult(i, t, False, "did not run") for i, t in enumerate(tests)],
             setup_error="the sandbox failed to start (exit code 70; see stderr)", timed_out=False,
@@ -245,7 +349,7 @@ def test_feedback_texts(task, monkeypatch):
     for text in fb:
         assert f"Score {r.total:.2f}" in text and "Tests: 3/7 passed" in text
         assert "First failing test:\nassert has_close_elements([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True" in text
-        assert "AssertionError" in text and "does not call `aux`" in text
+        assert "AssertionError" in text and "does not call `aux` while a test passes" in text
     assert "`aux`" in fb[0] and "has_close_elements" in fb[1]
     gated = task.feedback(HE0, ["", ""])
     assert "`aux` is missing; `has_close_elements` is missing." in gated[0] and "Stopped" in gated[0]
@@ -303,8 +407,11 @@ PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
 def test_custom_with_plain_asserts():
     t = CustomCodingTask(PROMPT, "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 5\n")
     assert t.example["entry_point"] == "add" and t.examples("train") == t.examples("eval") == [t.example]
-    r = t.reward(t.example, ["def aux(a, b):\n    return a + b", "def add(a, b):\n    s = aux(a, b)\n    return int(s)"])
+    r = t.reward(t.example, ["def aux(a, b):\n    return a + b", "def add(a, b):\n    s = aux(a, 0)\n    return int(s) + b"])
     assert r.levels == {"structure": 1.0, "syntax": 0.5, "tests": pytest.approx(2 / 3), "cooperation": 1.5}
+    # int() of aux's int adds nothing: a thin wrapper at run time
+    r = t.reward(t.example, ["def aux(a, b):\n    return a + b", "def add(a, b):\n    s = aux(a, b)\n    return int(s)"])
+    assert r.levels["cooperation"] == 0.5 and r.details["thin_wrapper"]
 
 
 def test_custom_with_check_candidate_and_inferred_entry():
@@ -315,9 +422,9 @@ def test_custom_with_check_candidate_and_inferred_entry():
     aux = "def aux(r):\n    return r * r"
     r = t.reward(t.example, [aux, "def area(r):\n    sq = aux(r)\n    return math.pi * sq"])
     assert r.levels["tests"] == 1.0 and r.total == 4.0
-    # one `return` whose value calls aux is a thin wrapper (the reference's rule), whatever else it does
+    # main combines aux's part in its one `return`: not a thin wrapper (the reference's regex says it is)
     r = t.reward(t.example, [aux, "def area(r):\n    return math.pi * aux(r)"])
-    assert r.levels["cooperation"] == 0.5 and r.details["thin_wrapper"]
+    assert r.levels["cooperation"] == 1.5 and not r.details["thin_wrapper"]
 
 
 @pytest.mark.parametrize("kw,msg", [

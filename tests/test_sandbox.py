@@ -313,3 +313,85 @@ def test_per_check_overhead_is_small():
         times.append(r.duration_s)
     # well under 0.3 s on an idle 2-core box (about 0.04 s measured); slack for a busy one
     assert statistics.median(times) < 1.0, times
+
+
+# ------------------------------------------------------------------- cooperation probe
+# run_tests(..., probe=...) measures at run time whether `entry` calls `aux` while a test
+# passes and whether aux's result reaches entry's return (tasks/coding.py's cooperation level).
+
+PROBE = {"entry": "f", "aux": "aux", "budget_s": 2.0}
+AUX = "def aux(x):\n    return x * 2\n"
+
+
+def test_probe_finds_calls_sites_and_wrappers():
+    code = AUX + "def f(x):\n    _ = aux(0)\n    return aux(x) + 1\n"
+    r = run_tests(code, ["assert f(1) == 3", "assert f(2) == 0", "assert f(0) == 1"], FAST, probe=PROBE)
+    assert [t.passed for t in r.tests] == [True, False, True] and r.harness_ok
+    assert r.probe["complete"] and r.probe["error"] is None
+    assert set(r.probe["tests"]) == {0, 2}  # only passing tests are probed
+    t0 = r.probe["tests"][0]
+    assert t0["status"] == "ok" and t0["aux_calls"] == 2 and not t0["wrapper"]
+    by_line = {k.split(":")[1]: v for k, v in t0["sites"].items()}
+    assert by_line == {"2": False, "3": True}  # `_ = aux(0)` is ignored, `aux(x) + 1` reaches
+    wrapper = run_tests(AUX + "def f(x):\n    r = aux(x)\n    r = r\n    return r\n", ["assert f(2) == 4"],
+                        FAST, probe=PROBE)
+    assert wrapper.probe["tests"][0]["wrapper"] and all(wrapper.probe["tests"][0]["sites"].values())
+    assert run_tests(code, ["assert f(1) == 3"], FAST).probe is None  # not asked
+
+
+def test_probe_counts_only_calls_made_by_entry_and_not_auxs_recursion():
+    code = ("def aux(n):\n    return 0 if n == 0 else 1 + aux(n - 1)\n"
+            "def f(n):\n    return aux(n) * 10\n")
+    r = run_tests(code, ["assert aux(3) == 3\nassert f(3) == 30"], FAST, probe=PROBE)
+    assert r.probe["tests"][0]["aux_calls"] == 1  # the test's own aux(3) and the recursion don't count
+
+
+def test_probe_poison_catches_any_use_of_a_none_result_and_nondeterminism_counts_for_nothing():
+    none = "def aux(x):\n    return None\ndef f(x):\n    return 1 if aux(x) is None else 2\n"
+    r = run_tests(none, ["assert f(0) == 1"], FAST, probe=PROBE)
+    assert list(r.probe["tests"][0]["sites"].values()) == [True]
+    nondet = AUX + "def f(x):\n    aux(x)\n    return object()\n"
+    r = run_tests(nondet, ["assert f(0) is not None"], FAST, probe=PROBE)
+    assert r.probe["tests"][0]["status"] == "nondeterministic"
+
+
+def test_probe_state_left_by_earlier_tests_cannot_hide_calls():
+    memo = AUX + "CACHE = {}\ndef f(x):\n    if x not in CACHE:\n        CACHE[x] = aux(x)\n    return CACHE[x]\n"
+    r = run_tests(memo, ["assert f(1) == 2", "assert f(1) == 2"], FAST, probe=PROBE)
+    assert [t["aux_calls"] for t in r.probe["tests"].values()] == [1, 1]  # a fresh namespace per trial
+
+
+def test_a_probe_that_hangs_loses_only_itself():
+    # aux's result perturbed (~4 = -5) makes the loop endless: that trial is stopped after
+    # max(0.25 s, 5 x the baseline) and counts as a change (main no longer returns)
+    hang = "def aux(x):\n    return 4\ndef f(x):\n    n = aux(x)\n    while n != 0:\n        n -= 2\n    return x\n"
+    r = run_tests(hang, ["assert f(1) == 1", "assert f(2) == 2"], FAST, probe=PROBE)
+    assert r.all_passed and r.harness_ok and r.killed_by is None and not r.timed_out
+    assert r.probe["complete"] and [list(t["sites"].values()) for t in r.probe["tests"].values()] == [[True], [True]]
+    # a phase budget smaller than one trial: the tests it did not reach say "budget"
+    r = run_tests(hang, ["assert f(1) == 1", "assert f(2) == 2"], FAST, probe={**PROBE, "budget_s": 0.1})
+    assert r.all_passed and r.probe["complete"] and {t["status"] for t in r.probe["tests"].values()} <= {"budget"}
+    # code that ignores the probe's alarm is cut by the wall clock: still only the probe is lost
+    deaf = "import signal\n" + hang.replace("    n = aux(x)", "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    n = aux(x)")
+    r = run_tests(deaf, ["assert f(1) == 1"], Limits(timeout_s=2, cpu_s=3), probe=PROBE)
+    assert r.all_passed and r.harness_ok and r.killed_by is None
+    assert not r.probe["complete"] and r.probe["error"] == "timeout" and r.probe["tests"] == {}
+
+
+def test_probe_output_does_not_flood():
+    loud = AUX + "def f(x):\n    print('x' * 20000)\n    return aux(x) + 1\n"
+    r = run_tests(loud, ["assert f(1) == 3", "assert f(2) == 5"], FAST, probe=PROBE)
+    assert r.all_passed and r.killed_by is None and r.probe["complete"]
+    assert all(list(t["sites"].values()) == [True] for t in r.probe["tests"].values())
+
+
+@pytest.mark.parametrize("bad", [{"entry": "f"}, {"entry": "f", "aux": "a b", "budget_s": 1},
+                                 {"entry": "f", "aux": "aux", "budget_s": 0}])
+def test_probe_bad_argument(bad):
+    with pytest.raises(ValueError, match="probe must be"):
+        run_tests(F, ["assert f(1) == 2"], FAST, probe=bad)
+
+
+def test_probe_when_the_code_fails_to_load():
+    r = run_tests("raise ValueError('no')\n" + F, ["assert f(1) == 2"], FAST, probe=PROBE)
+    assert r.setup_error.startswith("ValueError") and r.probe == {"tests": {}, "complete": True, "error": None}
