@@ -35,7 +35,8 @@ FORMATS = ("jsonl", "datasets", "parquet")
 FILE_NAMES = {"jsonl": "joint_samples.jsonl", "parquet": "joint_samples.parquet", "datasets": "dataset"}
 
 RATING = pa.struct([("id", pa.int64()), ("rater", pa.string()), ("value", pa.float64()),
-                    ("comment", pa.string()), ("created_at", pa.string())])
+                    ("comment", pa.string()), ("created_at", pa.string()),
+                    ("kind", pa.string()), ("detail", pa.string()), ("session_id", pa.string())])
 SCHEMA = pa.schema([
     ("group_id", pa.int64()), ("task", pa.string()), ("example_id", pa.string()), ("example", pa.string()),
     ("turn", pa.int64()), ("prompts", pa.list_(pa.string())), ("session_id", pa.string()),
@@ -76,8 +77,12 @@ def group_rows(g: GroupRecord, rule: ReturnRule, now: datetime) -> list[dict]:
             "finish_reasons": [s.finish_reason for s in parts], "combined": j.combined,
             "auto_total": j.auto_total, "auto_max": j.auto_max, "auto_levels": _json(j.auto_levels),
             "auto_details": _json(j.auto_details), "auto_error": j.auto_error,
+            # kind = the feedback form (stars / rank / pick_best), detail = its own answer as JSON
+            # (value is already that answer on the 1..5 scale, collab_app/online/returns.py)
             "ratings": [{"id": r.id, "rater": r.rater, "value": r.value, "comment": r.comment,
-                         "created_at": r.created_at.isoformat()} for r in j.ratings],
+                         "created_at": r.created_at.isoformat(), "kind": r.kind,
+                         "detail": None if r.detail is None else json.dumps(r.detail), "session_id": r.session_id}
+                        for r in j.ratings],
             "human_score": human_score(ratings[k], g.max_reward),
             "return": None if got is None else got[0][k],
             "return_source": None if got is None else got[1][k],
