@@ -114,8 +114,8 @@ def test_expansion_levels_and_transitions_in_both_parts():
     r = t.reward(EX, ["however " + make(129, 991, "a"), c2])
     assert "contrast" in r.details["transition_categories"]
     assert r.levels["style"] == pytest.approx(0.4 * 0.45)
-    assert t.reward(EX, [make(127, 1000, "a"), c2]).details["stopped_at"] == "length"
-    assert t.reward(EX, [make(128, 1000, "a"), c2]).levels["length"] == 0.5
+    assert t.reward(EX, [make(31, 1000, "a"), c2]).details["stopped_at"] == "length"
+    assert t.reward(EX, [make(32, 1000, "a"), c2]).levels["length"] == 0.5
     assert t.reward(EX, [make(256, 2000, "a"), make(256, 2300, "b")]).levels["length"] == 0.5
     assert t.reward(EX, [make(257, 2000, "a"), make(256, 2300, "b")]).details["stopped_at"] == "length"
     r = t.reward(EX, [c1, make(130, 1501, "b")])  # ratio 1.501 > 1.5
