@@ -402,6 +402,8 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             st["in"] = False
             return None
         st["in"] = False
+        set_signal(SIGALRM, on_alarm)  # again: the code's top level may have taken the alarm
+        setitimer(ITIMER_REAL, 0.05, 0.05)
         orig_main, orig_aux = ns.get(entry), ns.get(aux_name)
         if not (callable_(orig_main) and callable_(orig_aux)):
             return None

@@ -395,3 +395,10 @@ def test_probe_bad_argument(bad):
 def test_probe_when_the_code_fails_to_load():
     r = run_tests("raise ValueError('no')\n" + F, ["assert f(1) == 2"], FAST, probe=PROBE)
     assert r.setup_error.startswith("ValueError") and r.probe == {"tests": {}, "complete": True, "error": None}
+
+
+def test_probe_takes_the_alarm_back_from_the_codes_top_level():
+    hang = ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+            "def aux(x):\n    return 4\ndef f(x):\n    n = aux(x)\n    while n != 0:\n        n -= 2\n    return x\n")
+    r = run_tests(hang, ["assert f(1) == 1"], FAST, probe=PROBE)
+    assert r.all_passed and r.probe["complete"] and list(r.probe["tests"][0]["sites"].values()) == [True]
