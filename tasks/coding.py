@@ -42,11 +42,12 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   tests and only ever touches aux's return value.
 
   What it still cannot catch: a result that is checked rather than used counts as reaching
-  (``return g(x) if aux(x) == aux(x) else None`` -- dependence, not usefulness); a dependence that
-  none of the perturbations exercises on any passing test is missed (no credit: the error goes
-  against the team, never for it); an identity ``aux`` through which main passes its own answer
-  (``return aux(solve(x))``) earns the wrapper's 0.5; side effects of aux (it sorts a list in
-  place) earn nothing; code that deliberately attacks the harness (introspection, signal
+  (``return g(x) if aux(x) == aux(x) else None`` -- dependence, not usefulness; likewise a
+  perturbed run that no longer returns in time counts as a change); a dependence that none of
+  the perturbations exercises on any passing test is missed (less credit, never more); tests the
+  probe's budget did not reach can hide an ignored call site (a missed -0.5); an identity
+  ``aux`` through which main passes its own answer (``return aux(solve(x))``) earns the
+  wrapper's 0.5; side effects of aux (it sorts main's list in place) earn nothing; code that deliberately attacks the harness (introspection, signal
   handlers) can forge the probe like it can forge verdicts (tasks/sandbox.py says so). The probe
   has a time budget (a third of the wall-clock limit, at most 5 s) and loses only itself if it
   hangs: tests it did not reach give no credit.
