@@ -37,8 +37,12 @@ class ScriptedEngine:
     def _answer(self, prompt: str) -> str:
         ex = next(e for e in load_task("humaneval").examples("eval") if e["prompt"].strip() in prompt)
         body = ex["canonical_solution"]
-        if self.main_calls_aux:  # calls aux and uses its (identity) result: not a thin wrapper
-            body = "    _ = aux(0)\n" + body
+        if self.main_calls_aux:
+            # passes its first argument through aux (identity) and goes on with the result: aux runs
+            # while the tests pass and its result reaches main's return (the run-time cooperation
+            # rule, tasks/coding.py); `_ = aux(0)` would be the ignored-result hack and earn nothing.
+            p0 = ex["prompt"].split(f"def {ex['entry_point']}(", 1)[1].split(")", 1)[0].split(",")[0].split(":")[0].strip()
+            body = f"    {p0} = aux({p0})\n" + body
         main = ex["prompt"] + body
         if "You are the helper" in prompt:
             return f"```python\n{AUX_SRC}```"
