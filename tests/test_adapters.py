@@ -32,6 +32,31 @@ def test_save_and_latest(tmp_path):
         adapters.save_version(d, "main", 2, _write_files, {})
 
 
+def test_every_file_is_fsynced_before_the_rename(tmp_path, monkeypatch):
+    """Weights and optimizer state reach the disk before the version dir appears (like collab.json)."""
+    synced, real_fsync, real_rename = [], os.fsync, os.rename
+
+    def fsync(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src, dst):
+        synced.append(("rename", os.path.basename(dst)))
+        real_rename(src, dst)
+
+    def write(tmp):
+        _write_files(tmp)
+        with open(os.path.join(tmp, adapters.OPTIMIZER), "wb") as f:
+            f.write(b"adam")
+
+    monkeypatch.setattr(adapters.os, "fsync", fsync)
+    monkeypatch.setattr(adapters.os, "rename", rename)
+    adapters.save_version(str(tmp_path), "main", 1, write, {})
+    cut = synced.index(("rename", "v000001"))
+    assert {"adapter_model.safetensors", adapters.OPTIMIZER, adapters.MARKER} <= set(synced[:cut])
+    assert synced[cut + 1:] == ["main"]                    # then the parent dir: the rename is durable
+
+
 def test_failed_write_leaves_nothing(tmp_path):
     def explode(tmp):
         _write_files(tmp)

@@ -228,8 +228,9 @@ def trainer(model_path, tmp_path_factory):
     return MAGRPOTrainer(cfg, load_task("tldr"), str(tmp_path_factory.mktemp("adapters")))
 
 
-def _on_policy_groups(trainer, shift=0.0, returns=(1.0, 0.0)):
-    """Two groups (G=2) whose behaviour log-probs are the trainer's own current ones (+ shift)."""
+def _on_policy_groups(trainer, shift=0.0, returns=(1.0, 0.0), late=False):
+    """Two groups (G=2) whose behaviour log-probs are the trainer's own current ones (+ shift),
+    stamped with the trainer's current versions (late: the version before, i.e. off-policy)."""
     groups = []
     for e in range(2):
         samples = []
@@ -239,7 +240,7 @@ def _on_policy_groups(trainer, shift=0.0, returns=(1.0, 0.0)):
             trainer.model.set_adapter(agent)
             with torch.no_grad():
                 lp, mask = sequence_logprobs(trainer.model, prompts, comps)
-            version = trainer.versions[agent]
+            version = trainer.versions[agent] - (1 if late else 0)
             samples.append([Sample(agent=agent, adapter_version=version, prompt_token_ids=p, text="x", token_ids=c,
                                    logprobs=[v + shift for v in lp[i, :len(c)].tolist()])
                             for i, (p, c) in enumerate(zip(prompts, comps))])
@@ -262,12 +263,30 @@ def test_ratio_is_one_when_nothing_moved_then_versions_advance(trainer):
 
 
 def test_clipping_binds_only_where_it_should(trainer):
-    # behaviour log-probs 1 nat lower: ratio = e > 1 + eps on every token. Positive-advantage
-    # samples are clipped (no gradient), negative ones are not: clip_frac = their token share.
-    m = trainer.update(_on_policy_groups(trainer, shift=-1.0))
+    # late samples (one version behind) whose engine log-probs are 1 nat lower: ratio = e > 1 + eps
+    # on every token. Positive-advantage samples are clipped (no gradient), negative ones are not:
+    # clip_frac = their token share.
+    if min(trainer.versions.values()) == 0:
+        trainer.update(_on_policy_groups(trainer))
+    m = trainer.update(_on_policy_groups(trainer, shift=-1.0, late=True))
     a = trainer.agents[0]
+    assert m["late_groups"] == 2 and m[f"{a}/late_samples"] == 4
     assert m[f"{a}/ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    assert m[f"{a}/late_ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    assert m[f"{a}/late_ratio_min"] == pytest.approx(math.e, rel=1e-4) == m[f"{a}/late_ratio_max"]
     assert m[f"{a}/clip_frac"] == pytest.approx(3 / 8)                    # A>0 on the 3-token completion, A<0 on the 5-token one
+    assert m[f"{a}/late_clip_frac"] == pytest.approx(3 / 8)
+
+
+def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
+    # engine log-probs 1 nat off (bf16 noise, exaggerated) on samples of the current version:
+    # behaviour = the trainer's own log-probs, so the ratio is exactly 1 and nothing is clipped
+    m = trainer.update(_on_policy_groups(trainer, shift=-1.0))
+    for a in trainer.agents:
+        assert m[f"{a}/ratio_mean"] == 1.0 and m[f"{a}/clip_frac"] == 0.0
+        assert m[f"{a}/late_samples"] == 0 and math.isnan(m[f"{a}/late_ratio_mean"])
+        assert m[f"{a}/engine_logprob_gap"] == pytest.approx(1.0, abs=1e-4)
+    assert m["late_groups"] == 0
 
 
 def test_zero_variance_groups_do_not_train(trainer):
@@ -282,8 +301,11 @@ def test_stale_groups_are_dropped(trainer):
     groups = _on_policy_groups(trainer)
     trainer.update(groups)                                                  # versions move on by one
     before = dict(trainer.versions)
-    m = trainer.update(groups)                                              # same data, now 1 version old > max_staleness 0
+    for k, g in enumerate(groups):
+        g.id = 100 + k
+    m = trainer.update(groups)                                              # same data, now 1 version late > max_staleness 0
     assert m["groups_dropped_stale"] == 2 and m["groups"] == 0
+    assert m["stale_group_ids"] == [100, 101] and m["group_ids"] == []
     assert trainer.versions == before
 
 

@@ -121,6 +121,11 @@ def test_cli_is_parsed_from_the_config_dataclass():
     assert cfg.rule().mode == "weighted"
 
 
+def test_online_multi_turn_is_refused_with_a_way_out():
+    with pytest.raises(ValueError, match="collab train --num-turns 2"):
+        ServiceConfig(num_turns=2)
+
+
 # ----------------------------------------------------------------------------- store side, no model
 
 
@@ -202,6 +207,21 @@ def test_step_publishes_versions_after_rename_and_marks_groups(store, tmp_path, 
     assert store.current_adapter_versions()[AGENTS[0]][0] == 2
     assert [s["step"] for s in store.train_steps()] == [1, 2]
     assert svc.poll_once() == "idle"
+
+
+def test_only_groups_in_the_gradient_are_marked_trained_late_ones_are_retired(store, tmp_path):
+    svc = service(store, tmp_path, min_groups=2, max_staleness=0)
+    first, second, waiting = add_groups(store, 3)
+    ready = {g.group_id: g for g in store.ready_groups(svc.rule)}
+    svc.train_step(TASK.name, [ready[first], ready[second]])        # `waiting` sits out step 1
+    assert store.group(waiting).status == "ready"                   # not in the gradient: still ready
+    assert {store.group(i).status for i in (first, second)} == {"trained"}
+    # `waiting` arrived before version 1 was written: 1 version late > max_staleness 0
+    m = svc.train_step(TASK.name, store.ready_groups(svc.rule))
+    assert m["groups_dropped_stale"] == 1 and m["groups"] == 0
+    assert store.group(waiting).status == "expired"                 # retired, never retried
+    assert store.train_steps()[-1]["group_ids"] == []
+    assert store.ready_groups(svc.rule) == []
 
 
 # ----------------------------------------------------------------------------- hot-swap

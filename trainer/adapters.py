@@ -6,7 +6,7 @@
         collab.json                                       step, parent version, metrics, config, time
 
 A version is written into a temp dir in the same parent (`.tmp-v000003-XXXX`, a name that never
-parses as a version) and `os.rename`d into place, which is atomic on one filesystem: readers see
+parses as a version), every file in it fsynced, and `os.rename`d into place, which is atomic on one filesystem: readers see
 either no `v000003` or a complete one. `collab.json` is written last inside the temp dir and is
 the completeness marker, so a directory without it (copied by hand, left by another tool) is
 ignored too. Version 0 is the freshly initialised adapter (LoRA B = 0, i.e. the base model),
@@ -45,16 +45,30 @@ def save_version(adapters_dir: str, agent: str, version: int, write: Callable[[s
     tmp = tempfile.mkdtemp(prefix=f".tmp-v{version:06d}-", dir=parent)
     try:
         write(tmp)
+        for name in sorted(os.listdir(tmp)):   # the weights and optimizer state on disk before the marker
+            _fsync(os.path.join(tmp, name))
         meta = {"agent": agent, "version": version, "created_at": time.time(), **meta}
         with open(os.path.join(tmp, MARKER), "w") as f:
             json.dump(meta, f, indent=1, default=str)
             f.flush()
             os.fsync(f.fileno())
+        _fsync(tmp)                            # its directory entries
         os.rename(tmp, final)
+        _fsync(parent)                         # the rename itself
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _fsync(path: str) -> None:
+    """Flush a file's (or a directory's entries') data to the disk: after a power loss a renamed
+    version must not hold empty or torn weights (rename is atomic, the data behind it is not)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def list_versions(adapters_dir: str, agent: str) -> list[tuple[int, str]]:

@@ -66,8 +66,8 @@ class MAGRPOConfig:
     """module names that get LoRA (attention projections of a Llama block)."""
     clip_epsilon: float = 0.2
     """PPO clip range of the importance ratio pi_new / pi_behaviour (matters for late, online data)."""
-    max_staleness: int = 4
-    """drop groups sampled by an adapter more than this many versions behind the current one."""
+    max_staleness: int = 16
+    """last resort: drop a group once an agent wrote more than this many versions after it arrived (late data is otherwise trained under the clipped ratio)."""
     kl_coef: float = 0.0
     """weight of the KL penalty to the base model (adapter disabled); KL is logged either way."""
     micro_batch_size: int = 8

@@ -6,10 +6,21 @@ ready one has waited `max_wait_s` (T). One step, in this order:
 
     1. status "training"                       (store app_state, key STATUS_KEY)
     2. trainer.update(groups)                  writes each changed agent's next adapter version
-                                               to a temp dir and renames it into place
+                                               to a temp dir and renames it into place; says which
+                                               groups went into the step and which were too late
     3. store.record_adapter_version(...)       only after the rename: a row names a complete dir
-    4. store.record_train_step(step, metrics, group ids)   marks the groups trained (one transaction)
+    4. store.record_train_step(step, metrics, used ids, stale ids)   marks the used groups trained
+                                               and retires (expires) the too-late ones, one transaction;
+                                               any other group stays ready for the next step
     5. status "idle"
+
+Late groups (rated while the trainer moved on, or served by a pinned older version) are trained
+under the clipped importance ratio against the engine's behaviour log-probs (trainer/magrpo.py);
+only a group that waited while an agent wrote more than `max_staleness` versions is dropped.
+
+Online multi-turn is refused (`num_turns > 1`): self-play would store each turn's immediate
+reward and the store keeps no parent link, so gamma would silently do nothing. Turn-2 groups a
+person plays in the UI are trained on their own immediate returns (gamma = 0 online).
 
 The serving process picks the new rows up (collab_app/online/hotswap.py) and serves them.
 
@@ -106,6 +117,11 @@ class ServiceConfig(MAGRPOConfig):
             raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0")
         if self.self_play_prompts < 1 or self.max_steps < 0:
             raise ValueError("self_play_prompts must be >= 1 and max_steps >= 0")
+        if self.num_turns > 1:
+            raise ValueError(f"num_turns={self.num_turns}: the online trainer trains one turn per group (the store "
+                             f"keeps no parent link between turns, so gamma-returns cannot be formed online). "
+                             f"Use --num-turns 1 here, and `collab train --num-turns {self.num_turns}` for "
+                             f"multi-turn training offline.")
         self.rule()   # validates the return settings
 
     def rule(self) -> ReturnRule:
@@ -199,12 +215,14 @@ def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
 
 
 def to_trainer_group(g):
-    """A store ReadyGroup as the trainer's Group (returns = the rule's returns)."""
+    """A store ReadyGroup as the trainer's Group (returns = the rule's returns; its id and arrival
+    time ride along: update() reports ids back, and lateness counts versions since arrival)."""
     from trainer.magrpo import Group
 
     return Group(task=g.task, example_id=g.example_id, turn=g.turn, prompts=list(g.prompts),
                  samples=g.samples, joint=[tuple(j) for j in g.joint], returns=list(g.returns),
-                 rewards=list(g.returns), levels=[dict(lv) for lv in g.levels])
+                 rewards=list(g.returns), levels=[dict(lv) for lv in g.levels],
+                 created_at=g.created_at.timestamp(), id=g.group_id)
 
 
 class TrainerService:
@@ -270,13 +288,17 @@ class TrainerService:
         before = dict(trainer.versions)
         t0 = time.time()
         metrics = trainer.update([to_trainer_group(g) for g in ready])
+        used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
         metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
                        oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
         for agent in trainer.agents:   # rows only now: update() renamed the dirs into place
             if trainer.versions[agent] != before[agent]:
                 self.store.record_adapter_version(agent, trainer.versions[agent], trainer.adapter_path(agent),
                                                   step=step, metrics=metrics)
-        self.store.record_train_step(step, metrics, ids)
+        self.store.record_train_step(step, metrics, used, stale_group_ids=stale)
+        if stale:
+            log.warning("step %d: %d groups waited too long (> %d versions) and were retired: %s",
+                        step, len(stale), self.cfg.max_staleness, stale)
         self.steps_done += 1
         log.info("step %d (%s): %d groups, return %.3f, versions %s, %.1fs", step, task_name, len(ids),
                  metrics.get("return_mean", float("nan")), trainer.versions, time.time() - t0)

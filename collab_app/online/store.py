@@ -781,14 +781,21 @@ class Store:
                         .values(status="trained", trained_step=int(step)))
         return res.rowcount
 
-    def record_train_step(self, step: int, metrics: dict, group_ids: Sequence[int]) -> None:
-        """One trainer step: its metrics, and its groups marked trained, in one transaction."""
+    def record_train_step(self, step: int, metrics: dict, group_ids: Sequence[int],
+                          stale_group_ids: Sequence[int] = ()) -> None:
+        """One trainer step in one transaction: its metrics, the groups that went into its gradient
+        (`group_ids`) marked trained, and the groups the trainer dropped as too late
+        (`stale_group_ids`) marked expired, so they are not retried forever (their ratings stay)."""
         with self._write() as s:
             if s.scalar(select(TrainStepRow.id).where(TrainStepRow.step == int(step))):
                 raise StoreError(f"train step {step} is already recorded: steps are numbered once")
             s.add(TrainStepRow(step=int(step), metrics=jsonable(metrics), created_at=utcnow(),
                                group_ids=[int(g) for g in group_ids]))
             self._mark(s, group_ids, step)
+            if stale_group_ids:
+                s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in stale_group_ids]),
+                                                    GroupRow.status.in_(("open", "ready")))
+                          .values(status="expired"))
 
     def train_steps(self, last: int | None = None) -> list[dict]:
         """Recorded steps, oldest first (the `last` n when given): {step, metrics, created_at, group_ids}."""
