@@ -267,6 +267,7 @@ def cli_main(argv: list[str] | None = None) -> int:
                           description="Scripted raters with declared preferences rate a running `collab serve`; "
                                       "reports whether the team learns them (JSON + PNG).")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bench-online %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per gradio_client request otherwise
     res = run(cfg)
     print(json.dumps({"summary": res["summary"], "windows": res["windows"]}, indent=1))
     print(f"wrote {os.path.join(os.path.abspath(cfg.out_dir), 'bench_online.json')} and bench_online.png")

