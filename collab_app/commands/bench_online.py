@@ -64,6 +64,8 @@ class BenchOnlineConfig:
     """where the server's home, the JSON, the PNG and the server log go."""
     port: int = 0
     """server port (0 = a free one)."""
+    round_timeout_s: float = 600.0
+    """a round (generate or rate) that takes longer ends the run as "hung" (results so far are kept)."""
 
     def __post_init__(self):
         for r in self.raters:
@@ -110,8 +112,8 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.terminate()   # serve stops its trainer child on SIGTERM
         try:
             proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:   # e.g. a hung generate holds the engine lock
+            os.killpg(proc.pid, signal.SIGKILL)   # its own session: serve and the trainer child
             proc.wait()
 
 
@@ -130,25 +132,29 @@ def connect(url: str, proc: subprocess.Popen, timeout: float = 600):
             time.sleep(2)
 
 
-def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen) -> tuple[list[dict], float]:
-    """Raters take turns (one round each, round robin) until the time is up. One record per round."""
+def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds: list[dict]) -> float:
+    """Raters take turns (one round each, round robin) until the time is up; one record per round
+    appended to `rounds` (kept if the server fails midway). Returns the start time."""
     from tasks import load_task
 
     texts = [ex["text"] for split in ("train", "eval") for ex in load_task(TEXTS_TASK).examples(split)]
     clients = [connect(url, proc) for _ in cfg.raters]
     prefs = [preference(r) for r in cfg.raters]
-    rounds, t_start = [], time.time()
+    t_start = time.time()
+
+    def call(client, **kw):
+        return client.submit(**kw).result(timeout=cfg.round_timeout_s)
     end = time.monotonic() + 60 * cfg.minutes
     k = 0
     while time.monotonic() < end:
         i = k % len(cfg.raters)
         t0 = time.time()
-        out = clients[i].predict(task=TEXTS_TASK, text=texts[k % len(texts)], api_name="/generate")
+        out = call(clients[i], task=TEXTS_TASK, text=texts[k % len(texts)], api_name="/generate")
         t1 = time.time()
         ratings = []
         for c in out["candidates"]:
             r = prefs[i](c["combined"])
-            clients[i].predict(joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
+            call(clients[i], joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
             ratings.append(r)
         versions = {}
         for c in out["candidates"]:
@@ -162,7 +168,7 @@ def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen) -> tupl
                        "words": [len(c["combined"].split()) for c in out["candidates"]]})
         log.info("round %d (%s): %.1f s, ratings %s, versions %s", k, cfg.raters[i], t1 - t0, ratings, versions)
         k += 1
-    return rounds, t_start
+    return t_start
 
 
 def _unix(dt) -> float:
@@ -239,15 +245,22 @@ def run(cfg: BenchOnlineConfig) -> dict:
     os.makedirs(home, exist_ok=False)   # a fresh store and adapters: the curve starts at version 0
     port = cfg.port or _free_port()
     proc = start_server(cfg, home, port)
+    rounds: list[dict] = []
+    error = None
     try:
         t_up = time.time()
         connect(f"http://127.0.0.1:{port}/", proc)
         startup_s = time.time() - t_up
-        rounds, t_start = run_raters(cfg, f"http://127.0.0.1:{port}/", proc)
+        t_start = time.time()
+        try:
+            t_start = run_raters(cfg, f"http://127.0.0.1:{port}/", proc, rounds)
+        except Exception as e:  # noqa: BLE001 - a hung or dead server is a result too: keep what came before
+            error = f"{type(e).__name__}: {e} after {len(rounds)} rounds"
+            log.error("raters stopped: %s", error)
     finally:
         stop_server(proc)
     lat, steps = latencies(rounds, f"sqlite:///{home}/collab.db", t_start)
-    result = {"config": asdict(cfg), "startup_s": startup_s, "loadavg_end": open("/proc/loadavg").read().split()[:3],
+    result = {"config": asdict(cfg), "startup_s": startup_s, "error": error, "loadavg_end": open("/proc/loadavg").read().split()[:3],
               "rounds": rounds, "windows": windows(rounds, cfg.window), "steps": steps, "latency": lat,
               "summary": {"rounds": len(rounds), "steps": len(steps),
                           "versions_served": sorted({max(r["versions"].values(), default=0) for r in rounds}),
