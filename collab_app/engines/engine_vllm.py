@@ -5,21 +5,25 @@ VLLMEngine must do so under `if __name__ == "__main__":` (otherwise the child re
 script and fails with "An attempt has been made to start a new process before the current
 process has finished its bootstrapping phase" / "Engine core initialization failed").
 
-LoRA (facts in /work/shared/NOTES-vllm-cpu.md):
-- every (agent, version) gets a NEW `LoRARequest` int id; vLLM serves the old weights if an id
-  is reused for changed files. The old id is removed from the engine right after the new one is
-  added.
-- `max_loras = 2 * num_agents + 1`: room for every agent's old and new version during a swap,
-  plus a last slot that always stays empty. The CPU LoRA kernel indexes "no adapter" as -1,
-  i.e. the last slot, so a base request batched next to adapter requests would silently get
-  whatever sits there. vLLM fills the first free slot, and we never hold more than
-  2 * num_agents adapters, so the last one should never be filled. As a second guard, on CPU
-  a batch that mixes base and adapter rows runs as two `LLM.generate` calls (adapter rows, then
-  base rows). OPEN BUG: after the adapter version swaps of the earlier engine tests, a base row
-  still came back with wrong tokens (tests/test_engine.py::test_greedy_equal_between_engines,
-  xfail), guard or not; a fresh engine is right, base alone and mixed. Not yet traced.
+How an agent's adapter reaches vLLM (DESIGN §3, facts in /work/shared/NOTES-vllm-cpu.md):
+- CPU: MERGED weights, LoRA off (`enable_lora=False`). vllm-cpu's LoRA path is a PyTorch
+  fallback (77 vs 159 tok/s) and served base rows wrong tokens after adapter swaps. Instead
+  `load_adapter` merges W + scale·B·A of the agent's version inside vLLM's worker process
+  (`vllm_merged.MergedAdapters`, a `worker_extension_cls` called through `collective_rpc`) and
+  keeps the packed result per (agent, version); each agent's rows run in their own batch, and
+  before it the agent's layers are put in place (a pointer swap per layer) and the prefix cache
+  is reset, so no KV cache computed under another agent's weights is ever reused. Base rows run
+  on the start-up weights. The peft directories stay the source of truth.
+- GPU: vLLM's multi-LoRA kernels, one batch for all agents, a NEW `LoRARequest` int id per
+  (agent, version) (vLLM serves the old weights if an id is reused for changed files); the old
+  id is removed right after the new one is added. `max_loras = 2 * num_agents + 1`.
 - log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and
   `logprobs_mode="raw_logprobs"` makes it the untempered one (engine_types convention).
+
+Streaming: `generate_stream` drives `llm.llm_engine` itself (add_request, then step() until
+done, as `LLM._run_engine` does) with CUMULATIVE outputs, yielding one snapshot per engine step;
+the CPU path's per-agent batches run one after another inside one stream. `generate` is the
+stream's last snapshot. A stream abandoned half-way aborts its requests.
 
 Start-up: on CPU `enforce_eager=True` (compilation takes minutes there, gives no speed-up for
 this model and its cache fails to reload) and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on GPU
@@ -33,16 +37,21 @@ import os
 import threading
 from pathlib import Path
 
-from collab_app.engines import chat_prompt_ids, check_lengths, check_requests, cuda_available
-from collab_app.engines.engine_types import EngineError, Request, Sample, Sampling
+from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
+from collab_app.engines.agents import AgentTable
+from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
+
+WORKER_EXTENSION = "collab_app.engines.vllm_merged.MergedAdapters"
 
 
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, model_path: str, dtype: str = "bfloat16", max_model_len: int = 2048,
+    def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 16,
                  gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None, **llm_kwargs):
+        if dtype not in DTYPES:
+            raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         on_gpu = cuda_available()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; 4.5 GB RSS total at 2 (NOTES)
@@ -53,62 +62,100 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.num_agents = num_agents
         self.max_lora_rank = max_lora_rank
+        self.dtype = resolve_dtype(dtype, "cuda" if on_gpu else "cpu")
+        self.on_gpu = on_gpu
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         args = dict(
-            model=model_path, tokenizer=model_path, dtype=dtype, max_model_len=max_model_len,
-            enable_lora=True, max_loras=2 * num_agents + 1, max_lora_rank=max_lora_rank,
+            model=model_path, tokenizer=model_path, dtype=self.dtype, max_model_len=max_model_len,
             logprobs_mode="raw_logprobs", enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
         )
+        if on_gpu:
+            args.update(enable_lora=True, max_loras=2 * num_agents + 1, max_lora_rank=max_lora_rank,
+                        gpu_memory_utilization=gpu_memory_utilization)
+        else:
+            args.update(enable_lora=False, worker_extension_cls=WORKER_EXTENSION)
         if seed is not None:
             args["seed"] = seed
-        if on_gpu:
-            args["gpu_memory_utilization"] = gpu_memory_utilization
         args.update(llm_kwargs)
         self.llm = LLM(**args)
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.
-        self.on_gpu = on_gpu  # per-request seeds and mixed base/adapter batches only on GPU
-        self._agents: dict[str, tuple[object | None, int | None]] = {}  # agent -> (LoRARequest, version)
-        self._ids = itertools.count(1)  # LoRARequest int ids: never reused
-        self._lock = threading.Lock()  # LLM.generate is not re-entrant; swaps wait for a running batch
+        # LoRA slots bound the agents on GPU; merged weights cost memory per agent on CPU.
+        self._agents = AgentTable(num_agents, f"start the engine with num_agents >= {num_agents + 1}")
+        self._ids = itertools.count(1)       # LoRARequest int ids / merged keys: never reused
+        self._req_ids = itertools.count(1)   # vLLM request ids
+        self._active = None                  # CPU: merged key in place in the worker (None = base)
+        self._lock = threading.Lock()        # one batch at a time; swaps wait for a running batch
 
+    # -- adapters ---------------------------------------------------------------------------
     def register_agent(self, agent: str) -> None:
         with self._lock:
-            if agent not in self._agents and len(self._agents) >= self.num_agents:
-                raise EngineError(f"this engine was started for num_agents={self.num_agents} (LoRA slots); "
-                                  f"start it with num_agents >= {len(self._agents) + 1}")
-            self._agents.setdefault(agent, (None, None))
+            self._agents.register(agent)
 
     def adapter_version(self, agent: str) -> int | None:
-        if agent not in self._agents:
-            raise EngineError(f"unknown agent {agent!r}; known: {sorted(self._agents)}")
-        return self._agents[agent][1]
+        return self._agents.version(agent)
 
     def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
-        from vllm.lora.request import LoRARequest
-
         if agent not in self._agents:
             self.register_agent(agent)
         new = None
         if path is not None:
             rank = _adapter_rank(path)
-            if rank > self.max_lora_rank:
+            if self.on_gpu and rank > self.max_lora_rank:
                 raise EngineError(f"adapter {path!r} has rank {rank} > max_lora_rank {self.max_lora_rank}; "
                                   f"start the engine with max_lora_rank={rank} (or train with a lower r)")
-            lid = next(self._ids)
-            new = LoRARequest(f"{agent}-v{version}-{lid}", lid, str(Path(path).resolve()))
         with self._lock:
-            if new is not None and not self.llm.llm_engine.add_lora(new):  # load now: bad files fail here
-                raise EngineError(f"vLLM refused adapter {path!r} for agent {agent!r}")
-            old = self._agents[agent][0]
-            self._agents[agent] = (new, version if new is not None else None)
+            if path is not None:
+                new = self._add(agent, version, str(Path(path).resolve()))
+            old = self._agents.set(agent, new, version)
             if old is not None:
-                self.llm.llm_engine.remove_lora(old.lora_int_id)
+                self._remove(old)
 
+    def _add(self, agent: str, version, path: str):
+        lid = next(self._ids)
+        if self.on_gpu:
+            from vllm.lora.request import LoRARequest
+
+            new = LoRARequest(f"{agent}-v{version}-{lid}", lid, path)
+            if not self.llm.llm_engine.add_lora(new):  # load now: bad files fail here
+                raise EngineError(f"vLLM refused adapter {path!r} for agent {agent!r}")
+            return new
+        key = f"{agent}-v{version}-{lid}"
+        try:
+            self.llm.collective_rpc("collab_load", args=(key, path, self.model_path))
+        except Exception as e:  # the worker's error comes back wrapped; keep its message
+            raise EngineError(f"cannot merge adapter {path!r} for agent {agent!r}: {e}") from e
+        return key
+
+    def _remove(self, old) -> None:
+        if self.on_gpu:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            return
+        self.llm.collective_rpc("collab_drop", args=(old,))
+        if self._active == old:  # collab_drop put the base back in place
+            self._use(None, force=True)
+
+    def _use(self, key, force: bool = False) -> None:
+        """CPU: serve `key`'s merged weights (None = base) and drop the prefix cache, whose
+        blocks were computed under the weights in place before."""
+        if key == self._active and not force:
+            return
+        self.llm.collective_rpc("collab_use", args=(key,))
+        self._active = key
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM refused to reset its prefix cache (requests still running)")
+
+    # -- generation -------------------------------------------------------------------------
     def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
+        last = None
+        for last in self.generate_stream(requests, n, sampling):
+            pass
+        return last.result()
+
+    def generate_stream(self, requests: list[Request], n: int, sampling: Sampling):
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         check_requests(self, requests, n, sampling, self._agents)
         prompt_ids = [chat_prompt_ids(self.tokenizer, r) for r in requests]
@@ -116,34 +163,65 @@ class VLLMEngine:
         # Each request repeated n times with n=1 (vLLM refuses n>1 when greedy); prefix caching
         # shares the prompt's KV cache between the copies. Seed of sample j of request i: seed + i*n + j.
         rows = [(i, j) for i in range(len(requests)) for j in range(n)]
-        params = [SamplingParams(
-            n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-            seed=None if sampling.seed is None or not self.on_gpu else sampling.seed + i * n + j,
-            logprobs=0,
-        ) for i, j in rows]
+
+        def params(i, j):
+            return SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
+                seed=None if sampling.seed is None or not self.on_gpu else sampling.seed + i * n + j,
+                logprobs=0, output_kind=RequestOutputKind.CUMULATIVE,
+            )
+
+        texts = [["" for _ in range(n)] for _ in requests]
+        done: list[list[Sample | None]] = [[None] * n for _ in requests]
         with self._lock:
-            agents = {r.agent: self._agents[r.agent] for r in requests}
-            loras = [agents[requests[i].agent][0] for i, _ in rows]
-            # CPU: base rows never share a call with adapter rows (module docstring).
-            parts = [list(range(len(rows)))]
-            if not self.on_gpu and None in loras and any(lr is not None for lr in loras):
-                parts = [[k for k, lr in enumerate(loras) if lr is not None], [k for k, lr in enumerate(loras) if lr is None]]
-            outs = [None] * len(rows)
-            for part in parts:
-                got = self.llm.generate([TokensPrompt(prompt_token_ids=prompt_ids[rows[k][0]]) for k in part],
-                                        [params[k] for k in part], lora_request=[loras[k] for k in part], use_tqdm=False)
-                for k, o in zip(part, got):
-                    outs[k] = o
-        result: list[list[Sample]] = [[] for _ in requests]
-        for (i, _), out in zip(rows, outs):
-            c, r = out.outputs[0], requests[i]
-            toks = list(c.token_ids)
-            result[i].append(Sample(
-                agent=r.agent, adapter_version=agents[r.agent][1], prompt_token_ids=prompt_ids[i], text=c.text,
-                token_ids=toks, logprobs=[c.logprobs[t][tok].logprob for t, tok in enumerate(toks)],
-                finish_reason="stop" if c.finish_reason == "stop" else "length", meta={"engine": self.name},
-            ))
-        return result
+            served = {r.agent: self._agents.served(r.agent) for r in requests}  # versions this call runs on
+            handle = [served[requests[i].agent][0] for i, _ in rows]
+            if self.on_gpu:
+                batches = [(None, list(range(len(rows))))]
+            else:  # one batch per distinct weights, in order of first appearance
+                keys = list(dict.fromkeys(handle))
+                batches = [(k, [r for r, h in enumerate(handle) if h == k]) for k in keys]
+            engine = self.llm.llm_engine
+            for key, batch in batches:
+                if not self.on_gpu:
+                    self._use(key)
+                live = {}
+                try:
+                    for r in batch:
+                        i, j = rows[r]
+                        rid = f"collab-{next(self._req_ids)}"
+                        # outputs carry this external id (add_request returns vLLM's internal one)
+                        engine.add_request(rid, {"prompt_token_ids": prompt_ids[i]}, params(i, j),
+                                           lora_request=handle[r] if self.on_gpu else None)
+                        live[rid] = r
+                    while live:
+                        changed = False
+                        for out in engine.step():
+                            r = live.get(out.request_id)
+                            if r is None:
+                                continue
+                            i, j = rows[r]
+                            c = out.outputs[0]
+                            if c.text != texts[i][j]:
+                                texts[i][j], changed = c.text, True
+                            if out.finished:
+                                done[i][j] = self._sample(requests[i], served, prompt_ids[i], c)
+                                texts[i][j] = c.text
+                                del live[out.request_id]
+                                changed = True
+                        if changed:
+                            yield Progress([list(t) for t in texts], [list(d) for d in done])
+                finally:
+                    if live:  # the caller stopped the stream (or a step failed): free the engine
+                        engine.abort_request(list(live))
+
+    def _sample(self, request: Request, served, prompt_ids, c) -> Sample:
+        toks = list(c.token_ids)
+        return Sample(
+            agent=request.agent, adapter_version=served[request.agent][1], prompt_token_ids=prompt_ids,
+            text=c.text, token_ids=toks, logprobs=[c.logprobs[t][tok].logprob for t, tok in enumerate(toks)],
+            finish_reason="stop" if c.finish_reason == "stop" else "length", meta={"engine": self.name},
+        )
 
     def close(self) -> None:
         if getattr(self, "llm", None) is not None:

@@ -204,6 +204,16 @@ def _engines_available() -> dict[str, str]:
     return out
 
 
+def _dtype_info() -> dict:
+    """What dtype "auto" resolves to here, and the CPU capability it was resolved from."""
+    import torch
+
+    from collab_app.engines import cpu_capability, resolve_dtype
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {"device": device, "dtype": resolve_dtype("auto", device), "cpu_capability": cpu_capability()}
+
+
 def cli_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="collab models", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF id or local folder (default: env COLLAB_MODEL, else embedded SmolLM2)")
@@ -223,11 +233,13 @@ def cli_main(argv: list[str]) -> int:
         "sha256": json.loads(manifest.read_text())["files"].get(st.name) if manifest.exists()
         else (_sha256(st) if st.exists() else None),
         "engines": {} if args.no_engines else _engines_available(),
+        **_dtype_info(),
     }
     if args.json:
         print(json.dumps(info))
     else:
         print(f"model   {info['path']}\nsha256  {info['sha256']}")
+        print(f"dtype   {info['dtype']} (auto on {info['device']}; CPU capability {info['cpu_capability']})")
         for name, status in info["engines"].items():
             print(f"engine  {name:<12} {status}")
     return 0

@@ -1,0 +1,47 @@
+"""dtype "auto": the dtype a CPU or GPU computes fastest in, for the engines and the trainer.
+
+Lives in trainer/ (not collab_app/) because the trainer must not import collab_app, while
+collab_app may import trainer: `collab_app.engines.resolve_dtype` re-exports this one.
+
+Why it matters (measured, NOTES-vllm-cpu.md): on a CPU with AVX-512-BF16 or AMX, bf16 is the
+faster dtype (bf16 HF generate 112-125 vs fp32 79-95 tok/s); on an AVX2-only CPU torch's bf16
+matmul runs at 1.4 GFLOP/s against 51 in fp32 (36x slower), so there fp32 is the right one.
+torch 2.13 reports "AVX512" from `get_cpu_capability()` on an AVX-512-BF16 CPU, so the bf16 / AMX
+features are read from torch.cpu's own probes as well.
+"""
+from __future__ import annotations
+
+DTYPES = ("auto", "bfloat16", "float32")
+
+
+def cpu_capability() -> str:
+    """torch's CPU capability plus what it knows about native bf16: e.g. "AVX512+AVX512_BF16",
+    "AVX512+AMX", "AVX2" (shown by `collab models` and the bench)."""
+    import torch
+
+    cap = str(torch.backends.cpu.get_cpu_capability())
+    extra = []
+    if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        extra.append("AMX")
+    if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+        extra.append("AVX512_BF16")
+    return "+".join([cap] + [e for e in extra if e not in cap])
+
+
+def cpu_has_native_bf16(capability: str) -> bool:
+    return "AMX" in capability or "BF16" in capability
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """"bfloat16" | "float32" for `dtype` in DTYPES on `device` ("cpu", "cuda", "cuda:0", ...).
+    auto: on CUDA bf16 if the GPU supports it; on CPU bf16 only with native bf16 (AVX512_BF16 /
+    AMX), else fp32."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    if str(device).startswith("cuda"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if cpu_has_native_bf16(cpu_capability()) else "float32"
