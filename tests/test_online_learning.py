@@ -45,6 +45,22 @@ def connect(url: str, proc: subprocess.Popen, timeout: float):
             time.sleep(2)
 
 
+def polite(call, **kw):
+    """`call(**kw)`, waiting out the server's per-session limit (rounds / ratings per minute) the
+    way a person would: its error says how long."""
+    import re
+    from gradio_client.exceptions import AppError
+
+    while True:
+        try:
+            return call(**kw)
+        except AppError as e:
+            wait = re.search(r"too many .* try again in (\d+) s", str(e))
+            if not wait:
+                raise
+            time.sleep(int(wait.group(1)) + 1)
+
+
 def rate_by_length(candidates) -> list[int]:
     """A scripted rater that prefers short answers: the shortest candidate 5, the longest 1 (ties by
     index), so siblings always differ and every group carries a learning signal."""
@@ -71,12 +87,12 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, model_
         served: list[dict[str, int | None]] = []     # per round: agent -> adapter version it came from
         end = time.monotonic() + DEADLINE_S
         while time.monotonic() < end:
-            out = client.predict(task="tldr", text=TEXT, api_name="/generate")
+            out = polite(client.predict, task="tldr", text=TEXT, api_name="/generate")
             cands = out["candidates"]
             assert len(cands) == 2 and out["group_id"] >= 1
             served.append({p["agent"]: p["adapter_version"] for p in cands[0]["parts"]})
             for c, r in zip(cands, rate_by_length(cands)):   # the same Client (session) that generated
-                msg = client.predict(joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
+                msg = polite(client.predict, joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
                 assert msg.startswith("rating saved")
             if max((v or 0) for v in served[-1].values()) >= 2:
                 break

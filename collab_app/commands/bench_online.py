@@ -18,7 +18,8 @@ The trainer's return is the rating (`human_first`), so the preference is all it 
 
 Limits: every round is a full generate of the team (G joint answers); the rater rates at once,
 so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
-MAGRPO steps, in the time given. Numbers for this box: see the report (issue 11) / docs/results.
+MAGRPO steps, in the time given, and so does the server's per-session limit (10 rounds a minute
+by default): a rater waits as the refusal tells it to. Numbers for this box: see the report (issue 11) / docs/results.
 """
 from __future__ import annotations
 
@@ -143,7 +144,16 @@ def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds:
     t_start = time.time()
 
     def call(client, **kw):
-        return client.submit(**kw).result(timeout=cfg.round_timeout_s)
+        from gradio_client.exceptions import AppError
+
+        while True:   # the server's per-session limits (rounds / ratings per minute): wait as told
+            try:
+                return client.submit(**kw).result(timeout=cfg.round_timeout_s)
+            except AppError as e:
+                wait = re.search(r"too many .* try again in (\d+) s", str(e))
+                if not wait:
+                    raise
+                time.sleep(int(wait.group(1)) + 1)
     end = time.monotonic() + 60 * cfg.minutes
     k = 0
     while time.monotonic() < end:
