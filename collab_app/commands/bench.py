@@ -20,7 +20,10 @@ start-up 38.6 s, peak RSS 5.0 GB; transformers+peft (mixed-batch adapters) 96.6 
 (131 / 62), first text 6.2 s. Every row ran the full 128 tokens in both. vLLM is ~12x faster, so
 `auto` picks it on CPU (collab_app.engines.CPU_LORA_FASTER). vLLM's first agent's rows stream
 from the first step; the second agent's rows start when the first agent's batch is done (one
-batch per agent's merged weights).
+batch per agent's merged weights). Beside a training step (`--engines vllm --rounds 1
+--beside-training`, load average 5): 8.9 s per round vs 6.7 s quiet in the same run, first text
+0.13 s; the update loop (1 thread, core 1) was mid-step throughout (0 steps finished in the round).
+The engine was started before training_load() split the cores, so its worker kept its own binding.
 
 Older rollout-workload result (BENCH_RESULT, quiet box, bf16, vLLM still on its LoRA path): with
 adapters transformers+peft was 1.74x vLLM (133.6 vs 76.6 tok/s); without adapters vLLM was 1.33x
