@@ -10,7 +10,7 @@ SAMPLING = Sampling(max_new_tokens=8, temperature=0.8, seed=0)
 
 
 class CountingEngine:
-    """The real engine, counting generate calls (delegates everything)."""
+    """The real engine, counting engine calls (a generate or a stream; delegates everything)."""
 
     def __init__(self, engine):
         self.engine, self.calls = engine, []
@@ -18,6 +18,10 @@ class CountingEngine:
     def generate(self, requests, n, sampling):
         self.calls.append([r.agent for r in requests])
         return self.engine.generate(requests, n, sampling)
+
+    def generate_stream(self, requests, n, sampling):
+        self.calls.append([r.agent for r in requests])
+        yield from self.engine.generate_stream(requests, n, sampling)
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
