@@ -57,6 +57,7 @@ from tqdm import tqdm
 from tasks.base import Turn, check_prompts, check_reward
 from trainer import adapters as store
 from trainer.config import MAGRPOConfig
+from trainer.dtypes import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -386,7 +387,8 @@ class MAGRPOTrainer:
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA GPU: use --device cpu (or auto)")
-        base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype)).to(self.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)  # "auto" -> bf16 only where the hardware has it natively
+        base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, self.dtype)).to(self.device)
         eos = base.generation_config.eos_token_id
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
