@@ -224,6 +224,24 @@ def test_only_groups_in_the_gradient_are_marked_trained_late_ones_are_retired(st
     assert store.ready_groups(svc.rule) == []
 
 
+def test_own_coding_problems_wait_until_an_admin_allows_them(store, tmp_path):
+    """Groups of a person's own coding problem ("custom-coding") never reach the shared team's
+    trainer unless the admin flag allows it; they stay in the store meanwhile."""
+    from collab_app.online.returns import CUSTOM_TRAINING_KEY
+
+    svc = service(store, tmp_path, min_groups=1)
+    ex = TASK.examples("train")[0]
+    rewards = [Reward(float(g), {"score": float(g)}, 2.0) for g in range(2)]
+    gid, _ = store.add_group(task="custom-coding", example=ex, prompts=TASK.agent_prompts(ex, []),
+                             samples=[[fake_sample(a, g) for g in range(2)] for a in AGENTS],
+                             joint=[(0, 0), (1, 1)], auto_rewards=rewards, session_id="person")
+    assert svc.private_tasks_held() == ("custom-coding",)
+    assert svc.poll_once() == "idle" and store.group(gid).status == "ready"    # held, not trained, not lost
+    store.set_state(CUSTOM_TRAINING_KEY, {"allowed": True, "by": "admin", "at": 0})
+    assert svc.private_tasks_held() == ()
+    assert [g.group_id for g in store.ready_groups(svc.rule, exclude_tasks=svc.private_tasks_held())] == [gid]
+
+
 # ----------------------------------------------------------------------------- hot-swap
 
 

@@ -288,7 +288,12 @@ def cli_main(argv: list[str]) -> int:
         from collab_app.commands.bench_train import run
 
         return int(run(argv[1:]) or 0)
-    p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), `train`")
+    if argv and argv[0] == "online":
+        from collab_app.commands.bench_online import cli_main as online
+
+        return int(online(argv[1:]) or 0)
+    p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), "
+                                "`train` (MAGRPO step), `online` (scripted raters against `collab serve`)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers"], choices=["vllm", "transformers"])
@@ -312,6 +317,8 @@ def cli_main(argv: list[str]) -> int:
     g.add_argument("--keep", default=None, help="keep adapters, logs and per-engine JSON in this folder")
     g.add_argument("--json", action="store_true")
     sub.add_parser("train", help="MAGRPO training-step benchmark (collab_app.commands.bench_train; own options)")
+    sub.add_parser("online", help="scripted raters with declared preferences against a running `collab serve` "
+                                  "(collab_app.commands.bench_online; own options)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)

@@ -18,8 +18,8 @@ The trainer's return is the rating (`human_first`), so the preference is all it 
 
 Limits: every round is a full generate of the team (G joint answers); the rater rates at once,
 so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
-MAGRPO steps, in the time given, and so does the server's per-session limit (10 rounds a minute
-by default): a rater waits as the refusal tells it to. Numbers for this box: see the report (issue 11) / docs/results.
+MAGRPO steps, in the time given. The server's per-session limits (10 rounds a minute by default,
+for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report (issue 11) / docs/results.
 """
 from __future__ import annotations
 
@@ -98,6 +98,8 @@ def start_server(cfg: BenchOnlineConfig, home: str, port: int) -> subprocess.Pop
            "--num-generations", str(cfg.num_generations), "--max-new-tokens", str(cfg.max_new_tokens),
            "--min-groups", str(cfg.min_groups), "--tasks", TEXTS_TASK,
            "--db", f"sqlite:///{home}/collab.db", "--adapters-dir", os.path.join(home, "adapters"),
+           # a scripted rater rates at once: the per-session limits meant for people are off here
+           "--max-rounds-per-minute", "0", "--max-ratings-per-minute", "0",
            "--trainer-args", cfg.trainer_args, *shlex.split(cfg.serve_args)]
     from collab_app.engines.model import ensure_model
 

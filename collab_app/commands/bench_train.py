@@ -35,7 +35,7 @@ import tempfile
 import time
 
 WORKLOAD = dict(task="humaneval", num_agents=2, num_generations=4, prompts_per_step=4, max_new_tokens=128,
-                temperature=0.8, joint_mode="aligned", dtype="bfloat16", lora_r=8)
+                temperature=0.8, joint_mode="aligned", dtype="auto", lora_r=8)
 PHASES = ("rollout_s", "reward_s", "update_s", "save_load_s", "total_s")
 
 
@@ -77,7 +77,7 @@ def _worker(engine_kind: str, steps: int, out_path: str, seed: int) -> None:
         engine.close()
     with open(out_path, "w") as f:
         json.dump({"engine": engine_kind, "trainer_init_s": trainer_init, "engine_start_s": engine_start,
-                   "steps": rows}, f)
+                   "dtype": trainer.dtype, "steps": rows}, f)
 
 
 def _run_engine(kind: str, steps: int, seed: int) -> dict:
@@ -118,7 +118,9 @@ def _table(report: dict) -> str:
     widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(head))]
     w = report["workload"]
     title = (f"MAGRPO step on {w['task']}: {w['num_agents']} agents x G={w['num_generations']} x "
-             f"{w['prompts_per_step']} prompts, {w['max_new_tokens']} new tokens, {report['steps']} step(s) per engine")
+             f"{w['prompts_per_step']} prompts, {w['max_new_tokens']} new tokens, {report['steps']} step(s) per engine; "
+             f"dtype {'/'.join(sorted({r.get('dtype', '?') for r in report['engines'] if 'skipped' not in r})) or '?'} "
+             f"(auto on CPU {report['cpu_capability']})")
     return title + "\n" + "\n".join("  ".join(c.ljust(wd) for c, wd in zip(row, widths)) for row in rows)
 
 
@@ -136,7 +138,9 @@ def run(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
-    report = {"workload": WORKLOAD, "steps": args.steps, "cpu_count": os.cpu_count(),
+    from trainer.dtypes import cpu_capability
+
+    report = {"workload": WORKLOAD, "steps": args.steps, "cpu_count": os.cpu_count(), "cpu_capability": cpu_capability(),
               "engines": [_run_engine(kind, args.steps, args.seed) for kind in args.engines]}
     print(json.dumps(report, indent=1) if args.json else _table(report))
     return 0

@@ -226,7 +226,7 @@ class TrainingLoad:
 
 @contextlib.contextmanager
 def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int = 4, new_tokens: int = 128,
-                  dtype: str = "bfloat16", ready_timeout: float = 600.0):
+                  dtype: str = "auto", ready_timeout: float = 600.0):
     """A MAGRPO update loop (2 tldr groups x G=4 x 128 tokens by default: the interactive
     workload's step) in a child process, on the trainer child's cores of `plan(engine_cores)`
     (-1 = no split: every core, as before this module); this process is confined to the engine's
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--num-generations", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto")
     _load_loop(p.parse_args(argv))
     return 0
 

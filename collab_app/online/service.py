@@ -264,6 +264,15 @@ class TrainerService:
             reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
 
+    def private_tasks_held(self) -> tuple[str, ...]:
+        """Tasks whose groups must not train the shared team now: a person's own coding problems
+        (returns.PRIVATE_TASKS), unless an admin allowed it in the app (returns.CUSTOM_TRAINING_KEY).
+        Their groups wait in the store, ratings and all, until allowed (or expire unused)."""
+        from collab_app.online.returns import CUSTOM_TRAINING_KEY, PRIVATE_TASKS, may_train_shared
+
+        allowed = self.store.get_state(CUSTOM_TRAINING_KEY)
+        return tuple(t for t in PRIVATE_TASKS if not may_train_shared(t, allowed))
+
     def due(self, ready) -> tuple[str, list] | None:
         """(task, groups) of the first task that has K ready groups or waited T, else None."""
         by_task: dict[str, list] = {}
@@ -344,7 +353,8 @@ class TrainerService:
             self.status.set("paused", message="paused by an admin; resume in the Training tab")
             return "paused"
         self.store.expire_groups(self.rule)
-        due = self.due(self.store.ready_groups(self.rule, limit=4 * self.cfg.max_groups_per_step))
+        due = self.due(self.store.ready_groups(self.rule, limit=4 * self.cfg.max_groups_per_step,
+                                               exclude_tasks=self.private_tasks_held()))
         if due:
             self.train_step(*due)
             return "trained"

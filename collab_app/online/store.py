@@ -727,9 +727,10 @@ class Store:
     # -- training --------------------------------------------------------------------------
 
     def ready_groups(self, rule: ReturnRule, limit: int = 64, now: datetime | None = None,
-                     task: str | None = None) -> list[ReadyGroup]:
+                     task: str | None = None, exclude_tasks: Sequence[str] = ()) -> list[ReadyGroup]:
         """Up to `limit` untrained groups whose every joint sample has a return under `rule`,
-        oldest first (so nothing waits forever behind newer data). Cost: it reads open groups
+        oldest first (so nothing waits forever behind newer data); groups of `exclude_tasks` are
+        left out of the scan (they stay in the store, untouched). Cost: it reads open groups
         (with their ratings) in id order until it has `limit`, so call `expire_groups` first to
         keep groups that can never become ready out of the scan."""
         now = now or utcnow()
@@ -742,6 +743,8 @@ class Store:
                      .options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
                 if task is not None:
                     q = q.where(GroupRow.task == task)
+                if exclude_tasks:
+                    q = q.where(GroupRow.task.not_in(list(exclude_tasks)))
                 page = list(s.scalars(q))
                 if not page:
                     break

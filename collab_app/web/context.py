@@ -275,7 +275,8 @@ class AppContext:
 def build_context(model: str | None = None, engine: str = "auto", store_url: str | None = None,
                   task_names: tuple[str, ...] = ("humaneval", "tldr", "expansion"),
                   num_generations: int = 2, max_new_tokens: int = 256, temperature: float = 0.8,
-                  public: bool = False, home: str | None = None, **engine_kw) -> AppContext:
+                  public: bool = False, home: str | None = None, limits: dict | None = None,
+                  **engine_kw) -> AppContext:
     """Everything the app needs, from settings: provision the model, start the engine, open the
     store, load tasks and their teams, load each agent's current adapter. Heavy imports happen
     here, not at module import."""
@@ -285,19 +286,21 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     from collab_app.engines.team import Agent, Team
     from tasks import load_task
 
+    limits = dict(limits or {})   # AppContext's per-session limits, e.g. {"max_rounds_per_minute": 0}
     home = home or default_home()
     os.makedirs(home, exist_ok=True)
     store = Store(store_url or os.environ.get("COLLAB_DB") or f"sqlite:///{os.path.join(home, 'collab.db')}")
-    eng = make_engine(engine, model=ensure_model(model), **engine_kw)
     tasks = {name: load_task(name) for name in task_names}
     # one agent per task role; the agent name is the role (the engine's adapter key), so tasks
     # with the same roles share agents and adapters.
     teams = {name: Team([Agent(role) for role in task.roles]) for name, task in tasks.items()}
+    num_agents = len({a.name for t in teams.values() for a in t.agents})   # vLLM sizes its agent slots by it
+    eng = make_engine(engine, model=ensure_model(model), **({"num_agents": num_agents} | engine_kw))
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),
                      admin_token=os.environ.get("COLLAB_ADMIN_TOKEN") or None,
-                     public=public, home=home)
+                     public=public, home=home, **limits)
     for team in teams.values():
         for agent in team.agents:
             eng.register_agent(agent.name)

@@ -69,6 +69,10 @@ class ServeConfig:
     """new tokens per agent answer."""
     temperature: float = 0.8
     """sampling temperature of the team's answers (> 0: siblings must differ)."""
+    max_rounds_per_minute: int = 10
+    """rounds one session (or login) may start per minute (0 = no limit; scripted raters in benches)."""
+    max_ratings_per_minute: int = 60
+    """ratings one session may submit per minute (a ranking of G counts G; 0 = no limit)."""
     swap_interval_s: float = 2.0
     """how often the hot-swap watcher looks for new adapter versions."""
     engine_cores: int = 0
@@ -79,6 +83,8 @@ class ServeConfig:
             raise ValueError(f"port must be 1..65535, got {self.port}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
+        if self.max_rounds_per_minute < 0 or self.max_ratings_per_minute < 0:
+            raise ValueError("max_rounds_per_minute and max_ratings_per_minute must be >= 0 (0 = no limit)")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
         if self.engine_cores < -1:
@@ -176,7 +182,9 @@ def serve(cfg: ServeConfig) -> None:
     try:
         ctx = build_context(model=model_path, engine=cfg.engine, store_url=db, task_names=tuple(cfg.tasks),
                             num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, public=is_public(cfg.host, cfg.share))
+                            temperature=cfg.temperature, public=is_public(cfg.host, cfg.share),
+                            limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
+                                    "max_ratings_per_minute": cfg.max_ratings_per_minute})
         agents = list(dict.fromkeys(a.name for t in ctx.teams.values() for a in t.agents))
         watcher = AdapterWatcher(ctx.engine, ctx.store, agents, lock=ctx.engine_lock,
                                  interval_s=cfg.swap_interval_s).start()
