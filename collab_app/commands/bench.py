@@ -23,7 +23,7 @@ from the first step; the second agent's rows start when the first agent's batch 
 batch per agent's merged weights). Beside a training step (`--engines vllm --rounds 1
 --beside-training`, load average 5): 8.9 s per round vs 6.7 s quiet in the same run, first text
 0.13 s; the update loop (1 thread, core 1) was mid-step throughout (0 steps finished in the round).
-The engine was started before training_load() split the cores, so its worker kept its own binding.
+(That run started the engine before the split; the bench now applies serve's split first.)
 
 Older rollout-workload result (BENCH_RESULT, quiet box, bf16, vLLM still on its LoRA path): with
 adapters transformers+peft was 1.74x vLLM (133.6 vs 76.6 tok/s); without adapters vLLM was 1.33x
@@ -98,6 +98,15 @@ def _worker(args) -> None:
     from collab_app.engines.team import Agent, Team
 
     status = Path(args.status)
+    if args.beside_training:
+        # As `collab serve` with its trainer child: the engine on its share of the cores, applied
+        # before the engine starts (vLLM binds its OpenMP threads at start-up); the training loop
+        # of training_load() gets the rest. Both interactive measurements run under this split.
+        from collab_app.online.cpushare import apply_to_serving, plan
+
+        split = plan(0)
+        if split is not None:
+            apply_to_serving(split)
     status.write_text("starting engine")
     t0 = time.perf_counter()
     if args.engine == "vllm":
@@ -149,8 +158,8 @@ def _worker(args) -> None:
     result = {"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", args.dtype),
               "interactive": interactive("quiet")}
     if args.beside_training:
-        # A MAGRPO update loop in a child process (collab_app.online.cpushare), the way `collab
-        # serve` runs its trainer child; the engine was started before the split was applied.
+        # A MAGRPO update loop in a child process (collab_app.online.cpushare) on the trainer's
+        # cores, the way `collab serve` runs its trainer child.
         from collab_app.online.cpushare import training_load
 
         with training_load(dtype=result["dtype"]) as load:
