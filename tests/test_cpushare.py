@@ -77,3 +77,14 @@ def test_plan_after_apply_sees_the_whole_box():
         torch.set_num_threads(threads)
         for v, val in saved.items():
             os.environ.pop(v, None) if val is None else os.environ.__setitem__(v, val)
+
+
+def test_serve_limits_reach_the_app_and_refuse_nonsense():
+    """`collab serve --max-rounds-per-minute/--max-ratings-per-minute` (0 = off, e.g. for benches)."""
+    from collab_app.web.serve import ServeConfig
+    from trainer.configcli import parse_config
+
+    cfg, _ = parse_config(ServeConfig, ["--max-rounds-per-minute", "0", "--max-ratings-per-minute", "5"], description="x")
+    assert (cfg.max_rounds_per_minute, cfg.max_ratings_per_minute) == (0, 5)
+    with pytest.raises(ValueError, match="0 = no limit"):
+        ServeConfig(max_rounds_per_minute=-1)
