@@ -8,9 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from collab_app.engines.engine_types import Sample
 from trainer.config import MAGRPOConfig
 from trainer.magrpo import Group, MAGRPOTrainer, adapter_parameters, advantages, turn_weights
 
@@ -71,25 +69,18 @@ def test_agent_parameters_come_from_peft_adapter_tables(trainer):
 
 
 def _groups(trainer, versions, returns=(1.0, 0.0), created_at=None):
-    """Two groups (G=2) with engine log-probs = the trainer's own, stamped with `versions`."""
-    groups = []
-    for e in range(2):
-        samples = []
-        for agent in trainer.agents:
-            prompts = [[1, 504 + e, 3060, 28, 2]] * 2
-            comps = [[907 + e, 314, 253], [11 + e, 12, 13, 14, 2]]
-            trainer.model.set_adapter(agent)
-            with torch.no_grad():
-                from trainer.magrpo import sequence_logprobs
-                lp, _ = sequence_logprobs(trainer.model, prompts, comps)
-            samples.append([Sample(agent=agent, adapter_version=versions[agent], prompt_token_ids=p, text="x",
-                                   token_ids=c, logprobs=lp[i, :len(c)].tolist())
-                            for i, (p, c) in enumerate(zip(prompts, comps))])
-        g = Group(task="tldr", example_id=f"e{e}", turn=0, prompts=["x", "y"], samples=samples,
-                  joint=[(0, 0), (1, 1)], returns=list(returns), rewards=list(returns), levels=[{}, {}], id=10 + e)
+    """test_magrpo's two on-policy groups (G=2, engine log-probs = the trainer's own), stamped with
+    `versions` (agent -> adapter version), ids 10 and 11 and, if given, an arrival time."""
+    from test_magrpo import _on_policy_groups
+
+    groups = _on_policy_groups(trainer, returns=returns)
+    for e, g in enumerate(groups):
+        for agent, samples in zip(trainer.agents, g.samples):
+            for smp in samples:
+                smp.adapter_version = versions[agent]
+        g.id = 10 + e
         if created_at is not None:
             g.created_at = created_at
-        groups.append(g)
     return groups
 
 
