@@ -1,0 +1,750 @@
+"""An OpenAI-compatible door to the team, so that other apps use it and teach it (issue 14, item 3).
+
+Routes (JSON; errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`):
+
+- `GET /v1/models`, `GET /v1/models/{model}`: the teams, one "model" per task of the app
+  (`humaneval`, `tldr`, ...), with a `collab` object (coding/writing, roles, agents, adapter
+  version each serves, reward levels and maximum, the server's G).
+- `POST /v1/chat/completions`: `model` (a task), `messages` (the last one, role "user", is the
+  prompt: a function signature + docstring for a coding team, the text for a writing team),
+  `n` (joint answers = G of the group; default the server's G; 1 allowed but a group of 1 has no
+  siblings and teaches nothing), `max_tokens` / `max_completion_tokens` (new tokens per agent),
+  `temperature`, `top_p`, `stream`, `stream_options.include_usage`. A coding prompt is either a
+  HumanEval problem's prompt as shipped (its hidden tests are the reward) or the caller's own
+  problem with its tests in the extension `"collab": {"tests": "...", "entry_point": "..."}`
+  (openai client: `extra_body=`); like the app's own problems, those train the shared team only
+  while an admin allows it. Response: `choices[g].message.content` = the joint answer
+  (`Task.combine`), `choices[g].collab` = {joint_sample_id, reward {total, max_total, levels,
+  details} or null, check_error, parts [{role, agent, adapter_version, text, finish_reason,
+  completion_tokens}]}, top-level `collab` = {group_id, joint_sample_ids, task, example_id,
+  num_generations, trains, notes, rate}. Streaming (SSE): `collab` progress chunks with the
+  agents' text so far (`choices: []`), then per choice one `delta.content` with the whole joint
+  answer, then the finish chunk (finish_reason, per-choice `collab`), usage if asked, `[DONE]`.
+  The joint answer is combined from finished agent outputs (combining partial outputs is not a
+  prefix of the final answer), so `delta.content` does not grow token by token.
+- `POST /v1/ratings` (alias `/v1/feedback`), one form per request, optional `comment`:
+  `{joint_sample_id, rating: 1..5}` (whole stars, as the app), `{joint_sample_id, reward: 0..1}`,
+  `{group_id, ranks: [r1..rG]}` (1 = best, a permutation), `{group_id, best: k}` (1-based).
+  Response `{"object": "collab.rating", form, rater, rating_ids, joint_sample_ids, values}`.
+
+Same path as the app: a round is `handlers.generate` (the shared `GenerationBatcher`, the same
+automatic checks, the same `store.add_group`), ratings are `handlers.rate` / `rank` /
+`pick_best` (returns.py's mapping, `store.add_ratings` with the generating session's check).
+The store cannot hold a raw reward (ratings are 1..5 of a fixed set of forms), so `reward` r in
+[0, 1] is stored as a 1..5 rating 1 + 4r (kind "stars", detail {"form": "reward", "reward": r});
+returns.py then maps it to r * the task's max reward, i.e. the human score equals the reward on
+the task's scale.
+
+Keys: `Authorization: Bearer <key>`; keys from $COLLAB_API_KEYS (comma-separated) and/or a file
+(one per line, `#` comments), see `load_api_keys`. No key configured = every route answers 404
+saying how to turn it on: never open by default. A key's id is `api:` + the first 16 hex digits
+of its SHA-256: it is the session id its groups are stored under and the rater of its ratings
+(the key itself is never stored or logged), so only the key that generated a group may rate it.
+Per key, like the app's per session: rounds and ratings per minute (`RateLimiter` of context.py;
+a ranking or pick of G counts G), 429 with Retry-After; at most `max_concurrent_rounds` API
+rounds at once (429 "server_busy" beyond). A refused request stores nothing.
+
+Mounting: `openai_routes(ctx, cfg)` gives the routes for `ui.launch(..., app_kwargs={"routes":
+...})` (Gradio passes app_kwargs to the FastAPI app it builds); `mount_openai(app, ctx, cfg)`
+adds them to any FastAPI app (e.g. one you `gr.mount_gradio_app` on).
+
+Left out, on purpose: multi-turn through the API (a round's history is per-agent outputs plus
+task feedback, which a chat transcript does not carry: earlier messages are ignored and said so
+in `collab.notes`), a coding prompt with neither tests nor a HumanEval match (nothing to score
+it), tools / response_format / logprobs / stop / penalties (refused with 400, not ignored),
+admin actions and rating other keys' groups, cancelling a non-streamed round when its client
+disconnects (the group is still stored; a stream's disconnect does stop it, as a closed page).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import numbers
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from collab_app.web import handlers as H
+from collab_app.web.context import CODING_TASKS, RateLimiter
+
+log = logging.getLogger(__name__)
+
+KEYS_ENV = "COLLAB_API_KEYS"
+MIN_KEY_CHARS = 16
+KEY_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs",
+               "top_logprobs", "stop", "logit_bias", "audio", "modalities", "prediction")
+"""request fields a team round cannot honour: refused when set (not null / false / empty)."""
+NEUTRAL_ZERO = ("frequency_penalty", "presence_penalty")
+"""accepted only at 0 (what clients send by default)."""
+
+
+# --------------------------------------------------------------------------- config and keys
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    """Settings of the OpenAI-compatible endpoint (`collab serve --api-*` flags)."""
+
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    """accepted Bearer keys (never in repr / logs); empty = the endpoint is off (every route answers 404 saying so)."""
+    max_rounds_per_minute: int = 10
+    """chat completions (rounds) one key may start per minute (0 = no limit)."""
+    max_ratings_per_minute: int = 60
+    """ratings one key may store per minute; a ranking or pick of G counts G (0 = no limit)."""
+    max_concurrent_rounds: int = 8
+    """API rounds running at once over all keys (each holds a worker thread); more get 429."""
+    max_n: int = 4
+    """largest `n` (joint answers per request)."""
+    max_tokens: int = 1024
+    """largest `max_tokens` (new tokens per agent) a request may ask for."""
+    max_body_bytes: int = 1_000_000
+    """largest request body; bigger ones get 413 before they are read in full."""
+
+    def __post_init__(self):
+        keys = tuple(self.api_keys)
+        for k, key in enumerate(keys):
+            if not isinstance(key, str) or len(key) < MIN_KEY_CHARS or any(c.isspace() or c == "," for c in key):
+                what = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
+                raise ValueError(f"API key #{k + 1} is not usable ({what}): use at least {MIN_KEY_CHARS} "
+                                 f"characters without spaces or commas, e.g. from `{KEY_HINT}`")
+        object.__setattr__(self, "api_keys", tuple(dict.fromkeys(keys)))
+        for name in ("max_rounds_per_minute", "max_ratings_per_minute"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
+        for name in ("max_concurrent_rounds", "max_n", "max_tokens", "max_body_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+
+
+def load_api_keys(keys_file: str = "", environ: dict | None = None) -> tuple[str, ...]:
+    """The keys in $COLLAB_API_KEYS (comma-separated) and in `keys_file` (one per line, blank lines and
+    `#` comments skipped). A missing or unreadable file is an error: a typo must not turn the
+    endpoint off silently."""
+    environ = os.environ if environ is None else environ
+    keys = [k.strip() for k in environ.get(KEYS_ENV, "").split(",") if k.strip()]
+    if keys_file:
+        try:
+            with open(keys_file, encoding="utf-8") as f:
+                keys += [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        except OSError as e:
+            raise ValueError(f"API keys file {keys_file!r} cannot be read ({e.strerror}): give an existing "
+                             "file with one key per line") from None
+    return tuple(keys)
+
+
+def key_id(key: str) -> str:
+    """The server's id for a key: `api:` + 16 hex digits of its SHA-256 (session id and rater)."""
+    return "api:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ApiCaller(H.Caller):
+    """An API key as handlers see it: session id and rater are both `key_id(key)`."""
+
+    @property
+    def rater(self) -> str | None:
+        return self.session_id
+
+
+def _last(events, first: dict | None) -> dict:
+    """handlers.generate to its end: the "done" event (its last)."""
+    ev = first
+    for ev in events:
+        pass
+    if ev is None or ev["kind"] != "done":
+        raise RuntimeError("generate ended without a result")
+    return ev
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One checked chat request, ready to run."""
+
+    view: "_RoundView"
+    episode: dict
+    model: str
+    n: int
+    notes: list
+    trains: bool
+    stream: bool
+    include_usage: bool
+
+
+class _RoundView:
+    """The app's context as handlers see it for one API request: the request's G and sampling,
+    and no per-session limit (the API's per-key limits were taken before); everything else
+    (engine, store, batcher, tasks, teams, locks) is the app's own object."""
+
+    def __init__(self, ctx, num_generations: int | None = None, sampling=None):
+        self._ctx = ctx
+        if num_generations is not None:
+            self.num_generations = num_generations
+        if sampling is not None:
+            self.sampling = sampling
+        self.round_limiter = self.rating_limiter = RateLimiter(0)
+        self.max_rounds_per_minute = self.max_ratings_per_minute = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._ctx, name)
+
+
+# --------------------------------------------------------------------------- errors
+
+class ApiError(Exception):
+    """A request refused with `status` and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _from_user_error(e: H.UserError, param: str | None = None) -> ApiError:
+    """handlers' UserError as an ApiError: 403 / 404 where the store said so (the store's
+    exception is the UserError's context: handlers raise `from None`, which keeps it there)."""
+    from collab_app.online.store import NotEntitled, NotFound
+
+    inner = e.__context__
+    if isinstance(inner, NotEntitled):
+        return ApiError(403, str(e), "permission_error", "not_entitled", param)
+    if isinstance(inner, NotFound):
+        return ApiError(404, str(e), "not_found_error", "not_found", param)
+    return ApiError(400, str(e), "invalid_request_error", "invalid_value", param)
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def _int(body: dict, name: str, default: int, lo: int, hi: int) -> int:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _bad(f"{name} must be a whole number from {lo} to {hi}, got {v!r:.40}", name)
+    return v
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    ok = not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
+    if not ok or not (lo < v if lo_open else lo <= v) or v > hi:
+        rng = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise _bad(f"{name} must be a number in {rng}, got {v!r:.40}", name)
+    return float(v)
+
+
+def _id(body: dict, name: str) -> int:
+    v = body.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _bad(f"{name} must be a positive whole number (an id from a chat completion's collab "
+                   f"object), got {v!r:.40}", name)
+    return v
+
+
+# --------------------------------------------------------------------------- the API
+
+class OpenAIApi:
+    """The endpoint's state (keys, limiters, slots) over one AppContext; `router()` has the routes."""
+
+    def __init__(self, ctx, cfg: OpenAIConfig):
+        self.ctx, self.cfg = ctx, cfg
+        self._keys = {hashlib.sha256(k.encode()).hexdigest(): key_id(k) for k in cfg.api_keys}
+        self.round_limiter = RateLimiter(cfg.max_rounds_per_minute)
+        self.rating_limiter = RateLimiter(cfg.max_ratings_per_minute)
+        self._slots = threading.BoundedSemaphore(cfg.max_concurrent_rounds)
+        self._rating_lock = threading.Lock()   # a form's write and its read-back are one step
+        self._humaneval: dict[str, tuple[str, str]] | None = None
+        self._humaneval_lock = threading.Lock()
+        self.created = int(time.time())
+
+    # -- checks --------------------------------------------------------------------------
+
+    def caller(self, request) -> ApiCaller:
+        if not self._keys:
+            raise ApiError(404, "the OpenAI-compatible API is off on this server: no API key is configured. "
+                                f"Set {KEYS_ENV}=<key>[,<key>...] or `collab serve --api-keys-file FILE` and "
+                                "restart.", "invalid_request_error", "api_disabled")
+        auth = request.headers.get("authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", "authentication_error",
+                           "missing_api_key", headers={"WWW-Authenticate": "Bearer"})
+        kid = self._keys.get(hashlib.sha256(key.strip().encode()).hexdigest())
+        if kid is None:
+            raise ApiError(401, "invalid API key", "authentication_error", "invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+        return ApiCaller(kid)
+
+    @staticmethod
+    def _take(limiter: RateLimiter, caller: ApiCaller, n: int, what: str, per_minute: int) -> None:
+        wait = limiter.take(caller.key, n)
+        if wait is None:
+            return
+        if math.isinf(wait):
+            raise ApiError(429, f"this request counts {n} {what} and a key may store at most {per_minute} per "
+                                "minute: it can never fit; ask the server's admin for a higher limit",
+                           "rate_limit_error", "rate_limit_exceeded")
+        secs = max(1, math.ceil(wait))
+        raise ApiError(429, f"too many {what}: at most {per_minute} per minute per API key; try again in {secs} s",
+                       "rate_limit_error", "rate_limit_exceeded", headers={"Retry-After": str(secs)})
+
+    async def json_body(self, request) -> dict:
+        limit = self.cfg.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body is {int(declared):,} bytes; the limit is {limit:,}",
+                           "invalid_request_error", "body_too_large")
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limit:
+                raise ApiError(413, f"request body is over the limit of {limit:,} bytes",
+                               "invalid_request_error", "body_too_large")
+        try:
+            body = json.loads(bytes(buf))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _bad(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
+        return body
+
+    # -- models --------------------------------------------------------------------------
+
+    def model_card(self, name: str) -> dict:
+        ctx = self.ctx
+        task, team = ctx.tasks[name], ctx.team_for(name)
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "collab",
+                "collab": {"kind": "coding" if name in CODING_TASKS else "writing",
+                           "roles": list(task.roles), "agents": [a.name for a in team.agents],
+                           "adapter_versions": {a.name: ctx.engine.adapter_version(a.name) for a in team.agents},
+                           "levels": list(task.level_names), "max_reward": task.max_reward,
+                           "num_generations": ctx.num_generations,
+                           "prompt": ("a function signature + docstring: a HumanEval problem as shipped, or your "
+                                      "own with collab.tests") if name in CODING_TASKS else "the text to work on"}}
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [self.model_card(n) for n in self.ctx.tasks]}
+
+    def _model(self, name: Any) -> str:
+        if not isinstance(name, str) or name not in self.ctx.tasks:
+            raise ApiError(404, f"model {name!r:.80} does not exist: use one of {sorted(self.ctx.tasks)} "
+                                "(GET /v1/models)", "invalid_request_error", "model_not_found", "model")
+        return name
+
+    # -- a round ---------------------------------------------------------------------------
+
+    def _humaneval_index(self) -> dict[str, tuple[str, str]]:
+        with self._humaneval_lock:
+            if self._humaneval is None:
+                task = self.ctx.tasks["humaneval"]
+                self._humaneval = {ex["prompt"].strip(): (split, ex["id"])
+                                   for split in ("eval", "train") for ex in task.examples(split)}
+            return self._humaneval
+
+    @staticmethod
+    def _prompt(messages: Any) -> tuple[Any, int]:
+        if not isinstance(messages, list) or not messages:
+            raise _bad("messages must be a non-empty list of {role, content}; the last one (role 'user') "
+                       "is the prompt", "messages")
+        for k, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"messages[{k}] must be an object with a 'role' and a 'content'", "messages")
+        last = messages[-1]
+        if last["role"] != "user":
+            raise _bad(f"the last message must be the user's prompt (role 'user'), got role {last['role']!r:.20}",
+                       "messages")
+        content = last.get("content")
+        if isinstance(content, list):   # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise _bad(f"only text content is supported, got a {kind!r:.30} part", "messages")
+                texts.append(part["text"])
+            content = "".join(texts)
+        return content, len(messages) - 1
+
+    def _episode(self, model: str, prompt: str, extra: dict) -> dict:
+        ctx = self.ctx
+        for k in extra:
+            if k not in ("tests", "entry_point"):
+                raise _bad(f"collab.{k:.40} is not known: collab accepts tests and entry_point (coding teams)",
+                           "collab")
+        if model not in CODING_TASKS:
+            if extra:
+                raise _bad(f"collab.tests / entry_point apply to coding teams only; {model!r} is a writing team",
+                           "collab")
+            return H.start_writing(ctx, model, prompt)
+        if extra.get("tests") is not None:
+            return H.start_coding(ctx, H.SOURCES[1], "eval", "", prompt, extra["tests"],
+                                  extra.get("entry_point") or "")
+        if extra.get("entry_point") is not None:
+            raise _bad("collab.entry_point needs collab.tests (your own problem)", "collab")
+        found = self._humaneval_index().get(prompt.strip()) if model == "humaneval" else None
+        if found is None:
+            raise _bad(f"model {model!r} scores code with tests: send a HumanEval problem's prompt as shipped, or "
+                       "your own signature + docstring with its tests in collab.tests (openai client: "
+                       "extra_body={'collab': {'tests': 'assert f(1) == 2'}})", "messages", "tests_required")
+        split, example_id = found
+        return H.start_coding(ctx, H.SOURCES[0], split, example_id, "", "", "")
+
+    def prepare_round(self, body: dict) -> "_Round":
+        """A chat request, checked (ApiError says what is wrong), as the round to run."""
+        from collab_app.engines.engine_types import Sampling
+        from collab_app.online.returns import PRIVATE_TASKS
+
+        ctx = self.ctx
+        for name in UNSUPPORTED:
+            if body.get(name) not in (None, False, [], {}, ""):
+                raise _bad(f"{name} is not supported: a team round returns text joint answers only", name,
+                           "unsupported_parameter")
+        for name in NEUTRAL_ZERO:
+            if body.get(name) not in (None, 0, 0.0):
+                raise _bad(f"{name} is not supported (only 0)", name, "unsupported_parameter")
+        model = self._model(body.get("model"))
+        content, earlier = self._prompt(body.get("messages"))
+        try:
+            prompt = H.clean_text(content, "the prompt (last user message)", ctx.max_prompt_chars)
+        except H.UserError as e:
+            raise _bad(str(e), "messages") from None
+        extra = body.get("collab") or {}
+        if not isinstance(extra, dict):
+            raise _bad("collab must be an object, e.g. {\"tests\": \"assert f(1) == 2\"}", "collab")
+        n = _int(body, "n", ctx.num_generations, 1, self.cfg.max_n)
+        tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_new = _int(body, tokens_name, min(ctx.sampling.max_new_tokens, self.cfg.max_tokens), 1, self.cfg.max_tokens)
+        temperature = _number(body, "temperature", ctx.sampling.temperature, 0.0, 2.0)
+        top_p = _number(body, "top_p", ctx.sampling.top_p, 0.0, 1.0, lo_open=True)
+        stream = body.get("stream") or False
+        if not isinstance(stream, bool):
+            raise _bad("stream must be true or false", "stream")
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise _bad("stream_options must be an object", "stream_options")
+        try:
+            episode = self._episode(model, prompt, extra)
+        except H.UserError as e:
+            raise _bad(str(e), "collab" if extra else "messages") from None
+        notes = []
+        if n == 1:
+            notes.append("n=1: a group of 1 has no siblings, so it does not train the team (MAGRPO compares "
+                         "the joint answers of a group); ask for n >= 2 to teach it")
+        elif temperature == 0:
+            notes.append("temperature 0 (greedy): the n answers are alike, so the group carries little or no "
+                         "learning signal")
+        if earlier:
+            notes.append(f"{earlier} earlier message(s) ignored: a round takes one prompt, the last user message "
+                         "(the team's role prompts are the server's)")
+        private = episode["task"] in PRIVATE_TASKS and not H.custom_training_allowed(ctx)
+        if private:
+            notes.append("your own problem's groups are kept but train the shared team only if an admin allows it")
+        sampling = Sampling(max_new_tokens=max_new, temperature=temperature, top_p=top_p, seed=ctx.sampling.seed)
+        return _Round(_RoundView(ctx, n, sampling), episode, model, n, notes, n >= 2 and not private, stream,
+                      bool(opts.get("include_usage")))
+
+    def start_round(self, caller: ApiCaller) -> None:
+        """Take a slot and the key's round token, or raise 429 (nothing taken then)."""
+        if not self._slots.acquire(blocking=False):
+            raise ApiError(429, f"the server is running {self.cfg.max_concurrent_rounds} API rounds already; "
+                                "try again shortly", "rate_limit_error", "server_busy", headers={"Retry-After": "5"})
+        try:
+            self._take(self.round_limiter, caller, 1, "rounds", self.cfg.max_rounds_per_minute)
+        except ApiError:
+            self._slots.release()
+            raise
+
+    def end_round(self) -> None:
+        self._slots.release()
+
+    def completion(self, rnd: "_Round", done: dict, cid: str, created: int) -> dict:
+        """The chat.completion object of a finished round, read back from the store."""
+        ep = done["episode"]
+        grp = self.ctx.store.group(ep["group_id"])
+        task = H.task_of(rnd.view, ep)
+        choices, per_choice = [], []
+        for j in sorted(grp.joints, key=lambda j: j.joint_index):
+            smp = [grp.samples[a][g] for a, g in enumerate(j.joint)]
+            finish = "length" if any(s.finish_reason == "length" for s in smp) else "stop"
+            reward = None if j.auto_total is None else {"total": j.auto_total, "max_total": j.auto_max,
+                                                         "levels": j.auto_levels, "details": j.auto_details}
+            details = {"joint_sample_id": j.id, "reward": reward, "check_error": j.auto_error,
+                       "parts": [{"role": task.roles[a], "agent": s.agent, "adapter_version": s.adapter_version,
+                                  "text": s.text, "finish_reason": s.finish_reason,
+                                  "completion_tokens": len(s.token_ids)} for a, s in enumerate(smp)]}
+            per_choice.append(details)
+            choices.append({"index": j.joint_index, "message": {"role": "assistant", "content": j.combined},
+                            "finish_reason": finish, "logprobs": None, "collab": details})
+        prompt_tokens = sum(len(row[0].prompt_token_ids) for row in grp.samples)
+        completion_tokens = sum(len(s.token_ids) for row in grp.samples for s in row)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": rnd.model, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens},
+                "collab": {"group_id": grp.id, "joint_sample_ids": [c["joint_sample_id"] for c in per_choice],
+                           "task": grp.task, "example_id": grp.example_id, "num_generations": grp.num_generations,
+                           "session": grp.session_id, "trains": rnd.trains, "notes": rnd.notes,
+                           "rate": "POST /v1/ratings {joint_sample_id, rating 1..5 | reward 0..1} or "
+                                   "{group_id, ranks | best}"}}
+
+    # -- ratings ---------------------------------------------------------------------------
+
+    FORMS = {("joint_sample_id", "rating"): "stars", ("joint_sample_id", "reward"): "reward",
+             ("group_id", "ranks"): "rank", ("group_id", "best"): "pick_best"}
+
+    def rate(self, body: dict, caller: ApiCaller) -> dict:
+        """One feedback form (module doc), checked, limited, stored; returns the rating object."""
+        from collab_app.online.returns import (RATING_MAX, RATING_MIN, FeedbackError, pick_best_ratings,
+                                               ranking_ratings)
+        from collab_app.online.store import NotEntitled, NotFound, StoreError
+
+        keys = set(body) - {"comment"}
+        form = next((f for ks, f in self.FORMS.items() if keys == set(ks)), None)
+        if form is None:
+            raise _bad(f"give exactly one form (and optionally comment): {{joint_sample_id, rating 1..5}}, "
+                       f"{{joint_sample_id, reward 0..1}}, {{group_id, ranks}} or {{group_id, best}}; got "
+                       f"fields {sorted(body)!r:.200}", None, "invalid_form")
+        try:
+            comment = H.clean_text(body.get("comment"), "comment", H.MAX_COMMENT_CHARS, required=False)
+        except H.UserError as e:
+            raise _bad(str(e), "comment") from None
+        view = _RoundView(self.ctx)
+        limit = self.cfg.max_ratings_per_minute
+        if form in ("stars", "reward"):
+            jid = _id(body, "joint_sample_id")
+            if form == "stars":
+                try:
+                    value = float(H.parse_rating(body["rating"]))
+                except H.UserError as e:
+                    raise _bad(str(e), "rating") from None
+            else:
+                if body["reward"] is None:
+                    raise _bad("reward must be a number in [0.0, 1.0], got None", "reward")
+                r = _number(body, "reward", 0.0, 0.0, 1.0)
+                value = RATING_MIN + (RATING_MAX - RATING_MIN) * r
+            self._take(self.rating_limiter, caller, 1, "ratings", limit)
+            if form == "stars":
+                try:
+                    ids = [H.rate(view, jid, body["rating"], caller, comment)]
+                except H.UserError as e:
+                    raise _from_user_error(e, "joint_sample_id") from None
+            else:
+                try:
+                    ids = self.ctx.store.add_ratings([(jid, value)], caller.rater, comment, kind="stars",
+                                                     details=[{"form": "reward", "reward": r}],
+                                                     session_id=caller.session_id)
+                except NotEntitled as e:
+                    raise ApiError(403, f"rating not saved: {e}", "permission_error", "not_entitled",
+                                   "joint_sample_id") from None
+                except NotFound as e:
+                    raise ApiError(404, f"rating not saved: {e}", "not_found_error", "not_found",
+                                   "joint_sample_id") from None
+                except StoreError as e:
+                    raise _bad(f"rating not saved: {e}") from None
+            return {"object": "collab.rating", "form": form, "rater": caller.rater, "rating_ids": ids,
+                    "joint_sample_ids": [jid], "values": [value]}
+        gid = _id(body, "group_id")
+        try:
+            grp = self.ctx.store.group(gid)
+        except NotFound as e:
+            raise ApiError(404, f"feedback not saved: {e}", "not_found_error", "not_found", "group_id") from None
+        if grp.session_id != caller.session_id:
+            raise ApiError(403, f"feedback not saved: group #{gid} was generated by another API key or app session; "
+                                "a key may rate only the groups it generated", "permission_error", "not_entitled",
+                           "group_id")
+        K = len(grp.joints)
+        answer = body["ranks"] if form == "rank" else body["best"]
+        try:   # returns.py's mapping, checked before the limit is taken (handlers check it again)
+            if form == "rank":
+                if isinstance(answer, (str, bytes)) or not isinstance(answer, list):
+                    raise FeedbackError(f"a ranking is a list of {K} ranks (1 = best), one per candidate")
+                values = ranking_ratings(answer, K)
+            else:
+                if isinstance(answer, bool) or not isinstance(answer, int):
+                    raise FeedbackError(f"best must be a whole number 1..{K}, got {answer!r:.40}")
+                values = pick_best_ratings(answer - 1, K)
+        except FeedbackError as e:
+            raise _bad(f"feedback not saved: {e}", "ranks" if form == "rank" else "best") from None
+        self._take(self.rating_limiter, caller, K, "ratings", limit)
+        with self._rating_lock:
+            try:
+                if form == "rank":
+                    H.rank(view, gid, answer, caller, comment)
+                else:
+                    H.pick_best(view, gid, answer, caller, comment)
+            except H.UserError as e:
+                raise _from_user_error(e, "group_id") from None
+            rows = [r for r in self.ctx.store.ratings_for(group_id=gid, rater=caller.rater) if r.kind == form][-K:]
+        by_joint = {r.joint_sample_id: r for r in rows}
+        joints = sorted(grp.joints, key=lambda j: j.joint_index)
+        return {"object": "collab.rating", "form": form, "rater": caller.rater, "group_id": gid,
+                "rating_ids": [by_joint[j.id].id for j in joints], "joint_sample_ids": [j.id for j in joints],
+                "values": values}
+
+    # -- routes ----------------------------------------------------------------------------
+
+    def router(self):
+        """A FastAPI APIRouter with every route of the module doc."""
+        def error(e: ApiError) -> JSONResponse:
+            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+        def internal(where: str) -> JSONResponse:
+            log.exception("OpenAI API: %s failed", where)
+            return error(ApiError(500, f"{where} failed on the server (its log has the details); nothing was "
+                                       "stored for this request unless its response said so", "server_error",
+                                  "internal_error"))
+
+        router = APIRouter()
+
+        @router.get("/v1/models")
+        async def list_models(request: Request):
+            try:
+                self.caller(request)
+                return JSONResponse(self.models())
+            except ApiError as e:
+                return error(e)
+
+        @router.get("/v1/models/{model}")
+        async def get_model(model: str, request: Request):
+            try:
+                self.caller(request)
+                return JSONResponse(self.model_card(self._model(model)))
+            except ApiError as e:
+                return error(e)
+
+        @router.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            try:
+                caller = self.caller(request)
+                body = await self.json_body(request)
+                rnd = await run_in_threadpool(self.prepare_round, body)
+                self.start_round(caller)
+            except ApiError as e:
+                return error(e)
+            except Exception:  # noqa: BLE001 - a bug answers 500 in OpenAI's shape, the app stays up
+                return internal("preparing the round")
+            cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+            events = H.generate(rnd.view, rnd.episode, caller)   # the app's Generate, step by step
+            streaming = False
+
+            def finish() -> None:
+                events.close()   # handlers.generate's finally: the ticket is cancelled if still running
+                self.end_round()
+
+            try:   # the first event before the headers: early refusals get a proper status
+                first = await run_in_threadpool(next, events, None)
+                if rnd.stream:
+                    resp = _RoundStream(self._sse(events, first, rnd, cid, created), finish)
+                    streaming = True
+                    return resp
+                done = await run_in_threadpool(_last, events, first)
+                return JSONResponse(await run_in_threadpool(self.completion, rnd, done, cid, created))
+            except H.UserError as e:
+                return error(_from_user_error(e))
+            except Exception:  # noqa: BLE001
+                return internal("the round")
+            finally:
+                if not streaming:
+                    finish()
+
+        async def ratings(request: Request):
+            try:
+                caller = self.caller(request)
+                body = await self.json_body(request)
+                return JSONResponse(await run_in_threadpool(self.rate, body, caller))
+            except ApiError as e:
+                return error(e)
+            except Exception:  # noqa: BLE001
+                return internal("storing the rating")
+
+        router.add_api_route("/v1/ratings", ratings, methods=["POST"])
+        router.add_api_route("/v1/feedback", ratings, methods=["POST"])
+        return router
+
+    async def _sse(self, events, first, rnd: "_Round", cid: str, created: int) -> AsyncIterator[str]:
+        """SSE chunks of a streamed round (module doc). The response's on_close ends the round."""
+
+        def chunk(choices: list, **extra) -> str:
+            obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": rnd.model,
+                   "choices": choices, **extra}
+            return f"data: {json.dumps(obj)}\n\n"
+
+        try:
+            yield chunk([{"index": g, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                          "logprobs": None} for g in range(rnd.n)])
+            ev = first
+            while ev is not None:
+                if ev["kind"] == "progress":
+                    cands = [{"index": g, "state": c["state"],
+                              "parts": [{"role": p["role"], "agent": p["agent"], "text": p["text"], "done": p["done"]}
+                                        for p in c["parts"]],
+                              "reward": c["reward"]} for g, c in enumerate(ev["candidates"])]
+                    yield chunk([], collab={"event": "progress", "message": ev["message"], "candidates": cands})
+                elif ev["kind"] == "done":
+                    full = await run_in_threadpool(self.completion, rnd, ev, cid, created)
+                    for c in full["choices"]:
+                        yield chunk([{"index": c["index"], "delta": {"content": c["message"]["content"]},
+                                      "finish_reason": None, "logprobs": None}])
+                    yield chunk([{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"],
+                                  "logprobs": None, "collab": c["collab"]} for c in full["choices"]],
+                                collab={"event": "done", **full["collab"]})
+                    if rnd.include_usage:
+                        yield chunk([], usage=full["usage"])
+                ev = await run_in_threadpool(next, events, None)
+            yield "data: [DONE]\n\n"
+        except H.UserError as e:
+            yield f"data: {json.dumps(_from_user_error(e).body())}\n\n"
+        except Exception:  # noqa: BLE001 - the stream ends with an error event, the app stays up
+            log.exception("OpenAI API: streamed round failed")
+            err = ApiError(500, "the round failed on the server (its log has the details)", "server_error",
+                           "internal_error")
+            yield f"data: {json.dumps(err.body())}\n\n"
+
+
+class _RoundStream(StreamingResponse):
+    """SSE of one round; `on_close` runs once when the response ends, however it ends (for a
+    client that left mid-stream Starlette raises out of __call__, and the body generator alone
+    would be closed only when garbage-collected)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+            self._on_close()
+
+
+def openai_routes(ctx, cfg: OpenAIConfig) -> list:
+    """The routes, for `ui.launch(ctx, ..., app_kwargs={"routes": openai_routes(ctx, cfg)})`."""
+    return OpenAIApi(ctx, cfg).router().routes
+
+
+def mount_openai(app, ctx, cfg: OpenAIConfig) -> OpenAIApi:
+    """Add the routes to a FastAPI app; returns the API object (its limiters, for tests / logs)."""
+    api = OpenAIApi(ctx, cfg)
+    app.include_router(api.router())
+    if cfg.api_keys:
+        log.info("OpenAI-compatible API on: %d key(s), %d rounds / %d ratings per minute per key",
+                 len(cfg.api_keys), cfg.max_rounds_per_minute, cfg.max_ratings_per_minute)
+    return api
