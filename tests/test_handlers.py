@@ -10,6 +10,7 @@ from collab_app.web.context import AppContext, is_public, storage_warning
 from collab_app.engines.engine_types import Sampling
 
 MAX_NEW = 24
+TOKEN = "Q7v-mR2x_Lp9sWz4Kc"          # passes context.admin_token_problem
 A, B = H.Caller("session-A"), H.Caller("session-B")
 TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Residents said the lanes "
         "made the streets safer, but shop owners worried about parking. The council agreed to test "
@@ -43,20 +44,91 @@ def test_parse_rating_accepts(value, want):
     assert H.parse_rating(value) == want
 
 
-class _Ctx:   # check_admin reads only these two fields
-    def __init__(self, admin_token, public):
-        self.admin_token, self.public = admin_token, public
+def _ctx(**kw) -> AppContext:   # check_admin needs no engine, store or tasks
+    return AppContext(engine=None, store=None, tasks={}, teams={}, **kw)
 
 
 def test_admin_rules():
-    H.check_admin(_Ctx(None, public=False), "")           # local app, no token: allowed
-    with pytest.raises(H.UserError, match="COLLAB_ADMIN_TOKEN"):
-        H.check_admin(_Ctx(None, public=True), "anything")  # public without a token: off
+    local, remote = H.Caller("s1", host="127.0.0.1"), H.Caller("s2", host="203.0.113.7")
+    for ctx, token in ((_ctx(), "anything"), (_ctx(), ""), (_ctx(public=True), "x" * 40)):
+        with pytest.raises(H.UserError, match="admin actions are off.*COLLAB_ADMIN_TOKEN.*--loopback-admin"):
+            H.check_admin(ctx, token, local)   # no token set: no token and no address makes anyone admin
+    ctx = _ctx(admin_token=TOKEN)
     with pytest.raises(H.UserError, match="wrong"):
-        H.check_admin(_Ctx("s3cret", public=True), "guess")
-    with pytest.raises(H.UserError, match="wrong"):
-        H.check_admin(_Ctx("s3cret", public=False), "")     # a set token is required even locally
-    H.check_admin(_Ctx("s3cret", public=True), "s3cret")
+        H.check_admin(ctx, "guess", remote)
+    with pytest.raises(H.UserError, match="missing"):
+        H.check_admin(ctx, "", local)          # a set token is required from this machine too
+    H.check_admin(ctx, TOKEN, remote)
+    # --loopback-admin: loopback clients need no token; others still do
+    ctx = _ctx(loopback_admin=True)
+    H.check_admin(ctx, "", local)
+    H.check_admin(ctx, "", H.Caller("s3", host="::1"))
+    for caller in (remote, H.Caller("s4"), None):
+        with pytest.raises(H.UserError, match="admin actions are off"):
+            H.check_admin(ctx, "", caller)
+
+
+@pytest.mark.parametrize("token, fragment", [
+    ("short-Tok3n", "11 characters"), ("aaaaaaaaaaaaaaaaaaaa", "different characters"),
+    ("MyPassword-2024-xyz", "common word 'password'"), ("xy-abcdefgh-Z91-Q7", "straight run 'abcdef'"),
+    ("Q7v-987654-mR2x_Lp", "straight run '987654'"), ("zz-QWERTY-uiop-77", "straight run 'qwerty'"),
+])
+def test_weak_admin_tokens_are_refused_at_start(token, fragment):
+    from collab_app.web.context import admin_token_problem
+    assert fragment in admin_token_problem(token)
+    with pytest.raises(ValueError, match=f"too weak.*{fragment}.*secrets.token_urlsafe"):
+        _ctx(admin_token=token)
+
+
+def test_good_admin_tokens_pass():
+    import secrets
+
+    from collab_app.web.context import admin_token_problem
+    assert admin_token_problem(TOKEN) is None and admin_token_problem(None) is None
+    assert all(admin_token_problem(secrets.token_urlsafe(32)) is None for _ in range(200))
+
+
+def test_serve_refuses_a_weak_token_before_loading_anything(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLLAB_ADMIN_TOKEN": "hunter2", "COLLAB_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-m", "collab_app.web.serve"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "too weak" in r.stderr and "token_urlsafe(32)" in r.stderr
+    assert not (tmp_path / "home").exists()         # stopped before it created anything
+
+
+def test_wrong_guesses_are_slowed_per_caller():
+    from collab_app.web.context import AdminGuard
+
+    now = [0.0]
+    ctx = _ctx(admin_token=TOKEN)
+    ctx.admin_guard = AdminGuard(free=3, max_lock_s=60, forget_s=600, clock=lambda: now[0])
+    guesser, admin = H.Caller("g1", host="198.51.100.9"), H.Caller("a", host="203.0.113.7")
+    for _ in range(2):
+        with pytest.raises(H.UserError, match="admin token wrong: enter"):
+            H.check_admin(ctx, "guess", guesser)
+    with pytest.raises(H.UserError, match="further tries refused for 2 s"):
+        H.check_admin(ctx, "guess", guesser)
+    # locked: refused at once, the right token too; a fresh session from the same address too
+    for caller, token in ((guesser, TOKEN), (H.Caller("g2", host="198.51.100.9"), TOKEN)):
+        with pytest.raises(H.UserError, match="too many wrong admin tokens from your address: try again in 2 s"):
+            H.check_admin(ctx, token, caller)
+    H.check_admin(ctx, TOKEN, admin)                 # another caller is not affected
+    now[0] += 2.5
+    with pytest.raises(H.UserError, match="refused for 4 s"):   # doubling
+        H.check_admin(ctx, "guess", guesser)
+    now[0] += 4.5
+    with pytest.raises(H.UserError, match="refused for 8 s"):
+        H.check_admin(ctx, "again", guesser)
+    with pytest.raises(H.UserError, match="missing"):            # an empty token is not a guess
+        H.check_admin(ctx, "", admin)
+    now[0] += 8.5
+    H.check_admin(ctx, TOKEN, guesser)               # the right token after the wait resets it
+    with pytest.raises(H.UserError, match="admin token wrong: enter[^;]*$"):
+        H.check_admin(ctx, "guess", guesser)
 
 
 def test_is_public(monkeypatch):
@@ -118,7 +190,7 @@ def make_ctx(engine, store_path, **kw) -> AppContext:
 
 @pytest.fixture(scope="module")
 def ctx(engine, tmp_path_factory):
-    return make_ctx(engine, tmp_path_factory.mktemp("app") / "store.db", admin_token="tok", public=True)
+    return make_ctx(engine, tmp_path_factory.mktemp("app") / "store.db", admin_token=TOKEN, public=True)
 
 
 @pytest.fixture(scope="module")
@@ -236,38 +308,41 @@ def test_sessions_see_only_their_groups(ctx, first_round):
     assert H.recent_groups_table(ctx, None) == []
     with pytest.raises(H.UserError, match="admin token"):
         H.recent_groups_table(ctx, "session-A", all_sessions=True, token="")
-    everyone = {row[0] for row in H.recent_groups_table(ctx, "session-A", all_sessions=True, token="tok")}
+    everyone = {row[0] for row in H.recent_groups_table(ctx, "session-A", all_sessions=True, token=TOKEN)}
     assert mine | theirs <= everyone
 
 
 def test_team_settings_need_admin(ctx):
     with pytest.raises(H.UserError, match="admin token"):
         H.set_role_prompt(ctx, "", "helper", "Be brief.")
-    assert "saved" in H.set_role_prompt(ctx, "tok", "helper", "Be brief.")
+    assert "saved" in H.set_role_prompt(ctx, TOKEN, "helper", "Be brief.")
     assert H.role_prompt(ctx, "helper") == "Be brief."
     assert "Be brief." in H.team_overview(ctx)
     with pytest.raises(H.UserError, match="unknown agent"):
-        H.set_role_prompt(ctx, "tok", "nobody", "x")
+        H.set_role_prompt(ctx, TOKEN, "nobody", "x")
     with pytest.raises(H.UserError, match="2..4"):
-        H.set_generation_settings(ctx, "tok", 9, 0.8, 1.0, MAX_NEW)
+        H.set_generation_settings(ctx, TOKEN, 9, 0.8, 1.0, MAX_NEW)
     with pytest.raises(H.UserError, match="temperature"):
-        H.set_generation_settings(ctx, "tok", 2, -1, 1.0, MAX_NEW)
+        H.set_generation_settings(ctx, TOKEN, 2, -1, 1.0, MAX_NEW)
     try:
-        assert "G = 3" in H.set_generation_settings(ctx, "tok", 3, 0.7, 0.95, MAX_NEW)
+        assert "G = 3" in H.set_generation_settings(ctx, TOKEN, 3, 0.7, 0.95, MAX_NEW)
         ep = H.start_writing(ctx, "tldr", TEXT)
         assert len(H.run_generate(ctx, ep, H.Caller("session-C"))["episode"]["candidates"]) == 3
     finally:
-        H.set_generation_settings(ctx, "tok", 2, 0.8, 1.0, MAX_NEW)
-        H.set_role_prompt(ctx, "tok", "helper", "")
+        H.set_generation_settings(ctx, TOKEN, 2, 0.8, 1.0, MAX_NEW)
+        H.set_role_prompt(ctx, TOKEN, "helper", "")
 
 
 def test_pin_and_roll_back_adapters(engine, tmp_path, lora_adapter):
-    ctx = make_ctx(engine, tmp_path / "store.db")            # local app, no token: admin allowed
+    ctx = make_ctx(engine, tmp_path / "store.db", loopback_admin=True)   # serve --loopback-admin
+    me = H.Caller("local", host="127.0.0.1")
     ctx.store.record_adapter_version("helper", 1, lora_adapter(1))
     ctx.store.record_adapter_version("helper", 2, lora_adapter(2))
     H.sync_adapters(ctx)
     assert engine.adapter_version("helper") == 2 and engine.adapter_version("main") is None
-    assert "rolled back to adapter v1" in H.roll_back(ctx, "", "helper")
+    with pytest.raises(H.UserError, match="admin actions are off"):
+        H.roll_back(ctx, "", "helper", caller=H.Caller("remote", host="192.0.2.1"))
+    assert "rolled back to adapter v1" in H.roll_back(ctx, "", "helper", caller=me)
     assert engine.adapter_version("helper") == 1
     rows = H.adapter_table(ctx, "helper")
     assert [r[0] for r in rows] == [2, 1] and rows[1][3] == "yes" and rows[1][4] == "yes"
@@ -276,19 +351,19 @@ def test_pin_and_roll_back_adapters(engine, tmp_path, lora_adapter):
     assert all(c["parts"][0]["adapter_version"] == 1 and c["parts"][1]["adapter_version"] is None for c in cands)
     assert "adapter v1" in H.render_candidate(cands[0], 0, coding=True)
     with pytest.raises(H.UserError, match="no older version"):
-        H.roll_back(ctx, "", "helper")
+        H.roll_back(ctx, "", "helper", caller=me)
     with pytest.raises(H.UserError, match="no adapter version 7"):
-        H.pin_adapter(ctx, "", "helper", 7)
-    assert "follows the trainer's newest" in H.unpin_adapter(ctx, "", "helper")
+        H.pin_adapter(ctx, "", "helper", 7, caller=me)
+    assert "follows the trainer's newest" in H.unpin_adapter(ctx, "", "helper", caller=me)
     assert engine.adapter_version("helper") == 2
-    assert H.pin_adapter(ctx, "", "helper", "1").startswith("`helper` pinned to adapter v1")
+    assert H.pin_adapter(ctx, "", "helper", "1", caller=me).startswith("`helper` pinned to adapter v1")
     engine.load_adapter("helper", None, None)
 
 
 def test_training_tab(engine, tmp_path):
     from collab_app.online.service import STATUS_KEY, is_paused
 
-    ctx = make_ctx(engine, tmp_path / "store.db", admin_token="tok")
+    ctx = make_ctx(engine, tmp_path / "store.db", admin_token=TOKEN)
     assert "no trainer service" in H.training_status(ctx)
     assert H.training_figures(ctx) == (None, None)
     import time
@@ -306,9 +381,9 @@ def test_training_tab(engine, tmp_path):
     with pytest.raises(H.UserError):
         H.set_training_paused(ctx, "nope", True)
     assert not is_paused(ctx.store)
-    H.set_training_paused(ctx, "tok", True)
+    H.set_training_paused(ctx, TOKEN, True)
     assert is_paused(ctx.store) and "pause requested" in H.training_status(ctx)
-    H.set_training_paused(ctx, "tok", False)
+    H.set_training_paused(ctx, TOKEN, False)
     assert not is_paused(ctx.store)
     ctx.store.set_state(STATUS_KEY, {"state": "idle", "heartbeat": time.time() - 3600, "heartbeat_s": 5})
     assert "not running" in H.training_status(ctx)
@@ -320,7 +395,12 @@ def test_data_tab_and_export(ctx, first_round):
     assert stats["ratings"] >= 2 and stats["joint_samples"] >= 2
     assert f"**ratings** {stats['ratings']} by {stats['raters']} raters" in H.data_stats(ctx)
     with pytest.raises(H.UserError, match="admin token"):
-        H.export_data(ctx, "", ["jsonl"])
-    files = H.export_data(ctx, "tok", ["jsonl"])
+        with H.exported(ctx, "", ["jsonl"]):
+            pass
     import os
-    assert files and all(os.path.getsize(f) > 0 for f in files)
+    with H.exported(ctx, TOKEN, ["jsonl", "datasets"]) as files:
+        assert files and all(os.path.getsize(f) > 0 for f in files)
+        assert not any(os.path.realpath(f).startswith(os.path.realpath(ctx.home)) for f in files)
+        where = {os.path.dirname(os.path.dirname(f)) for f in files}
+    assert len(where) == 1 and not os.path.exists(where.pop())   # the temp dir is gone afterwards
+    assert not os.path.exists(os.path.join(ctx.home, "exports"))

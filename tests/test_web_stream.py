@@ -21,6 +21,7 @@ TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Resid
         "made the streets safer, but shop owners worried about parking. The council agreed to test "
         "the lanes for six months and then decide.")
 A, B = H.Caller("session-A"), H.Caller("session-B")
+TOKEN = "Q7v-mR2x_Lp9sWz4Kc"          # passes context.admin_token_problem
 
 
 class ScriptedStreamEngine:
@@ -215,8 +216,8 @@ def test_closed_page_stops_the_engine_call(tmp_path):
 
 @pytest.fixture
 def rated(tmp_path):
-    """A context (G=3, admin token "tok", public) and one stored TL;DR round of session A."""
-    ctx = make_ctx(tmp_path, ScriptedStreamEngine(), G=3, admin_token="tok", public=True)
+    """A context (G=3, admin token TOKEN, public) and one stored TL;DR round of session A."""
+    ctx = make_ctx(tmp_path, ScriptedStreamEngine(), G=3, admin_token=TOKEN, public=True)
     ep = H.run_generate(ctx, H.start_writing(ctx, "tldr", TEXT), A)["episode"]
     return ctx, ep
 
@@ -231,7 +232,7 @@ def test_only_the_generating_session_or_an_admin_rates(rated):
             H.rate(ctx, jid, 5, caller, token=token)
     with pytest.raises(H.UserError, match="another session"):
         H.rate_candidates(ctx, ep, ["5", "5", "5"], B)       # a copied page state does not help
-    H.rate(ctx, jid, 2, B, token="tok")                        # an admin may
+    H.rate(ctx, jid, 2, B, token=TOKEN)                        # an admin may
     rows = ctx.store.ratings_for(joint_sample_id=jid)
     assert [(r.rater, r.value, r.kind, r.session_id) for r in rows] == [
         ("session:session-A", 4, "stars", "session-A"), ("session:session-B", 2, "stars", None)]
@@ -286,7 +287,7 @@ def test_feedback_refusals(rated, call, fragment):
     with pytest.raises(H.UserError, match=fragment):
         call(ctx, ep["group_id"])
     assert ctx.store.ratings_for() == []
-    H.pick_best(ctx, ep["group_id"], 1, B, token="tok")        # the admin may, for any group
+    H.pick_best(ctx, ep["group_id"], 1, B, token=TOKEN)        # the admin may, for any group
 
 
 def test_rate_limits(tmp_path):
@@ -323,8 +324,8 @@ def test_own_coding_problems_need_an_admin_to_train(rated):
     assert ctx.store.group(done["episode"]["group_id"]).task == "custom-coding"
     with pytest.raises(H.UserError, match="admin token"):
         H.set_custom_training(ctx, "", True)
-    H.set_custom_training(ctx, "tok", True)
+    H.set_custom_training(ctx, TOKEN, True)
     assert ctx.store.get_state(CUSTOM_TRAINING_KEY)["allowed"] is True and H.custom_training_allowed(ctx)
     assert "train the shared team (admin allowed)" in H.training_status(ctx)
-    H.set_custom_training(ctx, "tok", False)
+    H.set_custom_training(ctx, TOKEN, False)
     assert not H.custom_training_allowed(ctx)

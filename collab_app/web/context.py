@@ -7,19 +7,34 @@ for module globals, so a test can build two apps on two stores side by side and 
 Thread safety: Gradio runs handlers in a thread pool. The engine is guarded by `engine_lock`
 (generation, adapter loads); the store does its own sessions; `team_settings_lock` guards the
 editable team settings (role prompts, num_generations, sampling) that the Team tab changes.
+
+Hosting in public (issue 12), what lives here:
+- `isolation`: the sandbox's isolation (tasks.sandbox.isolation()), asked once when the context
+  is built; a person's own coding problem (their tests are code) runs only where it allows
+  untrusted code (`untrusted_allowed`).
+- Admin: `admin_token` must pass `admin_token_problem` (checked at start-up); wrong guesses are
+  slowed per caller by `AdminGuard`; loopback clients are admin without a token only with
+  `loopback_admin` (serve `--loopback-admin`).
+- Abuse limits per session: `RateLimiter` (rounds / ratings per minute) and `SessionSlots`
+  (rounds generating at once); prompts are counted in tokens with a private copy of the
+  engine's tokenizer (`prompt_token_counts`) before they reach the `GenerationBatcher`.
+- `SharedViews`: what every visitor sees alike (the Training tab) computed once per TTL.
+- `prepare_home` / `open_store`: COLLAB_HOME 0700 and the SQLite file 0600.
 """
 from __future__ import annotations
 
 import collections
+import copy
 import ipaddress
 import logging
 import math
 import os
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from collab_app.engines.engine_types import Sampling
 
@@ -60,6 +75,204 @@ def storage_warning(home: str) -> str | None:
     return ("**Data is ephemeral on this Space**: groups, ratings and adapters are lost when it "
             "restarts. Add persistent storage (mounted at /data) and set `COLLAB_HOME=/data` "
             "(see docs/SPACES.md).")
+
+
+GOOD_TOKEN_HINT = ('make a good one with  python -c "import secrets; print(secrets.token_urlsafe(32))"  '
+                   'and put it in COLLAB_ADMIN_TOKEN (a Space: a secret named COLLAB_ADMIN_TOKEN)')
+MIN_TOKEN_CHARS = 16
+MIN_TOKEN_DISTINCT = 8
+# Straight runs a person types when asked for "something long": a token containing 6 characters
+# in a row of one of these (or reversed) is refused.
+_RUNS = ("abcdefghijklmnopqrstuvwxyz", "0123456789", "qwertyuiop", "asdfghjkl", "zxcvbnm")
+_COMMON = ("password", "passwort", "changeme", "letmein", "secret", "admin", "token", "collab", "welcome",
+           "default", "example")
+
+
+def admin_token_problem(token: str | None) -> str | None:
+    """Why `token` is too weak to guard admin actions, or None when it is good enough. The rule,
+    plainly: at least 16 characters; at least 8 different characters; no common word (password,
+    changeme, admin, secret, token, collab, ...) and no straight run of 6 (abcdef, 123456, qwerty,
+    or reversed) inside it, case ignored. `secrets.token_urlsafe(32)` (43 random characters)
+    passes (what it could fail on by chance is below one in a million). None/"" = no token."""
+    if not token:
+        return None
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"it has {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed"
+    if len(set(token)) < MIN_TOKEN_DISTINCT:
+        return f"it has only {len(set(token))} different characters; at least {MIN_TOKEN_DISTINCT} are needed"
+    low = token.lower()
+    for word in _COMMON:
+        if word in low:
+            return f"it contains the common word {word!r}"
+    for run in _RUNS:
+        for seq in (run, run[::-1]):
+            for i in range(len(seq) - 5):
+                if seq[i:i + 6] in low:
+                    return f"it contains the straight run {seq[i:i + 6]!r}"
+    return None
+
+
+def check_admin_token(token: str | None) -> None:
+    """Start-up check of COLLAB_ADMIN_TOKEN: ValueError saying why and how to make a good one."""
+    problem = admin_token_problem(token)
+    if problem:
+        raise ValueError(f"COLLAB_ADMIN_TOKEN is too weak to guard admin actions: {problem}; {GOOD_TOKEN_HINT}")
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for a client address on this machine (127.0.0.0/8, ::1). Unknown or a name: False."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def prepare_home(home: str) -> str:
+    """Create COLLAB_HOME as 0700 (or make an existing one 0700 where we own it): the store,
+    adapters and exports under it are then unreadable for other users of the machine, and for
+    a sandbox that runs checks under another uid. Returns the absolute path. A home we cannot
+    chmod (a mount owned by someone else) is logged, not fatal."""
+    home = os.path.abspath(home)
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    try:
+        if os.stat(home).st_mode & 0o077:
+            os.chmod(home, 0o700)
+    except PermissionError as e:
+        log.warning("could not make COLLAB_HOME %s private (0700): %s; other users may read the store", home, e)
+    return home
+
+
+def _private_files(paths) -> None:
+    for p in paths:
+        try:
+            if os.path.exists(p) and os.stat(p).st_mode & 0o077:
+                os.chmod(p, 0o600)
+        except PermissionError as e:
+            log.warning("could not make %s private (0600): %s", p, e)
+
+
+def open_store(home: str, store_url: str | None = None):
+    """The store at `store_url` (else $COLLAB_DB, else sqlite:///<home>/collab.db) in a private
+    home: a SQLite file (and its -wal/-shm, which SQLite creates with the database's mode) is
+    made 0600, also when an older version created it 0644."""
+    import sqlalchemy as sa
+
+    from collab_app.online.store import Store
+
+    home = prepare_home(home)
+    store = Store(store_url or os.environ.get("COLLAB_DB") or f"sqlite:///{os.path.join(home, 'collab.db')}")
+    url = sa.engine.make_url(store.url)
+    if store.is_sqlite and url.database not in (None, "", ":memory:"):
+        db = os.path.abspath(url.database)
+        _private_files([db, db + "-wal", db + "-shm", db + "-journal"])
+    return store
+
+
+class AdminGuard:
+    """Slows wrong admin-token guesses per caller, without sleeping on a worker thread: after
+    `free` wrong guesses, the caller is locked out for 2, 4, 8 ... s (doubling per further wrong
+    guess, at most `max_lock_s`); during a lockout every token from that caller is refused at
+    once, the right one too (else a lockout would not slow guessing). The count is forgotten
+    `forget_s` after the last wrong guess, and on a right token.
+
+    Chosen over sleeping because a sleep holds one of Gradio's worker threads per guess (a
+    guesser could fill the pool); over a fixed lockout because doubling keeps an honest typo
+    cheap and a guesser at a few guesses per hour. The caller is the client address (what
+    uvicorn reports: the peer, or the X-Forwarded-For of a proxy on 127.0.0.1), else the
+    session: a new session does not reset it. Behind one shared proxy address a guesser also
+    locks out the admin for the lockout's length (the admin can still use the CLI). In memory."""
+
+    def __init__(self, free: int = 5, max_lock_s: float = 900.0, forget_s: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.free, self.max_lock_s, self.forget_s, self.clock = free, max_lock_s, forget_s, clock
+        self._fails: dict[str, tuple[int, float, float]] = {}   # key -> (wrong guesses, last, locked until)
+        self._lock = threading.Lock()
+
+    def locked(self, key: str) -> float:
+        """Seconds `key` must still wait (0 = may try now)."""
+        now = self.clock()
+        with self._lock:
+            n, last, until = self._fails.get(key, (0, -math.inf, -math.inf))
+            if now - last > self.forget_s:
+                self._fails.pop(key, None)
+                return 0.0
+            return max(0.0, until - now)
+
+    def failed(self, key: str) -> float:
+        """Record a wrong guess; returns the lockout it starts (0 = none yet)."""
+        now = self.clock()
+        with self._lock:
+            if len(self._fails) > 10_000:   # forget idle callers
+                self._fails = {k: v for k, v in self._fails.items() if now - v[1] <= self.forget_s}
+            n, last, _ = self._fails.get(key, (0, -math.inf, -math.inf))
+            n = 1 if now - last > self.forget_s else n + 1
+            lock = 0.0 if n < self.free else min(self.max_lock_s, 2.0 ** (n - self.free + 1))
+            self._fails[key] = (n, now, now + lock)
+            return lock
+
+    def succeeded(self, key: str) -> None:
+        with self._lock:
+            self._fails.pop(key, None)
+
+
+class SessionSlots:
+    """At most `limit` rounds generating at once per key (a session or a login; 0 = no limit), so
+    that one client cannot hold every generate slot. Thread-safe; `acquire` never waits."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._held: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> bool:
+        with self._lock:
+            if self.limit and self._held[key] >= self.limit:
+                return False
+            self._held[key] += 1
+            return True
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+
+    def held(self, key: str) -> int:
+        with self._lock:
+            return self._held.get(key, 0)
+
+
+class SharedViews:
+    """Values every visitor sees alike (the Training tab's status and figures), computed at most
+    once per `ttl_s` for all of them: N pages polling cost one store query and one set of
+    figures per TTL, not N. Concurrent misses of one key wait for the first one's result
+    (cachetools' `condition`: no stampede). `clear()` after a change a person should see at once
+    (pause, allow own problems). In memory, per process."""
+
+    def __init__(self, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        import cachetools
+
+        self._cache = cachetools.TTLCache(maxsize=64, ttl=ttl_s, timer=clock)
+        self._cond = threading.Condition()
+        self._fns: dict = {}
+        self._fns_lock = threading.Lock()
+
+    def get(self, key, compute: Callable[[], Any]):
+        """`compute()`'s value for `key`, reused for `ttl_s`. One wrapper per key: cachetools keeps
+        the in-progress keys per wrapper, so a key's first `compute` is the one used."""
+        import cachetools
+
+        with self._fns_lock:
+            fn = self._fns.get(key)
+            if fn is None:
+                fn = self._fns[key] = cachetools.cached(self._cache, key=lambda: key, condition=self._cond)(compute)
+        return fn()
+
+    def clear(self) -> None:
+        with self._cond:
+            self._cache.clear()
 
 
 class RateLimiter:
@@ -205,13 +418,18 @@ class AppContext:
     sampling: Sampling = field(default_factory=lambda: Sampling(max_new_tokens=256, temperature=0.8))
     """sampling settings for the team's answers."""
     admin_token: str | None = None
-    """COLLAB_ADMIN_TOKEN: needed for admin actions (edit team, pin/roll back, pause training)."""
+    """COLLAB_ADMIN_TOKEN: needed for admin actions (edit team, pin/roll back, pause training,
+    export, rate any group). Must pass `admin_token_problem` (ValueError otherwise). None = admin
+    actions are off (except for loopback clients with `loopback_admin`)."""
     public: bool = False
-    """reachable by others (share link / non-loopback host): admin actions then need the token."""
+    """reachable by others (share link / non-loopback host): only for what the page shows."""
+    loopback_admin: bool = False
+    """clients on this machine (127.0.0.1, ::1) are admin without a token (serve --loopback-admin).
+    Off by default: behind a reverse proxy on the same machine every visitor looks like loopback."""
     home: str = field(default_factory=default_home)
-    """COLLAB_HOME: store, adapters and exports live under it."""
+    """COLLAB_HOME: store and adapters live under it (0700; exports go to a temp dir, never here)."""
     max_prompt_chars: int = 20_000
-    """longest prompt / pasted text / tests accepted from a person (characters)."""
+    """longest prompt / pasted text / tests accepted from a person (characters; tokens are checked too)."""
     max_generations: int = 4
     """most candidates the UI lays out (num_generations can be raised up to this in the Team tab)."""
     generate_concurrency: int = 8
@@ -220,25 +438,82 @@ class AppContext:
     """rounds (Generate / Another round) one session or login may start per minute (0 = no limit)."""
     max_ratings_per_minute: int = 60
     """ratings one session or login may store per minute; a ranking or pick of G counts G (0 = no limit)."""
+    max_rounds_in_flight: int = 1
+    """rounds one session or login may have generating at once (0 = no limit): one client cannot
+    hold every generate slot."""
+    isolation: dict | None = None
+    """the sandbox's isolation (tasks.sandbox.isolation()); None = ask it once here."""
+    shared_ttl_s: float = 10.0
+    """how long the Training tab's status and figures are reused for every visitor (seconds)."""
+    training_refresh_s: float = 10.0
+    """how often an open Training tab refreshes (seconds; only while it is the selected tab)."""
     engine_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _watcher: Any = field(default=None, repr=False)
     _batcher: Any = field(default=None, repr=False)
+    _tokenizer: Any = field(default=None, repr=False)
+    _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     round_limiter: RateLimiter = field(init=False, repr=False)
     rating_limiter: RateLimiter = field(init=False, repr=False)
+    round_slots: SessionSlots = field(init=False, repr=False)
+    admin_guard: AdminGuard = field(init=False, repr=False)
+    shared_views: SharedViews = field(init=False, repr=False)
 
     def __post_init__(self):
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO needs a group of siblings")
-        for name in ("max_rounds_per_minute", "max_ratings_per_minute"):
+        for name in ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
-        self.round_limiter = RateLimiter(self.max_rounds_per_minute)
-        self.rating_limiter = RateLimiter(self.max_ratings_per_minute)
-        self.max_generations = max(self.max_generations, self.num_generations)
+        for name in ("shared_ttl_s", "training_refresh_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.admin_token == "":
             self.admin_token = None
+        check_admin_token(self.admin_token)
+        self.round_limiter = RateLimiter(self.max_rounds_per_minute)
+        self.rating_limiter = RateLimiter(self.max_ratings_per_minute)
+        self.round_slots = SessionSlots(self.max_rounds_in_flight)
+        self.admin_guard = AdminGuard()
+        self.shared_views = SharedViews(self.shared_ttl_s)
+        self.max_generations = max(self.max_generations, self.num_generations)
+        if self.isolation is None:
+            from tasks.sandbox import isolation   # a probe run the first time in this process
+            self.isolation = dict(isolation())
+
+    @property
+    def untrusted_allowed(self) -> bool:
+        """May code and tests a person typed run here? The sandbox says ("untrusted_allowed");
+        a sandbox that does not say yet: anything but the "plain" mode."""
+        iso = self.isolation or {}
+        return bool(iso.get("untrusted_allowed", iso.get("mode", "plain") != "plain"))
+
+    @property
+    def isolation_summary(self) -> str:
+        """One line for the page: the sandbox's own summary, else one made from its fields."""
+        iso = self.isolation or {}
+        if iso.get("summary"):
+            return str(iso["summary"])
+        parts = [label for key, label in (("network_blocked", "network blocked"),
+                                          ("read_only_filesystem", "read-only filesystem"),
+                                          ("separate_uid", "separate uid")) if iso.get(key)]
+        return f"{iso.get('mode', 'unknown')}" + (f" ({', '.join(parts)})" if parts else " (no isolation beyond rlimits)")
+
+    def prompt_token_counts(self, requests) -> list[int] | None:
+        """Tokens of each engine Request (chat template and role prompt included, as the engine
+        counts them), or None when the engine has no local tokenizer (a scripted test engine, a
+        remote one). Uses a private copy of the engine's tokenizer under its own lock: a Rust
+        tokenizer used from two threads at once can fail ("Already borrowed"), and the engine's
+        own is busy in the batcher's thread."""
+        tok = getattr(self.engine, "tokenizer", None)
+        if tok is None or not isinstance(getattr(self.engine, "max_model_len", None), int):
+            return None
+        from collab_app.engines import chat_prompt_ids
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = copy.deepcopy(tok)
+            return [len(chat_prompt_ids(self._tokenizer, r)) for r in requests]
 
     def team_for(self, task_name: str):
         """The team for a task; a person's own coding problem uses the coding team."""
@@ -282,14 +557,17 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     here, not at module import."""
     from collab_app.engines import make_engine
     from collab_app.engines.model import ensure_model
-    from collab_app.online.store import Store
     from collab_app.engines.team import Agent, Team
     from tasks import load_task
 
-    limits = dict(limits or {})   # AppContext's per-session limits, e.g. {"max_rounds_per_minute": 0}
-    home = home or default_home()
-    os.makedirs(home, exist_ok=True)
-    store = Store(store_url or os.environ.get("COLLAB_DB") or f"sqlite:///{os.path.join(home, 'collab.db')}")
+    limits = dict(limits or {})   # more AppContext fields, e.g. {"max_rounds_per_minute": 0, "loopback_admin": True}
+    admin_token = os.environ.get("COLLAB_ADMIN_TOKEN") or None
+    check_admin_token(admin_token)   # before the slow part: a weak token stops the start at once
+    from tasks.sandbox import isolation
+    iso = dict(isolation())          # once per context, not per request
+    log.info("sandbox isolation: %s", iso)
+    home = prepare_home(home or default_home())
+    store = open_store(home, store_url)
     tasks = {name: load_task(name) for name in task_names}
     # one agent per task role; the agent name is the role (the engine's adapter key), so tasks
     # with the same roles share agents and adapters.
@@ -299,8 +577,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),
-                     admin_token=os.environ.get("COLLAB_ADMIN_TOKEN") or None,
-                     public=public, home=home, **limits)
+                     admin_token=admin_token, public=public, home=home, isolation=iso, **limits)
     for team in teams.values():
         for agent in team.agents:
             eng.register_agent(agent.name)

@@ -18,14 +18,31 @@ Feedback (collab_app/online/returns.py maps each form onto 1..5): stars per cand
 (`rate`, `rate_candidates`), "pick the best" (`pick_best`), a full ranking (`rank`). Who rates
 is the server's business (`Caller`): the Gradio session, or the Hugging Face login on a Space,
 never a typed name. A rating is accepted only from the session that generated the group, or
-with the admin token. Per session or login, `ctx.max_rounds_per_minute` and
-`ctx.max_ratings_per_minute`. Ratings are append-only: re-rating adds a row, the trainer uses
+with the admin token. Per session or login, `ctx.max_rounds_per_minute`,
+`ctx.max_ratings_per_minute` and `ctx.max_rounds_in_flight` (rounds generating at once). Ratings are append-only: re-rating adds a row, the trainer uses
 each rater's latest (of any form). A person's own coding problem trains the shared team only
 while an admin allows it (`set_custom_training`; the flag is returns.CUSTOM_TRAINING_KEY in the
 store's app_state, obeyed by the trainer service).
+
+Safe in public (issue 12):
+- Admin (`check_admin`): the token, compared in constant time, with wrong guesses slowed per
+  caller (context.AdminGuard); without a token admin actions are off, except for loopback
+  clients when the app was started with `loopback_admin`. A token never makes anyone admin on an
+  app that has none (it used to, on a local app).
+- A person's own coding problem (their tests are code) is refused unless the sandbox allows
+  untrusted code (`ctx.untrusted_allowed`), in `start_coding` and again in `generate`.
+- `generate` counts each agent's prompt in tokens (the engine's tokenizer, chat template and
+  role prompt included) against `max_model_len - max_new_tokens` before anything reaches the
+  GenerationBatcher, so an over-long prompt fails alone with a message and never breaks a
+  merged batch of other sessions.
+- The Training tab's status and figures come from `training_view`, computed once per
+  `ctx.shared_ttl_s` for every visitor, from column-limited queries (no token ids / log-probs).
+- Export (`exported`) writes to a fresh temp dir outside COLLAB_HOME that is removed once the
+  caller is done with the files (Gradio has copied them into its cache by then).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import html
@@ -34,6 +51,8 @@ import math
 import os
 import queue
 import re
+import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,17 +95,44 @@ def clean_text(value: Any, what: str, limit: int, required: bool = True) -> str:
     return value
 
 
-def check_admin(ctx, token: str | None) -> None:
-    """Admin actions (edit team, pin / roll back adapters, pause training). With
-    COLLAB_ADMIN_TOKEN set the token must match; without it they are allowed only on a local
-    (loopback, no share link) app."""
-    if ctx.admin_token:
-        if not token or not hmac.compare_digest(str(token).encode(), ctx.admin_token.encode()):
-            raise UserError("admin token missing or wrong: enter COLLAB_ADMIN_TOKEN's value in the "
-                            "'admin token' box")
-    elif ctx.public:
-        raise UserError("admin actions are off on a public app without a token: set "
-                        "COLLAB_ADMIN_TOKEN in the server's environment and restart")
+ADMIN_OFF = ("admin actions are off: this app has no admin token. Set COLLAB_ADMIN_TOKEN in the server's "
+             "environment and restart (make one with  python -c \"import secrets; print(secrets.token_urlsafe(32))\""
+             "); on your own machine you may instead start `collab serve --loopback-admin`")
+OWN_PROBLEM_OFF = (
+    "**My own coding problem is off on this server.** Your tests are code, and this server's sandbox "
+    "cannot isolate code a person typed ({summary}): it would run with the app's own rights. To turn it "
+    "on, run the app where unprivileged user namespaces are allowed (e.g. `sysctl -w "
+    "kernel.unprivileged_userns_clone=1`, `kernel.apparmor_restrict_unprivileged_userns=0`, or a "
+    "container started with user namespaces), or, if only you and people you trust use it, set "
+    "`COLLAB_SANDBOX_ALLOW_WEAK=1` and restart.")
+
+
+def own_problem_off_message(ctx) -> str | None:
+    """Why a person's own coding problem is refused here (markdown), or None when it is allowed."""
+    return None if ctx.untrusted_allowed else OWN_PROBLEM_OFF.format(summary=ctx.isolation_summary)
+
+
+def check_admin(ctx, token: str | None, caller: "Caller | None" = None) -> None:
+    """Admin actions (edit team, pin / roll back adapters, pause training, export, rate any
+    group). Allowed for a loopback caller when the app runs with `ctx.loopback_admin`; else the
+    token must equal COLLAB_ADMIN_TOKEN (constant-time compare). Without COLLAB_ADMIN_TOKEN they
+    are off. Wrong guesses lock the caller out for a doubling time (context.AdminGuard); an
+    empty token is not a guess (a person pressed an admin button) and counts nothing."""
+    if getattr(ctx, "loopback_admin", False) and caller is not None and caller.is_loopback:
+        return
+    if not ctx.admin_token:
+        raise UserError(ADMIN_OFF)
+    if not token:
+        raise UserError("admin token missing: enter COLLAB_ADMIN_TOKEN's value in the 'admin token' box")
+    key = caller.guard_key if caller is not None else "anonymous"
+    wait = ctx.admin_guard.locked(key)
+    if wait > 0:
+        raise UserError(f"too many wrong admin tokens from your address: try again in {math.ceil(wait)} s")
+    if not hmac.compare_digest(str(token).encode(), ctx.admin_token.encode()):
+        lock = ctx.admin_guard.failed(key)
+        more = f"; further tries refused for {math.ceil(lock)} s" if lock else ""
+        raise UserError(f"admin token wrong: enter COLLAB_ADMIN_TOKEN's value in the 'admin token' box{more}")
+    ctx.admin_guard.succeeded(key)
 
 
 @dataclass(frozen=True)
@@ -97,6 +143,19 @@ class Caller:
     """the Gradio session hash (the page's, or a gradio_client's): groups are stored under it."""
     username: str | None = None
     """the Hugging Face login on a Space with OAuth (gr.Request.username), else None."""
+    host: str | None = None
+    """the client's address as uvicorn reports it (gr.Request.client.host), else None."""
+
+    @property
+    def is_loopback(self) -> bool:
+        from collab_app.web.context import is_loopback
+        return is_loopback(self.host)
+
+    @property
+    def guard_key(self) -> str:
+        """Whose wrong admin guesses count together: the address (a new session does not reset
+        it), else the session."""
+        return f"host:{self.host}" if self.host else self.key
 
     @property
     def rater(self) -> str | None:
@@ -183,6 +242,7 @@ def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tes
         ep["task"] = "humaneval"
         ep["example"] = _find_example(ctx, "humaneval", split, example_id)
         return ep
+    _check_own_problem_allowed(ctx)
     prompt = clean_text(prompt, "problem", ctx.max_prompt_chars)
     tests = clean_text(tests, "tests", ctx.max_prompt_chars)
     entry_point = clean_text(entry_point, "entry point", 200, required=False).strip()
@@ -192,6 +252,12 @@ def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tes
     examples = task.examples("eval") or task.examples("train")
     ep["example"] = examples[0]
     return ep
+
+
+def _check_own_problem_allowed(ctx) -> None:
+    why = own_problem_off_message(ctx)
+    if why:
+        raise UserError(why.replace("**", ""))
 
 
 def start_writing(ctx, task_name: str, text: str) -> dict:
@@ -287,14 +353,48 @@ def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0,
     pool of this round (sandboxed subprocesses: threads only wait on them)."""
     if not episode or not episode.get("task"):
         raise UserError("choose a task and press Generate")
+    if episode["task"] in PRIVATE_TASKS:
+        _check_own_problem_allowed(ctx)      # also here: not only the page hides it
     task = task_of(ctx, episode)
     example = episode["example"]
     history = [Turn(tuple(o), tuple(f)) for o, f in episode["history"]]
     prompts = check_prompts(task, task.agent_prompts(example, history))
     team = ctx.team_for(episode["task"])
     G, sampling = ctx.num_generations, ctx.sampling
+    check_prompt_tokens(ctx, team, prompts, sampling, later_turn=bool(history))
+    if not ctx.round_slots.acquire(caller.key):
+        raise UserError(f"you already have a round generating: wait for your round to finish (at most "
+                        f"{ctx.max_rounds_in_flight} at once per session)")
+    try:
+        _limit(ctx.round_limiter, caller, "rounds", ctx.max_rounds_per_minute)
+        yield from _round(ctx, episode, caller, task, example, history, prompts, team, G, sampling,
+                          tick_s, min_update_s)
+    finally:
+        ctx.round_slots.release(caller.key)
+
+
+def check_prompt_tokens(ctx, team, prompts: list[str], sampling, later_turn: bool = False) -> None:
+    """Each agent's prompt, as the engine will see it, must fit: tokens + max_new_tokens <=
+    max_model_len. Checked here, before the batcher, so that a too-long prompt fails alone with
+    a message instead of failing (and restarting) a batch merged with other sessions. Engines
+    without a local tokenizer are left to their own check."""
+    from collab_app.engines.engine_types import Request
+    reqs = [Request(a.name, p, a.role_prompt) for a, p in zip(team.agents, prompts)]
+    counts = ctx.prompt_token_counts(reqs)
+    if counts is None:
+        return
+    room = ctx.engine.max_model_len - sampling.max_new_tokens
+    for agent, n in zip(team.agents, counts):
+        if n > room:
+            fix = ("start a new problem (each round adds the last answers and feedback to the prompt)"
+                   if later_turn else "shorten your text")
+            raise UserError(f"too long for this engine: the prompt for `{agent.name}` is {n:,} tokens, and "
+                            f"it takes at most {room:,} ({ctx.engine.max_model_len:,} in all, minus "
+                            f"{sampling.max_new_tokens:,} for the answer); {fix}")
+
+
+def _round(ctx, episode, caller, task, example, history, prompts, team, G, sampling, tick_s, min_update_s):
     names = [a.name for a in team.agents]
-    _limit(ctx.round_limiter, caller, "rounds", ctx.max_rounds_per_minute)
     from collab_app.engines.engine_types import EngineError
     t0 = time.monotonic()
     ticket = ctx.batcher().submit(team, prompts, G, sampling)   # merged with other sessions' requests
@@ -509,7 +609,7 @@ def _rating_session(ctx, caller: Caller, token: str | None) -> str | None:
     """The session whose groups this caller may rate (add_ratings checks it), or None when a
     (valid) admin token lets it rate any group. A wrong token is an error, not a fallback."""
     if token:
-        check_admin(ctx, token)
+        check_admin(ctx, token, caller)   # a wrong token is an error, never a fallback to the session
         return None
     if not caller.session_id:
         raise UserError("this request carries no session, so it cannot be matched to the group it "
@@ -645,13 +745,14 @@ def custom_training_allowed(ctx) -> bool:
     return may_train_shared(PRIVATE_TASKS[0], ctx.store.get_state(CUSTOM_TRAINING_KEY))
 
 
-def set_custom_training(ctx, token: str, allowed: bool) -> str:
+def set_custom_training(ctx, token: str, allowed: bool, caller: Caller | None = None) -> str:
     """Admin: whether groups of people's own coding problems ("custom-coding") train the shared
     team (their tests are the reward, so a person could steer it). Stored in app_state under
     returns.CUSTOM_TRAINING_KEY; the trainer service reads it before choosing groups."""
-    check_admin(ctx, token)
+    check_admin(ctx, token, caller)
     from collab_app.online.returns import CUSTOM_TRAINING_KEY
     ctx.store.set_state(CUSTOM_TRAINING_KEY, {"allowed": bool(allowed), "by": "app", "at": time.time()})
+    ctx.shared_views.clear()
     return ("people's own coding problems now train the shared team" if allowed
             else "people's own coding problems no longer train the shared team (they are still stored)")
 
@@ -695,10 +796,10 @@ def role_prompt(ctx, agent: str) -> str:
     return _agent(ctx, agent).role_prompt if agent else ""
 
 
-def set_role_prompt(ctx, token: str, agent: str, prompt: str) -> str:
+def set_role_prompt(ctx, token: str, agent: str, prompt: str, caller: Caller | None = None) -> str:
     """Admin: change an agent's role (system) prompt in every team it belongs to. Takes effect
     on the next generation; in memory only (serve's settings decide the prompt at start)."""
-    check_admin(ctx, token)
+    check_admin(ctx, token, caller)
     _agent(ctx, agent)
     prompt = clean_text(prompt, "role prompt", ctx.max_prompt_chars, required=False)
     with ctx.team_settings_lock:
@@ -709,9 +810,9 @@ def set_role_prompt(ctx, token: str, agent: str, prompt: str) -> str:
 
 
 def set_generation_settings(ctx, token: str, num_generations: Any, temperature: Any, top_p: Any,
-                            max_new_tokens: Any) -> str:
+                            max_new_tokens: Any, caller: Caller | None = None) -> str:
     """Admin: G and sampling for the next generations (every session)."""
-    check_admin(ctx, token)
+    check_admin(ctx, token, caller)
     from collab_app.engines.engine_types import EngineError, Sampling
     try:
         G = int(num_generations)
@@ -753,9 +854,9 @@ def _pin(ctx, agent: str, version: int | None) -> None:
     sync_adapters(ctx)
 
 
-def pin_adapter(ctx, token: str, agent: str, version: Any) -> str:
+def pin_adapter(ctx, token: str, agent: str, version: Any, caller: Caller | None = None) -> str:
     """Admin: serve `version` of `agent` from now on, whatever the trainer writes next."""
-    check_admin(ctx, token)
+    check_admin(ctx, token, caller)
     _agent(ctx, agent)
     try:
         v = int(version)
@@ -765,9 +866,9 @@ def pin_adapter(ctx, token: str, agent: str, version: Any) -> str:
     return f"`{agent}` pinned to adapter v{v}; now serving {_version(ctx.engine.adapter_version(agent))}"
 
 
-def roll_back(ctx, token: str, agent: str) -> str:
+def roll_back(ctx, token: str, agent: str, caller: Caller | None = None) -> str:
     """Admin: pin the version before the one served now."""
-    check_admin(ctx, token)
+    check_admin(ctx, token, caller)
     _agent(ctx, agent)
     served = ctx.engine.adapter_version(agent)
     older = [v.version for v in ctx.store.adapter_versions(agent) if served is None or v.version < served]
@@ -777,8 +878,8 @@ def roll_back(ctx, token: str, agent: str) -> str:
     return f"`{agent}` rolled back to adapter v{max(older)} (pinned; unpin to follow the trainer again)"
 
 
-def unpin_adapter(ctx, token: str, agent: str) -> str:
-    check_admin(ctx, token)
+def unpin_adapter(ctx, token: str, agent: str, caller: Caller | None = None) -> str:
+    check_admin(ctx, token, caller)
     _agent(ctx, agent)
     _pin(ctx, agent, None)
     return f"`{agent}` follows the trainer's newest version again: {_version(ctx.engine.adapter_version(agent))}"
@@ -820,27 +921,47 @@ def training_status(ctx) -> str:
             f"{counts['trained']} trained · {counts['expired']} expired{last}")
 
 
-def set_training_paused(ctx, token: str, paused: bool) -> str:
+def set_training_paused(ctx, token: str, paused: bool, caller: Caller | None = None) -> str:
     """Admin: ask the trainer service to pause (after its current step) or resume; the flag is
     in the store, so an external `collab trainer` on the same store obeys it too."""
-    check_admin(ctx, token)
+    check_admin(ctx, token, caller)
     from collab_app.online.service import set_paused
     set_paused(ctx.store, bool(paused), by="app")
+    ctx.shared_views.clear()
     return ("pause requested: the trainer stops after its current step" if paused
             else "resume requested: the trainer continues with the next ready groups")
 
 
 def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:
-    """(automatic total, human score on the same scale) for rated joint samples of recent groups."""
+    """(automatic total, human score on the same scale) for rated joint samples of recent groups.
+    Reads only those columns (`Store.rated_joints`): no texts, token ids or log-probs."""
     from collab_app.online.returns import human_score
+    rated = getattr(ctx.store, "rated_joints", None)
+    if rated is not None:
+        rows = rated(n_groups)
+    else:   # a store without the light query (before it lands in store.py): the full groups
+        rows = [(j.auto_total, g.max_reward, [(r.rater, r.value) for r in j.ratings])
+                for g in ctx.store.recent_groups(n_groups) for j in g.joints if j.ratings]
     pairs = []
-    for g in ctx.store.recent_groups(n_groups):
-        for j in g.joints:
-            if j.auto_total is not None and j.ratings:
-                h = human_score([(r.rater, r.value) for r in j.ratings], g.max_reward)
-                if h is not None:
-                    pairs.append((j.auto_total, h))
+    for auto, max_reward, ratings in rows:
+        if auto is not None and ratings:
+            h = human_score(list(ratings), max_reward)
+            if h is not None:
+                pairs.append((auto, h))
     return pairs
+
+
+def training_view(ctx, render: Any = None) -> tuple:
+    """What the Training tab shows, (status markdown, levels figure, signal figure), the same
+    for every visitor: computed at most once per `ctx.shared_ttl_s` (ctx.shared_views), however
+    many pages poll. `render(fig)` turns a figure into what is sent (ui.py: gr.Plot's own
+    postprocess, so the PNG is also encoded once); None keeps the matplotlib figures."""
+    def compute():
+        figs = training_figures(ctx)
+        if render is not None:
+            figs = tuple(None if f is None else render(f) for f in figs)
+        return (training_status(ctx), *figs)
+    return ctx.shared_views.get(("training", render), compute)
 
 
 def training_figures(ctx, last: int = 500):
@@ -892,10 +1013,10 @@ GROUP_HEADERS = ["group", "created (UTC)", "task", "example", "turn", "status", 
 
 
 def recent_groups_table(ctx, session_id: str | None, all_sessions: bool = False, token: str = "",
-                        n: int = 30) -> list[list]:
+                        n: int = 30, caller: Caller | None = None) -> list[list]:
     """Rows of the newest groups: this session's only, unless an admin asks for everyone's."""
     if all_sessions:
-        check_admin(ctx, token)
+        check_admin(ctx, token, caller)
         groups = ctx.store.recent_groups(n)
     elif session_id is None:
         return []
@@ -909,22 +1030,35 @@ def recent_groups_table(ctx, session_id: str | None, all_sessions: bool = False,
     return rows
 
 
-def export_data(ctx, token: str, formats: list[str]) -> list[str]:
-    """Admin: everything in the store (every session's groups) as files for download."""
-    check_admin(ctx, token)
+@contextlib.contextmanager
+def exported(ctx, token: str, formats: list[str], caller: Caller | None = None,
+             tmp_root: str | None = None) -> Iterator[list[str]]:
+    """Admin: everything in the store (every session's groups) as files for download, written to
+    a fresh temp dir (under `tmp_root`, default the system temp dir, where Gradio accepts files
+    to copy into its own cache) that is removed when the block ends. Never under COLLAB_HOME:
+    Gradio does not serve it, and allowing it would serve the database too.
+
+        with H.exported(ctx, token, ["jsonl"]) as files: ...   # files exist in here
+    """
+    check_admin(ctx, token, caller)
     if not formats:
         raise UserError("pick at least one export format")
     from collab_app.online.export import export
-    out = os.path.join(ctx.home, "exports", time.strftime("%Y%m%d-%H%M%S"))
+    tmp = tempfile.mkdtemp(prefix="collab-export-", dir=tmp_root)
+    if os.path.realpath(tmp).startswith(os.path.realpath(ctx.home) + os.sep):
+        shutil.rmtree(tmp, ignore_errors=True)   # TMPDIR inside COLLAB_HOME: refuse, never serve from there
+        raise UserError("export refused: the temp dir is inside COLLAB_HOME; point TMPDIR elsewhere")
     try:
-        paths = export(ctx.store, out, list(formats))   # {format: path, "meta": path}
-    except ValueError as e:
-        raise UserError(f"export failed: {e}") from None
-    files = []
-    for p in paths.values():   # gr.File serves files; a `datasets` folder is zipped
-        p = str(p)
-        if os.path.isdir(p):
-            import shutil
-            p = shutil.make_archive(p, "zip", p)
-        files.append(p)
-    return files
+        try:
+            paths = export(ctx.store, os.path.join(tmp, "export"), list(formats))   # {format: path, "meta": path}
+        except ValueError as e:
+            raise UserError(f"export failed: {e}") from None
+        files = []
+        for p in paths.values():   # gr.File serves files; a `datasets` folder is zipped
+            p = str(p)
+            if os.path.isdir(p):
+                p = shutil.make_archive(p, "zip", p)
+            files.append(p)
+        yield files
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

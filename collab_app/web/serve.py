@@ -17,6 +17,17 @@ What runs where:
 - on CPU, with a child trainer, the cores are split between this process and the child
   (`--engine-cores`, collab_app/online/cpushare.py): they never spin on the same cores.
 
+In public (issue 12):
+- Admin actions need COLLAB_ADMIN_TOKEN, which must be strong (>= 16 characters, >= 8
+  different ones, no common word or straight run: context.admin_token_problem); a weak one stops
+  the start with a message saying how to make one. Without a token admin actions are off;
+  `--loopback-admin` makes clients on this machine admin without one. Do not use it behind a
+  reverse proxy on the same machine: every visitor then arrives from 127.0.0.1 (uvicorn turns a
+  proxy's X-Forwarded-For into the client address only when the proxy sends one).
+- The process runs with umask 077 (set first thing in `serve`; the trainer child inherits it):
+  the SQLite store, adapters and anything else it writes are 0600 / 0700; COLLAB_HOME is 0700.
+- `--max-rounds-in-flight` (default 1): rounds one session may have generating at once.
+
 vLLM starts its engine core with multiprocessing `spawn`, which re-imports the main module: the
 console script `collab` and `python -m collab_app.web.serve` both call `cli_main` only under
 `if __name__ == "__main__"`, so that re-import starts nothing. A script of your own that calls
@@ -73,6 +84,10 @@ class ServeConfig:
     """rounds one session (or login) may start per minute (0 = no limit; scripted raters in benches)."""
     max_ratings_per_minute: int = 60
     """ratings one session may submit per minute (a ranking of G counts G; 0 = no limit)."""
+    max_rounds_in_flight: int = 1
+    """rounds one session (or login) may have generating at once (0 = no limit)."""
+    loopback_admin: bool = False
+    """clients on this machine are admin without a token (not behind a reverse proxy on this machine: everyone looks local there)."""
     swap_interval_s: float = 2.0
     """how often the hot-swap watcher looks for new adapter versions."""
     engine_cores: int = 0
@@ -83,8 +98,9 @@ class ServeConfig:
             raise ValueError(f"port must be 1..65535, got {self.port}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
-        if self.max_rounds_per_minute < 0 or self.max_ratings_per_minute < 0:
-            raise ValueError("max_rounds_per_minute and max_ratings_per_minute must be >= 0 (0 = no limit)")
+        if self.max_rounds_per_minute < 0 or self.max_ratings_per_minute < 0 or self.max_rounds_in_flight < 0:
+            raise ValueError("max_rounds_per_minute, max_ratings_per_minute and max_rounds_in_flight must be "
+                             ">= 0 (0 = no limit)")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
         if self.engine_cores < -1:
@@ -152,8 +168,18 @@ def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) 
     return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
 
 
+PRIVATE_UMASK = 0o077
+
+
 def serve(cfg: ServeConfig) -> None:
-    from collab_app.web.context import build_context, is_public
+    # first: everything this process and its children create is private (store, adapters, caches)
+    os.umask(PRIVATE_UMASK)
+    from collab_app.web.context import build_context, check_admin_token, is_public
+
+    check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)   # before the model loads
+    if cfg.loopback_admin:
+        log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
+                    "reverse proxy on this machine that is every visitor")
     from collab_app.online.hotswap import AdapterWatcher
     from collab_app.engines.model import ensure_model
     from collab_app.online.service import default_adapters_dir
@@ -184,7 +210,9 @@ def serve(cfg: ServeConfig) -> None:
                             num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, public=is_public(cfg.host, cfg.share),
                             limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
-                                    "max_ratings_per_minute": cfg.max_ratings_per_minute})
+                                    "max_ratings_per_minute": cfg.max_ratings_per_minute,
+                                    "max_rounds_in_flight": cfg.max_rounds_in_flight,
+                                    "loopback_admin": cfg.loopback_admin})
         agents = list(dict.fromkeys(a.name for t in ctx.teams.values() for a in t.agents))
         watcher = AdapterWatcher(ctx.engine, ctx.store, agents, lock=ctx.engine_lock,
                                  interval_s=cfg.swap_interval_s).start()
@@ -209,6 +237,12 @@ def cli_main(argv: list[str] | None = None) -> int:
                           description="Serve the app: engine, Gradio UI, trainer service and adapter hot-swap.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
     # SIGTERM (docker stop, systemd) takes the same clean path as Ctrl-C: the child trainer is stopped.
+    from collab_app.web.context import check_admin_token
+    try:
+        check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)
+    except ValueError as e:   # a weak admin token: say why and how to fix it, no traceback
+        print(f"collab serve: {e}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve(cfg)

@@ -11,6 +11,16 @@ rates with the same `Client` (same session) that generated, or with the admin to
 
 Who rates is never typed: the rater id is the Gradio session (or the Hugging Face login on a
 Space with OAuth: a "Sign in" button appears there); the old "your name" box is gone.
+
+In public (issue 12): the Co-code tab shows the sandbox's isolation and offers "My own coding
+problem" only where the sandbox allows untrusted code (else it says why and how to fix it).
+The Training tab's timer runs only while that tab is selected (activated by its `select`
+event, deactivated by every other tab's), and its status and figures come from one shared
+computation per TTL (handlers.training_view), PNGs encoded once. Admin actions pass the
+caller (its address, for loopback admin and the wrong-guess lockout). `/export` (admin token)
+hands out files written to a temp dir that is removed after Gradio copied them to its cache;
+that cache's copies are deleted after an hour (`delete_cache`). Nothing under COLLAB_HOME is
+ever in `allowed_paths`.
 """
 from __future__ import annotations
 
@@ -186,15 +196,34 @@ def _session(request) -> str | None:
 
 
 def _caller(request) -> H.Caller:
-    """Who acts, from Gradio's request: its session hash, and the Hugging Face login where the
-    Space has OAuth (gr.Request.username). Nothing a person types."""
-    return H.Caller(_session(request), getattr(request, "username", None) if request is not None else None)
+    """Who acts, from Gradio's request: its session hash, the Hugging Face login where the
+    Space has OAuth (gr.Request.username), and the client's address (gr.Request.client.host, as
+    uvicorn reports it). Nothing a person types."""
+    if request is None:
+        return H.Caller(None)
+    client = getattr(request, "client", None)
+    return H.Caller(_session(request), getattr(request, "username", None), getattr(client, "host", None))
+
+
+def _admin(fn):
+    """An admin handler `fn(*inputs, caller=...)` as a Gradio event function: the caller comes
+    from gr.Request (which must be the first parameter: Gradio injects it by position)."""
+    @_err
+    def event(request: gr.Request, *args):
+        return fn(*args, caller=_caller(request))
+    return event
 
 
 def _code_tab(ctx: AppContext):
     humaneval = "humaneval" in ctx.tasks
+    own_off = H.own_problem_off_message(ctx)   # None: a person's own problem (their tests) may run here
+    gr.Markdown(f"<sub>sandbox isolation: {ctx.isolation_summary}</sub>", elem_id="code-isolation")
+    if own_off:
+        gr.Markdown(own_off, elem_id="code-own-off")
+    sources = ([H.SOURCES[0]] if humaneval else []) + ([] if own_off else [H.SOURCES[1]])
+    if not sources:
+        return
     state = gr.State(H.new_episode())
-    sources = list(H.SOURCES) if humaneval else [H.SOURCES[1]]
     source = gr.Radio(sources, value=sources[0], label="problem", elem_id="code-source")
     with gr.Group(visible=humaneval) as he_box:
         with gr.Row():
@@ -203,7 +232,7 @@ def _code_tab(ctx: AppContext):
             problem = gr.Dropdown(first, value=first[0][1] if first else None, label="HumanEval problem",
                                   scale=3, elem_id="code-problem")
         preview = gr.Markdown(H.example_preview(ctx, "humaneval", "eval", first[0][1]) if first else "")
-    with gr.Group(visible=not humaneval) as own_box:
+    with gr.Group(visible=sources[0] == H.SOURCES[1]) as own_box:
         own_prompt = gr.Code(label="your problem: function signature + docstring", language="python",
                              value='def add(a, b):\n    """Return the sum of a and b."""\n', elem_id="code-own-prompt")
         own_tests = gr.Code(label="tests (assert statements, or HumanEval-style `def check(candidate)`)",
@@ -279,15 +308,17 @@ def _team_tab(ctx: AppContext, token):
 
     agent.change(lambda a: H.role_prompt(ctx, a), [agent], [prompt], **PRIVATE)
     ad_agent.change(lambda a: H.adapter_table(ctx, a), [ad_agent], [versions], **PRIVATE)
-    save_prompt.click(_err(lambda t, a, p: H.set_role_prompt(ctx, t, a, p)), [token, agent, prompt], [msg],
-                      **PRIVATE).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
-    save_gen.click(_err(lambda t, g, te, tp, mx: H.set_generation_settings(ctx, t, g, te, tp, mx)),
+    save_prompt.click(_admin(lambda t, a, p, caller: H.set_role_prompt(ctx, t, a, p, caller=caller)),
+                      [token, agent, prompt], [msg], **PRIVATE
+                      ).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
+    save_gen.click(_admin(lambda t, g, te, tp, mx, caller: H.set_generation_settings(ctx, t, g, te, tp, mx,
+                                                                                       caller=caller)),
                    [token, G, temp, top_p, max_new], [msg], **PRIVATE
                    ).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
-    for btn, fn in ((pin, lambda t, a, v: H.pin_adapter(ctx, t, a, v)),
-                    (back, lambda t, a, v: H.roll_back(ctx, t, a)),
-                    (unpin, lambda t, a, v: H.unpin_adapter(ctx, t, a))):
-        btn.click(_err(fn), [token, ad_agent, version], [msg], concurrency_id="generate", **PRIVATE
+    for btn, fn in ((pin, lambda t, a, v, caller: H.pin_adapter(ctx, t, a, v, caller=caller)),
+                    (back, lambda t, a, v, caller: H.roll_back(ctx, t, a, caller=caller)),
+                    (unpin, lambda t, a, v, caller: H.unpin_adapter(ctx, t, a, caller=caller))):
+        btn.click(_admin(fn), [token, ad_agent, version], [msg], concurrency_id="generate", **PRIVATE
                   ).then(refresh, [ad_agent], [overview, versions], **PRIVATE)
     return refresh, [ad_agent], [overview, versions]
 
@@ -305,20 +336,22 @@ def _training_tab(ctx: AppContext, token):
     levels_plot = gr.Plot(show_label=False)
     gr.Markdown("#### Learning signal: zero-variance groups, human vs automatic reward")
     signal_plot = gr.Plot(show_label=False)
-    timer = gr.Timer(10)   # refreshes status and plots by itself
+    # ticks only while this tab is selected (build_app: its select activates, the others' stop it)
+    timer = gr.Timer(ctx.training_refresh_s, active=False)
     outs = [status, levels_plot, signal_plot]
+    render = levels_plot.postprocess   # figure -> PlotData (PNG), once per TTL for every page
 
     def refresh():
-        return (H.training_status(ctx), *H.training_figures(ctx))
+        return H.training_view(ctx, render)
     timer.tick(refresh, None, outs, concurrency_limit=4, show_progress="hidden", **PRIVATE)
-    pause.click(_err(lambda t: H.set_training_paused(ctx, t, True)), [token], [msg], **PRIVATE
-                ).then(refresh, None, outs, **PRIVATE)
-    resume.click(_err(lambda t: H.set_training_paused(ctx, t, False)), [token], [msg], **PRIVATE
-                 ).then(refresh, None, outs, **PRIVATE)
+    pause.click(_admin(lambda t, caller: H.set_training_paused(ctx, t, True, caller=caller)), [token], [msg],
+                **PRIVATE).then(refresh, None, outs, **PRIVATE)
+    resume.click(_admin(lambda t, caller: H.set_training_paused(ctx, t, False, caller=caller)), [token], [msg],
+                 **PRIVATE).then(refresh, None, outs, **PRIVATE)
     for btn, allowed in ((allow_own, True), (deny_own, False)):
-        btn.click(_err(lambda t, a=allowed: H.set_custom_training(ctx, t, a)), [token], [msg], **PRIVATE
-                  ).then(refresh, None, outs, **PRIVATE)
-    return refresh, outs
+        btn.click(_admin(lambda t, caller, a=allowed: H.set_custom_training(ctx, t, a, caller=caller)), [token],
+                  [msg], **PRIVATE).then(refresh, None, outs, **PRIVATE)
+    return refresh, outs, timer
 
 
 def _data_tab(ctx: AppContext, token):
@@ -334,10 +367,18 @@ def _data_tab(ctx: AppContext, token):
 
     @_err
     def refresh(request: gr.Request, all_, t):
-        return H.data_stats(ctx), H.recent_groups_table(ctx, _session(request), all_, t)
+        return H.data_stats(ctx), H.recent_groups_table(ctx, _session(request), all_, t, caller=_caller(request))
+
+    @_err
+    def export(request: gr.Request, admin_token: str, export_formats: list[str]):
+        # a generator: Gradio copies the yielded files into its cache before it resumes it, and
+        # resuming ends `exported`, which removes the temp dir
+        with H.exported(ctx, admin_token, export_formats, caller=_caller(request)) as paths:
+            yield paths
     refresh_btn.click(refresh, [everyone, token], [stats, table], concurrency_limit=8, **PRIVATE)
     everyone.change(refresh, [everyone, token], [stats, table], **PRIVATE)
-    export_btn.click(_err(lambda t, f: H.export_data(ctx, t, f)), [token, formats], [files], **PRIVATE)
+    # an API endpoint too (/export, admin token): scripts can fetch everything
+    export_btn.click(export, [token, formats], [files], api_name="export", concurrency_limit=1)
     return refresh, [everyone, token], [stats, table]
 
 
@@ -393,8 +434,14 @@ def _api(ctx: AppContext):
     gr.api(stats, api_name="stats", concurrency_limit=8)
 
 
+def _timer(active: bool) -> gr.Timer:
+    """The Training tab's timer switched on (its tab selected) or off (another tab selected)."""
+    return gr.Timer(active=active)
+
+
 def build_app(ctx: AppContext) -> gr.Blocks:
-    with gr.Blocks(title="collab", analytics_enabled=False) as demo:
+    # delete_cache: Gradio's copies of served files (exports hold every session's data) go after 1 h
+    with gr.Blocks(title="collab", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(INTRO.format(G=ctx.num_generations))
         if ctx.storage_warning:
             gr.Markdown("**Warning:** " + ctx.storage_warning, elem_id="storage-warning")
@@ -402,22 +449,26 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             if os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"):
                 gr.LoginButton()   # a Space with `hf_oauth: true`: ratings then carry the HF login
             token = gr.Textbox(label="admin token (only for admin actions)", type="password", max_lines=1,
-                               scale=1, visible=bool(ctx.admin_token) or not ctx.public)
+                               scale=1, visible=bool(ctx.admin_token))
         with gr.Tabs():
-            with gr.Tab("Co-code", id="code"):
+            with gr.Tab("Co-code", id="code") as code_tab:
                 _code_tab(ctx)
-            with gr.Tab("Co-write", id="write"):
+            with gr.Tab("Co-write", id="write") as write_tab:
                 _write_tab(ctx)
             with gr.Tab("Team", id="team") as team_tab:
                 team_refresh, team_ins, team_outs = _team_tab(ctx, token)
-            with gr.Tab("Training", id="training"):
-                train_refresh, train_outs = _training_tab(ctx, token)
-            with gr.Tab("Data", id="data"):
+            with gr.Tab("Training", id="training") as train_tab:
+                train_refresh, train_outs, train_timer = _training_tab(ctx, token)
+            with gr.Tab("Data", id="data") as data_tab:
                 data_refresh, data_ins, data_outs = _data_tab(ctx, token)
         _api(ctx)
         # versions the trainer wrote since the page was built show on load and on opening the tab
         team_tab.select(team_refresh, team_ins, team_outs, **PRIVATE)
-        demo.load(train_refresh, None, train_outs, **PRIVATE)
+        # the Training tab refreshes only while it is the selected one
+        train_tab.select(lambda: (*train_refresh(), _timer(True)), None, train_outs + [train_timer],
+                         show_progress="hidden", **PRIVATE)
+        for tab in (code_tab, write_tab, team_tab, data_tab):
+            tab.select(lambda: _timer(False), None, [train_timer], show_progress="hidden", **PRIVATE)
         demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
     return demo
 
