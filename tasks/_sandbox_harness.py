@@ -1,22 +1,29 @@
 """The child side of tasks/sandbox.py: runs in a fresh `python -I -B -u` process, never imported
 by the app. Read sandbox.py's docstring first; this file only does what it describes.
 
-Three processes; only the last one runs candidate code.
+Three processes; only the last one runs candidate code. All run at nice 19 (set first thing,
+inherited by everything the candidate starts).
 - The supervisor (this process): reads the request (JSON on stdin, incl. the nonce that keys
-  the result MAC); in "namespaces" mode unshares mount, network, PID, IPC and UTS namespaces
-  (the new PID namespace applies to its children); forks the init and waits for it.
+  the result MAC); in "namespaces"/"userns" mode unshares mount, network, PID, IPC, UTS and
+  cgroup namespaces (the new PID namespace applies to its children); forks the init and waits.
 - The init (pid 1 of the new PID namespace when there is one; when it exits the kernel kills
-  every process left in it, setsid() or not): still (namespace) root, mounts its /proc, hides
-  unreachable parents of the Python install, makes every mount read-only and gives the work
-  dir and /dev/shm fresh size-capped tmpfs mounts; forks the runner, reaps orphans, and when
-  the runner ends reports how ("X" line: exact wait status and CPU seconds), then exits.
+  every process left in it, setsid() or not): makes itself non-dumpable (no ptrace, no
+  /proc/1/mem or /proc/1/root for the candidate), still (namespace) root; with `confine` it
+  builds the minimal filesystem view (build_root: a fresh tmpfs with only the dirs in
+  cfg["view"] bound read-only, a minimal /dev, a /proc of this PID namespace, the work dir)
+  and pivot_roots into it, detaching the host's root; forks the runner, reaps orphans, and
+  when the runner ends reports how ("X" line: exact wait status and CPU seconds), then exits.
   The candidate is not pid 1 itself so that signals (SIGXCPU, SIGABRT, kill) behave normally.
-- The runner: rlimits, no_new_privs, drops to the sandbox uid, asks for SIGKILL when the init
-  dies; captures every object the verdicts depend on (exec, compile, os.write, the keyed MAC,
-  BaseException, ...) BEFORE any candidate code runs, so monkeypatching builtins or modules
-  afterwards cannot change how a verdict is computed or reported; execs setup + code, then
-  each test, each in its own try; reports each verdict on the private result fd as one MAC'd
-  line; os._exit (no atexit hooks, no threads joined).
+- The runner: rlimits, no_new_privs, then drop_privileges: "userns" enters a nested user +
+  mount namespace (every mount becomes MNT_LOCKED: it cannot be unmounted or made writable
+  again), maps a non-root uid there, makes /proc read-only; every mode drops all capabilities
+  (bounding, ambient, effective, permitted, inheritable) and, with a separate uid, switches to
+  it; the result is checked in /proc/self/status before anything else runs. It asks for
+  SIGKILL when the init dies; captures every object the verdicts depend on (exec, compile,
+  os.write, the keyed MAC, BaseException, ...) BEFORE any candidate code runs, so
+  monkeypatching builtins or modules afterwards cannot change how a verdict is computed or
+  reported; execs setup + code, then each test, each in its own try; reports each verdict on
+  the private result fd as one MAC'd line; os._exit (no atexit hooks, no threads joined).
 
 Result lines: "<mac hex> <message>" with messages
   "S <ok 0|1> <error hex>"   setup + candidate code ran (or failed)
@@ -31,6 +38,7 @@ Result lines: "<mac hex> <message>" with messages
 """
 import builtins
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -39,14 +47,24 @@ import signal
 import sys
 
 _ERR_CHARS = 300  # per-test error text kept; a line must stay below PIPE_BUF (4096) to be atomic
+NICE = 19  # the lowest normal priority (why not SCHED_IDLE: sandbox.py's module doc)
+NS_UID = 1000  # "userns": the code's uid inside its own nested user namespace (not root there)
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 1 << 18
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
-CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MNT_DETACH = 2
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, 0x8000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC = 0x1, 0x2, 0x4, 0x8
+RO = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
 SYS_MOUNT_SETATTR = 442  # same number on every architecture (generic syscall table, Linux 5.12+)
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+# glibc has no pivot_root wrapper; the number differs per architecture
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203,
+                  "ppc64": 203, "s390x": 217}
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+CAPABILITY_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -67,40 +85,95 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
+def _setattr(path, attrs, recursive):
+    """mount_setattr(2): add `attrs` to the mount at `path` (and every mount below it)."""
+    attr = _MountAttr(attrs, 0, 0, 0)
+    _check(_libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), os.fsencode(path),
+                         ctypes.c_uint(AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
+                         ctypes.c_size_t(ctypes.sizeof(attr))), f"mount_setattr {path}")
+
+
+def _write(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def unshare_namespaces():
     """Supervisor. The PID namespace applies to the children forked after this."""
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
-           "unshare")
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+                         | CLONE_NEWCGROUP), "unshare")
     # Our mount changes must never propagate back to the host's mounts.
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
 
 
-def confine_filesystem(cfg):
-    """Init (pid 1 of the new PID namespace, still root there)."""
-    # A /proc that shows only this namespace's processes (not the app's environ, say).
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    # A dropped uid cannot traverse e.g. /root (0700) where pyenv put Python: mount a tmpfs over
-    # such a parent (which also hides the rest of it, e.g. ~/.cache tokens) and bind the needed
-    # directories back in. Fds are opened first because the tmpfs shadows their paths.
-    for parent, paths in cfg["reach"]:
-        fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in paths]
-        _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for p, fd in zip(paths, fds):
-            os.makedirs(p, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-            os.close(fd)
-    # Everything read-only (and nosuid) in one recursive call: this only changes our private
-    # copies of the mounts, never the host's.
-    attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
-                         ctypes.sizeof(attr)), "mount_setattr / read-only")
-    # Writable places, mounted after the read-only pass so they stay writable, size-capped, and
-    # gone when the namespace dies: nothing the candidate writes ever lands on the host.
+def build_root(cfg):
+    """Init (pid 1 of the new PID namespace, root there). A fresh tmpfs becomes "/", holding only
+    cfg["view"] (read-only binds of the system and Python dirs, symlinks like /lib -> usr/lib),
+    a minimal /dev, this namespace's /proc and the work dir; then pivot_root into it and detach
+    the host's root, so that no other host path exists for anything started later."""
+    os.umask(0o022)
+    new = cfg["workdir"]  # any directory works as the mount point; this one exists already
+
+    def at(path):
+        return new + path
+
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=0755")
+    for kind, path, target in cfg["view"]:
+        os.makedirs(at(os.path.dirname(path)), exist_ok=True)
+        if kind == "link":
+            os.symlink(target, at(path))
+        else:
+            os.makedirs(at(path), exist_ok=True)
+            _mount(path, at(path), None, MS_BIND | MS_REC)
+            _setattr(at(path), RO, True)
+    # /dev: the five harmless character devices bound from the host (a userns cannot mknod),
+    # the usual links, a fresh /dev/shm for multiprocessing's semaphores.
+    os.mkdir(at("/dev"))
+    _mount("tmpfs", at("/dev"), "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
+    for dev in DEVICES:
+        os.close(os.open(at(dev), os.O_CREAT | os.O_WRONLY, 0o666))
+        _mount(dev, at(dev), None, MS_BIND)
+        # read-only mounts still let device nodes be written (/dev/null); nodev must stay off
+        _setattr(at(dev), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, at("/dev/" + name))
+    os.mkdir(at("/dev/shm"))
+    _setattr(at("/dev"), RO | MOUNT_ATTR_NOEXEC, False)  # the tmpfs itself; the binds keep theirs
+    _mount("tmpfs", at("/dev/shm"), "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    # A /proc that shows only this namespace's processes, and with subset=pid (Linux 5.8+) none
+    # of the host's /proc/sys, /proc/meminfo, /proc/kallsyms... Mounted while the host's full
+    # /proc is still visible (a user namespace may only mount proc then). Read-only, except in
+    # "userns" where the runner writes its uid_map first and then makes it read-only.
+    os.mkdir(at("/proc"))
+    try:
+        _mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "subset=pid")
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        _mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # older kernel
+    if not cfg["nest_userns"]:
+        _setattr(at("/proc"), RO | MOUNT_ATTR_NOEXEC, False)
+    # The work dir, at its host path (cwd, HOME and TMPDIR point there): size-capped, gone
+    # when the namespace dies, so nothing the candidate writes ever lands on the host.
+    work = at(cfg["workdir"])
+    os.makedirs(work)
     owner = f",uid={cfg['uid']},gid={cfg['uid']}" if cfg["uid"] is not None else ""
-    _mount("tmpfs", cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV,
+    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={cfg['tmpfs_mb']}m,nr_inodes=4096,mode=0700{owner}")
-    if os.path.isdir("/dev/shm"):  # multiprocessing's semaphores live there
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size=16m,mode=1777")
+    _setattr(new, RO, False)  # the skeleton itself (its parents of the binds, /tmp, ...)
+    os.chdir(new)
+    nr = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: syscall number unknown for {os.uname().machine}; "
+                                    "add it to SYS_PIVOT_ROOT in tasks/_sandbox_harness.py")
+    _check(_libc.syscall(ctypes.c_long(nr), b".", b"."), "pivot_root")
+    # The host's root now sits on top of ".": detach it (and every mount below it) for good.
+    _check(_libc.umount2(b".", MNT_DETACH), "detach the host root")
+    os.chdir("/")
 
 
 def apply_limits(cfg):
@@ -114,23 +187,65 @@ def apply_limits(cfg):
         (resource.RLIMIT_FSIZE, lim["max_file_mb"] * mb, lim["max_file_mb"] * mb),
         (resource.RLIMIT_NOFILE, lim["max_open_files"], lim["max_open_files"]),
         (resource.RLIMIT_CORE, 0, 0),  # SIGXCPU would otherwise dump core into the work dir
+        (resource.RLIMIT_NICE, 0, 0),  # nice 19 cannot be lowered again
     ]:
         resource.setrlimit(res, (soft, hard))
     # A too-big file should fail the write (OSError: EFBIG), not kill the whole run.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     # No setuid binary can give privileges back (sudo, su, ping ...).
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def drop_privileges(cfg):
+    """Runner, after apply_limits. Leaves no capability in any set and, where asked, another uid;
+    verified in /proc/self/status (an unexpected state aborts the run: exit 70)."""
     uid = cfg["uid"]
+    if cfg["nest_userns"]:
+        # A user namespace of our own below the app's: the mount namespace that comes with it
+        # copies every mount as MNT_LOCKED (cannot be unmounted to reveal what is below, and
+        # the read-only ones cannot be made writable), whatever capabilities remain.
+        outer_uid, outer_gid = os.geteuid(), os.getegid()
+        _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare(nested user + mount namespace)")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{NS_UID} {outer_uid} 1")
+        _write("/proc/self/gid_map", f"{NS_UID} {outer_gid} 1")
+        _setattr("/proc", RO | MOUNT_ATTR_NOEXEC, False)  # writable only for the maps above
+        uid = None  # already NS_UID: the map made the app's uid appear as it
+    privileged = cfg["nest_userns"] or os.geteuid() == 0
+    if privileged:
+        for cap in range(64):  # the bounding set: no exec can ever grant these again
+            if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                if ctypes.get_errno() == errno.EINVAL:  # past the kernel's last capability
+                    break
+                _check(-1, f"prctl(PR_CAPBSET_DROP, {cap})")
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)  # last: after this nothing above can be undone
+        os.setresuid(uid, uid, uid)  # after this nothing above can be undone
+    # Giving capabilities up is always allowed (a non-root app may hold ambient/file caps too).
+    _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
+    _check(_libc.capset(ctypes.byref(_CapHeader(CAPABILITY_VERSION_3, 0)), (_CapData * 2)()), "capset")
+    with open("/proc/self/status") as f:
+        caps = {k: int(v, 16) for k, v in (line.split(":", 1) for line in f if line.startswith("Cap"))}
+    keep = ("CapInh", "CapPrm", "CapEff", "CapAmb") + (("CapBnd",) if privileged else ())
+    if any(caps.get(k) for k in keep):
+        raise OSError(errno.EPERM, f"capabilities left after dropping them: {caps}")
     # After the uid change, which clears it. If the init is killed (timeout), so are we;
     # the sandbox's process-group kill covers the instant before this.
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
 
 def main():
+    os.setpriority(os.PRIO_PROCESS, 0, NICE)  # visitor code never competes with serving
     chunks = []
     while True:
         b = os.read(0, 1 << 20)
@@ -161,8 +276,11 @@ def _fork(fn, cfg) -> int:
 
 
 def init(cfg):
+    # Not dumpable: the candidate (same kernel uid in "userns" and "plain") cannot ptrace us,
+    # read /proc/1/mem or walk /proc/1/root (our mount namespace, where /proc is writable).
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     if cfg["confine"]:
-        confine_filesystem(cfg)
+        build_root(cfg)
     pid = _fork(runner, cfg)
     while True:  # reap orphans (we are their init) until the runner itself ends
         reaped, status, ru = os.wait4(-1, 0)
@@ -176,8 +294,9 @@ def init(cfg):
 
 
 def runner(cfg):
-    os.chdir(cfg["workdir"])  # again: a tmpfs may now cover the directory we started in
+    os.chdir(cfg["workdir"])  # again: in the new root this is the fresh work tmpfs
     apply_limits(cfg)
+    drop_privileges(cfg)
 
     # Capture. Locals of this frame, not module attributes or builtins, so that
     # `builtins.exec = ...`, `os.write = ...`, `hashlib.blake2b = ...`, redefining __import__ or

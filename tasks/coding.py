@@ -346,6 +346,10 @@ class CodingTask:
     name = "coding"
     max_reward = MAX_REWARD
     level_names = LEVELS
+    # Tests a person typed are code too: they run only under strong sandbox isolation (or with
+    # COLLAB_SANDBOX_ALLOW_WEAK=1), else run_tests raises WeakSandboxError. The built-in
+    # problems' tests are ours; only the model-written answer is untrusted there.
+    untrusted_tests = False
 
     def __init__(self, num_agents: int = 2, limits: Limits = Limits()):
         if num_agents not in (1, 2):
@@ -452,7 +456,7 @@ class CodingTask:
             probe = {"entry": example["entry_point"], "aux": AUX,
                      "budget_s": max(1.0, min(self.limits.timeout_s / 3, 5.0))}
         result = run_tests(program, [bind + t for t in example["tests"]], self.limits,
-                           setup=example["test_setup"], probe=probe)
+                           setup=example["test_setup"], probe=probe, untrusted=self.untrusted_tests)
         if not result.harness_ok and result.killed_by is None and (result.setup_error or "").startswith(
                 "the sandbox failed to start"):
             raise SandboxFailure(f"{self.name}: the sandbox failed, not the candidate: {result.setup_error}; "
@@ -547,9 +551,12 @@ class CustomCodingTask(CodingTask):
     """A person's own problem: `prompt` = a function signature + docstring (imports and helper
     functions above it are kept as context), `tests` = plain asserts or a `def check(candidate):`.
     The entry point is the last function the prompt defines unless given. Both splits hold
-    this one example. Raises ValueError for a prompt or tests that do not parse."""
+    this one example. Raises ValueError for a prompt or tests that do not parse. Its checks run
+    with run_tests(untrusted=True): scoring raises tasks.sandbox.WeakSandboxError (a ValueError)
+    where the sandbox is weak and COLLAB_SANDBOX_ALLOW_WEAK=1 is not set."""
 
     name = "custom_coding"
+    untrusted_tests = True
 
     def __init__(self, prompt: str, tests: str, entry_point: str | None = None, num_agents: int = 2,
                  limits: Limits = Limits(), id: str = "custom/0"):

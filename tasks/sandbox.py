@@ -8,9 +8,21 @@ DESIGN §7. `run_tests(code, tests)` never executes anything in the calling proc
   tokens or secrets; `-I` also ignores PYTHON* variables and the user site;
 - the request (code, tests, limits, a random nonce) goes over stdin, which is then closed;
 - rlimits set by the harness before any candidate code: CPU seconds, address space, processes
-  (RLIMIT_NPROC), file size, open files, no core dumps; PR_SET_NO_NEW_PRIVS;
+  (RLIMIT_NPROC), file size, open files, no core dumps, no raising its priority;
+  PR_SET_NO_NEW_PRIVS; every capability dropped (bounding, ambient, effective, permitted,
+  inheritable; checked before any candidate code, else the run fails to start);
+- nice 19 for every process of the run (SCHED_IDLE was left out: on a busy box it starves a
+  check into its wall-clock timeout, so the same answer would score differently under load);
+- at most `max_concurrent()` runs at once in this process (default: CPU count; env
+  COLLAB_SANDBOX_MAX_CONCURRENT or `set_max_concurrent(n)`); callers beyond that wait;
+- a per-run cgroup v2 (memory.max = Limits.total_memory_mb for all its processes and their
+  tmpfs files, swap 0, pids.max, cpu.max = Limits.cpus) when the app may create one: a cgroup
+  v2 directory with the memory and pids controllers in its cgroup.subtree_control, either the
+  app's own cgroup or COLLAB_SANDBOX_CGROUP=<dir> (e.g. a systemd Delegate=yes subtree). Nothing
+  machine-wide is ever changed; `isolation()["cgroup"]["reason"]` says why it is off;
 - its own session/process group (start_new_session); wall-clock timeout, output flood
-  (> max_output_bytes on stdout or stderr) or the end of the run => SIGKILL to the whole group;
+  (> max_output_bytes on stdout or stderr) or the end of the run => SIGKILL to the whole group
+  (and to the whole cgroup, when there is one);
 - results come back over a private pipe (not stdout): one line per verdict, keyed with a
   BLAKE2b MAC under the nonce. The harness captures exec/compile/os.write/the MAC object
   before candidate code runs, and catches BaseException around setup, code and each test
@@ -24,36 +36,58 @@ DESIGN §7. `run_tests(code, tests)` never executes anything in the calling proc
   (a hang, a kill, a flood) costs only the probe's findings, never a verdict; the findings are
   as trustworthy as the verdicts (see below: code that introspects the interpreter can forge both).
 
-Isolation levels, probed once per process (`isolation()` says which one is in use):
+Isolation levels. The strongest that works is found by a probe (a real check that must pass and
+find the network gone, and the project tree invisible where the filesystem view applies). A
+strong result is kept for the life of the process; a weak one is probed again at most every
+REPROBE_S seconds, so a transient failure (ENOMEM, a timeout) never downgrades for good.
+`isolation()` says what is in use.
 
-- "namespaces" (the app runs as root, as on this project's machines): the harness unshares
-  new network (no interface is up: every connect fails, loopback included), PID, mount, IPC
-  and UTS namespaces. The PID namespace's init is a harness process that runs no candidate
-  code; when the run ends the kernel kills every process left in it, setsid() or not. Inside,
-  every mount is made read-only and nosuid; the temp dir and /dev/shm get fresh size-capped
-  tmpfs mounts, so nothing the code writes lands on the host, and /proc shows only the
-  sandbox's processes. Directories the sandbox uid cannot traverse on the way to the Python
-  install (e.g. /root for pyenv) are covered by a tmpfs with only the Python directories
-  bound back in, which also hides the rest of /root (~/.cache tokens and the like). The code
-  then runs as a random uid of its own (2_000_000_000 + up to 10^8, never a real account), so
-  RLIMIT_NPROC (per uid, and not enforced for root at all) bounds a fork bomb for this run
-  alone, file permissions apply, and root inside the namespaces cannot remount things
-  writable again.
-- "userns" (not root, or a root that may not unshare, e.g. in a container; user namespaces
-  allowed): the same namespaces inside a new user namespace (`unshare --user
-  --map-root-user`, util-linux); no separate uid, so file permissions are those of the app's
-  user, but mounts are read-only as above. For a non-root app RLIMIT_NPROC is counted per
-  user namespace (Linux 5.14+), so max_procs bounds this run; for root it is not enforced.
-  (Only run by hand on this project's root machines.)
-- "plain" (neither works): rlimits, process group kill, scrubbed env, private result channel
-  only. NOT blocked: network; writes anywhere the app's user may write (if root, a separate
-  uid is used when the Python install is reachable by it, so only world-writable places like
-  /tmp); reading files the app's user can read, including /proc/<app pid>/environ when not
-  root; a process that calls setsid() and sleeps outlives the run unless a separate uid was
-  used (RLIMIT_CPU still applies). Without a separate uid RLIMIT_NPROC counts all of the
-  user's processes, so it is set to the user's current count + max_procs (racy); as root
-  without a separate uid there is no process limit at all (the kernel exempts root), only
-  the kill at the end of the run.
+- "namespaces" (strong; the app runs as root, as on this project's machines): new network (no
+  interface is up: every connect fails, loopback included; no DNS), PID, mount, IPC, UTS and
+  cgroup namespaces. The PID namespace's init is a harness process that runs no candidate code
+  and cannot be ptraced; when the run ends the kernel kills every process left in it, setsid()
+  or not. The filesystem is a minimal view (below). The code runs as a random uid of its own
+  (2_000_000_000 + up to 10^8, never a real account) without any capability: RLIMIT_NPROC (per
+  uid) bounds a fork bomb for this run alone, and it can neither mount, unmount nor remount.
+- "userns" (strong; an app that may not unshare(2) but may create user namespaces, e.g. a
+  non-root app): `unshare --user --map-root-user` (util-linux) then the same namespaces and
+  view; the runner then enters a nested user + mount namespace, so every mount is MNT_LOCKED
+  (cannot be unmounted to reveal what is below, read-only ones cannot be made writable), maps
+  itself to uid 1000 there, makes /proc read-only and drops every capability. Its kernel uid
+  is the app's (file permissions are the app user's, but only the view below is there);
+  RLIMIT_NPROC counts per user namespace (Linux 5.14+), so max_procs bounds this run.
+- "plain" (WEAK; neither works, e.g. a Space: a non-root user in a container without user
+  namespaces): rlimits, no capabilities, process group kill, scrubbed env, private result
+  channel only. NOT blocked: network; reading whatever the app's user can read (its files,
+  the store, /tmp, /proc/<app pid>/environ with its tokens); writing wherever it may write (as
+  root, a separate uid is used when the Python install is reachable by it, leaving world-
+  writable places like /tmp); signalling the app's processes (kill the server); a setsid()
+  process outliving the run unless a separate uid or a cgroup was used; no total disk cap.
+  Without a separate uid RLIMIT_NPROC counts all of the user's processes, so it is set to the
+  user's current count + max_procs (racy); as root without a separate uid there is no process
+  limit (the kernel exempts uid 0), only the kill at the end of the run.
+  Fail closed: `run_tests(..., untrusted=True)` (code or tests a PERSON typed) refuses to run
+  in "plain" and raises WeakSandboxError, unless COLLAB_SANDBOX_ALLOW_WEAK=1 is set explicitly.
+  Model-written code against the project's own tests (untrusted=False) still runs there.
+
+The filesystem view ("namespaces" and "userns"): pivot_root into a fresh read-only tmpfs, the
+host's root detached, that holds exactly (`isolation()["visible"]` lists the binds):
+- /usr, read-only, and /bin /sbin /lib /lib32 /lib64 /libx32 as the host has them (symlinks into
+  /usr on merged-/usr systems, else read-only binds): the dynamic loader and shared libraries;
+- the Python install (sys.base_prefix) and the site-packages dirs on sys.path that lie inside
+  sys.prefix / sys.exec_prefix (a venv's site-packages, not the venv itself, and never a
+  project dir an editable install put on sys.path), read-only, at their host paths, with
+  fresh 0755 parent dirs (so /root/.pyenv/... is reachable while the rest of /root is not);
+- /dev: null, zero, full, random, urandom (bound from the host), fd/stdin/stdout/stderr links,
+  /dev/shm (a fresh 16 MB tmpfs);
+- /proc of the run's PID namespace only, `subset=pid` (no /proc/sys, /proc/meminfo, ...),
+  read-only;
+- the work dir (cwd = HOME = TMPDIR) at its host path under an otherwise empty /tmp: a fresh
+  tmpfs of 4 x max_file_mb, gone with the run.
+Nothing else: no /etc (no passwd, hosts, resolv.conf, ld.so.cache), /tmp, /home, /root, /work,
+/data, /var, /srv, /opt, /mnt, /run, /sys, /boot, no project tree, no COLLAB_HOME, no
+sys.executable of a venv (the harness itself is already loaded). The mounts carry nosuid and
+nodev (except the five devices).
 
 RLIMIT_NPROC counts threads too: max_procs must leave room for libraries that start thread
 pools (the environment pins OpenMP/BLAS to one thread).
@@ -64,15 +98,19 @@ What this does NOT protect against, at any level:
   forge verdicts, or edit the test namespace: the tests run in the same process as the code
   they judge. Likewise values built to cheat comparisons (`__eq__` that always returns True)
   pass `assert f(x) == y`. Rewards built on this are only as strong as the tests.
-- Kernel or CPU bugs (namespace escapes, Spectre-style side channels), timing attacks.
-- Resource use below the limits: up to max_procs processes each with memory_mb of address
-  space, and CPU time shared with the machine until the wall-clock timeout; tmpfs writes count
-  against host memory (capped at 4 x max_file_mb per run).
+- Kernel or CPU bugs (namespace escapes, Spectre-style side channels), timing attacks. No
+  seccomp filter: every syscall the kernel allows an unprivileged process is available,
+  including creating user namespaces of its own (where its mounts stay locked).
+- Resource use below the limits: without a cgroup, up to max_procs processes each with
+  memory_mb of address space, CPU time shared with the machine (at nice 19) until the
+  wall-clock timeout, tmpfs writes counted against host memory (4 x max_file_mb + 16 MB /dev/shm).
 - Denial of the run itself: code can always make its own check fail, time out or crash.
-- No seccomp filter: every syscall the kernel allows an unprivileged process is available.
+- Reading what the view shows: the system's and the Python install's files (e.g. which
+  packages are installed), its own mountinfo (host paths of the binds).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -96,6 +134,15 @@ log = logging.getLogger(__name__)
 
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_harness.py")
 UID_BASE, UID_SPAN = 2_000_000_000, 100_000_000  # sandbox uids; never a real account
+ALLOW_WEAK_ENV = "COLLAB_SANDBOX_ALLOW_WEAK"  # "1": a person's code may run under weak isolation
+MAX_CONCURRENT_ENV = "COLLAB_SANDBOX_MAX_CONCURRENT"
+CGROUP_ENV = "COLLAB_SANDBOX_CGROUP"  # a delegated cgroup v2 dir to create per-run cgroups in
+REPROBE_S = 30.0  # after a weak probe result, probe again at most this often
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+class WeakSandboxError(ValueError):
+    """Code or tests a person typed were refused: only weak isolation is available here."""
 
 
 @dataclass
@@ -145,6 +192,18 @@ class Limits:
     max_file_mb: int = 16  # largest file it may write
     max_open_files: int = 64
     max_output_bytes: int = 64_000  # per stream (stdout, stderr); more => killed, "output"
+    total_memory_mb: int = 2048  # all processes of the run together (cgroup memory.max, if any)
+    cpus: float = 1.0  # CPU share of the whole run, in CPUs (cgroup cpu.max, if any)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ValueError(f"Limits.{f.name} must be a number > 0, got {v!r}")
+        for name in ("cpu_s", "memory_mb", "max_procs", "max_file_mb", "max_open_files",
+                     "max_output_bytes", "total_memory_mb"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"Limits.{name} must be a whole number, got {getattr(self, name)!r}")
 
 
 # ---------------------------------------------------------------------------- isolation probe
@@ -153,24 +212,259 @@ class Limits:
 class _Mode:
     name: str  # "namespaces" | "userns" | "plain"
     prefix: tuple[str, ...]  # command prefix (unshare --user ...)
-    namespaces: bool  # the harness unshares mount/net/pid/ipc/uts namespaces
-    confine: bool  # the harness makes mounts read-only + tmpfs work dir
+    namespaces: bool  # the harness unshares mount/net/pid/ipc/uts/cgroup namespaces
+    confine: bool  # the harness pivot_roots into the minimal filesystem view
     separate_uid: bool  # harness drops to a fresh uid
+    nest_userns: bool = False  # the runner enters a nested user+mount namespace (locked mounts)
+
+    @property
+    def strong(self) -> bool:
+        return self.namespaces and self.confine
+
+
+def _modes() -> dict[str, _Mode]:
+    """Every mode this process could try, unprobed (tests force them through `_run`)."""
+    out = {}
+    if os.geteuid() == 0:
+        out["namespaces"] = _Mode("namespaces", (), True, True, True)
+    unshare = shutil.which("unshare")
+    if unshare:  # also as root: a container may refuse unshare(2) but allow user namespaces
+        out["userns"] = _Mode("userns", (unshare, "--user", "--map-root-user"), True, True, False, True)
+    # a dropped uid must still be able to import Python
+    out["plain"] = _Mode("plain", (), False, False, os.geteuid() == 0 and not _reach())
+    return out
+
+
+@dataclass(frozen=True)
+class _Cgroups:
+    base: str | None  # the cgroup v2 dir per-run cgroups are created in; None: off
+    controllers: tuple[str, ...]  # of memory, pids, cpu: those enabled for children of base
+    reason: str  # why off (or what is missing), for isolation()
+
+
+def _cgroup_support() -> _Cgroups:
+    """Per-run cgroups only where the app may already create them with controllers: never
+    enables a controller or moves the app itself (both would change the machine's setup)."""
+    base = os.environ.get(CGROUP_ENV, "")
+    if not base:
+        mount = own = None
+        try:
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    left, _, right = line.partition(" - ")
+                    if right.split(" ")[0] == "cgroup2":
+                        mnt = left.split(" ")[4]
+                        if mount is None or mnt == "/sys/fs/cgroup":
+                            mount = mnt
+            with open("/proc/self/cgroup") as f:
+                own = next((ln.strip()[3:] for ln in f if ln.startswith("0::")), None)
+        except OSError as e:
+            return _Cgroups(None, (), f"cannot read this process's cgroups ({e})")
+        if mount is None or own is None:
+            return _Cgroups(None, (), "no cgroup v2 hierarchy is mounted")
+        base = os.path.normpath(mount + "/" + own)
+    try:
+        with open(os.path.join(base, "cgroup.subtree_control")) as f:
+            enabled = f.read().split()
+        with open(os.path.join(base, "cgroup.controllers")) as f:
+            available = f.read().split()
+    except OSError as e:
+        return _Cgroups(None, (), f"{base} is not a usable cgroup v2 directory ({e})")
+    missing = [c for c in ("memory", "pids") if c not in enabled]
+    if missing:
+        return _Cgroups(None, (), (
+            f"cgroup v2 at {base}: {'/'.join(missing)} not enabled for child cgroups (cgroup.controllers: "
+            f"'{' '.join(available)}', subtree_control: '{' '.join(enabled)}'; controllers missing from "
+            f"cgroup.controllers are usually bound to a cgroup v1 hierarchy). Set {CGROUP_ENV} to a "
+            "delegated cgroup v2 dir to get per-run memory/pids/cpu limits"))
+    if not os.access(base, os.W_OK):
+        return _Cgroups(None, (), f"cgroup v2 at {base} is not writable by this user")
+    ctl = tuple(c for c in ("memory", "pids", "cpu") if c in enabled)
+    return _Cgroups(base, ctl, "" if "cpu" in ctl else "no cpu controller: no cpu.max")
+
+
+class _RunCgroup:
+    """One run's cgroup: created with its limits before the harness reads its request, the
+    harness placed in it before it can fork, everything in it killed and the dir removed at
+    the end (cgroup.kill also reaches setsid() leftovers of a "plain" run)."""
+
+    def __init__(self, cg: _Cgroups, limits: Limits, name: str):
+        self.path = os.path.join(cg.base, name)
+        os.mkdir(self.path)
+        try:
+            if "memory" in cg.controllers:
+                self._put("memory.max", str(limits.total_memory_mb * 1024 * 1024))
+                self._put("memory.swap.max", "0", optional=True)
+                self._put("memory.oom.group", "1", optional=True)  # an OOM kill ends the run
+            if "pids" in cg.controllers:
+                self._put("pids.max", str(limits.max_procs + 8))  # + supervisor, init, unshare
+            if "cpu" in cg.controllers:
+                self._put("cpu.max", f"{max(1000, round(limits.cpus * 100_000))} 100000")
+        except OSError:
+            os.rmdir(self.path)
+            raise
+        self.usage_usec = 0  # CPU the run's processes used (cpu.stat), filled by close()
+
+    def _put(self, name: str, value: str, optional: bool = False) -> None:
+        try:
+            with open(os.path.join(self.path, name), "w") as f:
+                f.write(value)
+        except FileNotFoundError:
+            if not optional:
+                raise
+
+    def add(self, pid: int) -> None:
+        self._put("cgroup.procs", str(pid))
+
+    def oom_killed(self) -> bool:
+        try:
+            with open(os.path.join(self.path, "memory.events")) as f:
+                return any(ln.startswith("oom_kill ") and ln.split()[1] != "0" for ln in f)
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        for _ in range(200):  # (10 s at most; an emptied cgroup goes in a few ms)
+            try:
+                with open(os.path.join(self.path, "cgroup.procs")) as f:
+                    pids = [int(p) for p in f.read().split()]
+            except OSError:
+                return
+            if not pids:
+                break
+            try:
+                self._put("cgroup.kill", "1")  # Linux 5.14+
+            except OSError:
+                for p in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(p, signal.SIGKILL)
+            time.sleep(0.05)
+        with contextlib.suppress(OSError), open(os.path.join(self.path, "cpu.stat")) as f:
+            self.usage_usec = int(next(ln.split()[1] for ln in f if ln.startswith("usage_usec")))
+        for _ in range(100):
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # EBUSY until the last (zombie) task is gone
+                time.sleep(0.05)
+        log.warning("sandbox: could not remove cgroup %s", self.path)
+
+
+class _Gate:
+    """The process-wide cap on concurrent sandbox runs (a semaphore whose size can change)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._active = 0
+        self._limit: int | None = None  # None: from the environment / CPU count, on first use
+
+    def limit(self) -> int:
+        with self._cv:
+            if self._limit is None:
+                raw = os.environ.get(MAX_CONCURRENT_ENV, "").strip()
+                if raw:
+                    if not raw.isdigit() or int(raw) < 1:
+                        raise ValueError(f"{MAX_CONCURRENT_ENV} must be a whole number >= 1 (sandbox runs at "
+                                         f"once), got {raw!r}: fix or unset it")
+                    self._limit = int(raw)
+                else:
+                    self._limit = max(1, len(os.sched_getaffinity(0)))
+            return self._limit
+
+    def set(self, n: int | None) -> None:
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"max concurrent sandbox runs must be an int >= 1 (or None for the default), got {n!r}")
+        with self._cv:
+            self._limit = n
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self):
+        with self._cv:  # (an RLock: limit() may take it again)
+            self._cv.wait_for(lambda: self._active < self.limit())
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._active -= 1
+                self._cv.notify_all()
+
+
+_GATE = _Gate()
+
+
+def set_max_concurrent(n: int | None) -> None:
+    """At most `n` sandbox runs at once in this process (others wait); None: back to
+    COLLAB_SANDBOX_MAX_CONCURRENT, else the CPU count."""
+    _GATE.set(n)
+
+
+def max_concurrent() -> int:
+    return _GATE.limit()
+
+
+def _allow_weak() -> bool:
+    return os.environ.get(ALLOW_WEAK_ENV, "") == "1"
 
 
 def isolation() -> dict:
-    """Which isolation this process's checks get (see the module docstring), for logs and UI."""
+    """Which isolation this process's checks get (see the module docstring), for logs and UI.
+    `strong`: "namespaces"/"userns"; `untrusted_allowed`: may code or tests a person typed run
+    (strong, or COLLAB_SANDBOX_ALLOW_WEAK=1); `summary`: one line for people."""
     m = _mode()
-    return {"mode": m.name, "network_blocked": m.namespaces, "pid_namespace": m.namespaces,
-            "read_only_filesystem": m.confine, "separate_uid": m.separate_uid,
-            # the kernel never applies RLIMIT_NPROC to root
-            "process_limit": m.separate_uid or os.geteuid() != 0}
+    cg = _cgroups()
+    weak_ok = _allow_weak()
+    return {"mode": m.name, "strong": m.strong, "untrusted_allowed": m.strong or weak_ok,
+            "summary": _summary(m, cg, weak_ok),
+            "network_blocked": m.namespaces, "pid_namespace": m.namespaces,
+            "read_only_filesystem": m.confine, "minimal_filesystem": m.confine,
+            "visible": [p for kind, p, _ in _view() if kind == "bind"] if m.confine else None,
+            "separate_uid": m.separate_uid, "capabilities_dropped": True,
+            "mounts_locked": m.strong,
+            # the kernel never applies RLIMIT_NPROC to root (uid 0 of the initial namespace)
+            "process_limit": m.separate_uid or m.nest_userns or os.geteuid() != 0,
+            "cgroup": {"enabled": cg.base is not None, "path": cg.base, "controllers": list(cg.controllers),
+                       "reason": cg.reason},
+            "max_concurrent": max_concurrent(), "nice": 19,
+            "probe_notes": list(_probe_notes)}
+
+
+def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool) -> str:
+    limits = ("per-run cgroup limits (" + ", ".join(cg.controllers) + ")" if cg.base
+              else "per-process limits only (no cgroup)")
+    if m.strong:
+        who = "a throwaway uid" if m.separate_uid else "a nested user namespace"
+        return (f"Strong sandbox ({m.name}): no network, own processes only, only Python and system "
+                f"libraries visible (read-only), {who} without privileges, {limits}; "
+                "not covered: kernel exploits and using the limits in full.")
+    line = ("WEAK sandbox (plain): the code can use the network, read the app user's files and "
+            "environment, and signal its processes; only rlimits apply.")
+    if weak_ok:
+        return line + f" Code and tests typed by people run anyway: {ALLOW_WEAK_ENV}=1 is set."
+    return line + (" Code and tests typed by people are refused: run as root or allow user namespaces, "
+                   f"or set {ALLOW_WEAK_ENV}=1 knowing the risks.")
+
+
+def _weak_error(m: _Mode) -> WeakSandboxError:
+    raw = os.environ.get(ALLOW_WEAK_ENV)
+    note = f" ({ALLOW_WEAK_ENV} is set to {raw!r}; only '1' counts)" if raw not in (None, "", "1") else ""
+    why = "; ".join(_probe_notes)[:400] or "no stronger mode was found"
+    return WeakSandboxError(
+        f"refusing to run code or tests typed by a person: this process only has weak sandbox isolation "
+        f"({m.name}: network open, the app user's files, environment and processes reachable; {why}). "
+        "Fix: run the app as root, or where unprivileged user namespaces are allowed (user.max_user_namespaces"
+        " > 0, util-linux `unshare` installed), so that the strong sandbox works; or set "
+        f"{ALLOW_WEAK_ENV}=1 to run it anyway, knowing those risks (tasks/sandbox.py){note}.")
 
 
 @functools.cache
 def _reach() -> tuple:
     """(parent, [dirs]) pairs: dirs the harness needs (Python install, sys.path, this package)
-    behind a parent that other users cannot traverse (see confine_filesystem in the harness)."""
+    behind a parent that other users cannot traverse. Only decides whether "plain" as root
+    can use a separate uid (that uid must be able to import Python)."""
     need = {os.path.realpath(p) for p in [sys.base_prefix, sys.prefix, sys.base_exec_prefix,
                                           os.path.dirname(os.path.realpath(sys.executable)),
                                           os.path.dirname(HARNESS), *sys.path] if p}
@@ -184,58 +478,114 @@ def _reach() -> tuple:
                 if not any(p.startswith(q + os.sep) for q in out.get(anc, [])):
                     out.setdefault(anc, []).append(p)
                 break
-    # Only the shallowest closed ancestor counts: the needed dirs are bound back directly, so
-    # deeper closed directories on the way no longer matter.
     return tuple((a, tuple(ps)) for a, ps in out.items())
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+@functools.cache
+def _view() -> tuple[tuple[str, str, str | None], ...]:
+    """The host paths of the filesystem view (module doc): ("link", path, target) for system
+    dirs that are symlinks (/lib -> usr/lib), ("bind", path, None) for read-only binds."""
+    out, binds = [], []
+    for p in SYSTEM_DIRS:
+        if os.path.islink(p):
+            out.append(("link", p, os.readlink(p)))
+        elif os.path.isdir(p):
+            binds.append(os.path.realpath(p))
+    prefixes = [os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)]
+    py = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    py |= {os.path.realpath(e) for e in sys.path
+           if e and os.path.isdir(e) and any(_inside(os.path.realpath(e), q) for q in prefixes)}
+    for p in sorted(py):  # sorted: a parent comes before what it contains
+        if p != "/" and not any(_inside(p, b) for b in binds):
+            binds.append(p)
+    return tuple(out) + tuple(("bind", p, None) for p in binds)
 
 
 _mode_lock = threading.Lock()
 _mode_cache: _Mode | None = None
+_mode_at = 0.0  # time.monotonic() of the probe that gave _mode_cache
+_probe_notes: list[str] = []  # why the stronger modes failed, last probe
+_cg_cache: _Cgroups | None = None
+_forced: _Mode | None = None  # tests only (_force_mode)
 
 
 def _mode() -> _Mode:
-    global _mode_cache
+    global _mode_cache, _mode_at, _probe_notes, _cg_cache
+    if _forced is not None:
+        return _forced
     with _mode_lock:
-        if _mode_cache is None:
-            _mode_cache = _probe()
-            log.info("sandbox isolation: %s", _mode_cache.name)
+        if _mode_cache is None or (not _mode_cache.strong and time.monotonic() - _mode_at >= REPROBE_S):
+            new, notes = _probe()
+            if _mode_cache is None or new != _mode_cache:
+                (log.info if new.strong else log.warning)(
+                    "sandbox isolation: %s%s", new.name, "" if new.strong else
+                    " (WEAK: network open, host files readable; people's code refused unless "
+                    f"{ALLOW_WEAK_ENV}=1; see tasks/sandbox.py) - " + "; ".join(notes))
+            _mode_cache, _mode_at, _probe_notes, _cg_cache = new, time.monotonic(), notes, None
         return _mode_cache
 
 
-def _probe() -> _Mode:
+def _cgroups() -> _Cgroups:
+    global _cg_cache
+    if _cg_cache is None:
+        _cg_cache = _cgroup_support()
+        if _cg_cache.base is None:
+            log.info("sandbox: no per-run cgroup: %s", _cg_cache.reason)
+    return _cg_cache
+
+
+@contextlib.contextmanager
+def _force_mode(name: str):
+    """Tests only: every run in this process uses mode `name` (from `_modes()`), unprobed."""
+    global _forced
+    old, _forced = _forced, _modes()[name]
+    try:
+        yield _forced
+    finally:
+        _forced = old
+
+
+def _probe() -> tuple[_Mode, list[str]]:
     """Try the strongest mode first; a mode counts only if a real check runs in it and the
-    network is really gone (connect to loopback fails with ENETUNREACH, not ECONNREFUSED)."""
-    unshare = shutil.which("unshare")
-    root = os.geteuid() == 0
-    candidates = []
-    if root:
-        candidates.append(_Mode("namespaces", (), True, True, True))
-    if unshare:  # also as root: a container may refuse unshare(2) but allow user namespaces
-        candidates.append(_Mode("userns", (unshare, "--user", "--map-root-user"), True, True, False))
-    probe = ("import errno, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
+    network is really gone (connect to loopback fails with ENETUNREACH, not ECONNREFUSED) and
+    the project tree (this file's dir) is not visible."""
+    probe = ("import errno, os, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
              "except OSError as e:\n    assert e.errno == errno.ENETUNREACH, e\nelse:\n"
-             "    raise AssertionError('connected')")
-    for m in candidates:
-        r = _run(m, "", [probe], Limits(timeout_s=20), "")
+             "    raise AssertionError('connected')\n"
+             f"assert not os.path.exists({os.path.dirname(HARNESS)!r}), 'project tree visible'\n")
+    notes = []
+    modes = _modes()
+    if "namespaces" not in modes:
+        notes.append("namespaces: not root")
+    if "userns" not in modes:
+        notes.append("userns: util-linux `unshare` not found")
+    for m in modes.values():
+        if not m.strong:
+            continue
+        r = _run(m, "", [probe], Limits(timeout_s=20), "", cgroups=_Cgroups(None, (), ""))
         if r.harness_ok and r.all_passed:
-            return m
-        log.warning("sandbox: %s isolation unavailable (%s; stderr: %s)", m.name,
-                    r.setup_error or (r.tests[0].error if r.tests else r.killed_by),
-                    r.stderr[-500:])
-    plain_uid = root and not _reach()  # a dropped uid must still be able to import Python
-    log.warning("sandbox: no namespaces; network is NOT blocked and the filesystem is only "
-                "protected by %s (see tasks/sandbox.py)",
-                "a separate uid" if plain_uid else "the app user's permissions")
-    return _Mode("plain", (), False, False, plain_uid)
+            return m, notes
+        why = r.setup_error or (r.tests[0].error if r.tests else r.killed_by)
+        err = r.stderr.strip().splitlines()
+        notes.append(f"{m.name}: {why}" + (f" ({err[-1][:200]})" if err else ""))
+    return modes["plain"], notes
 
 
 # ------------------------------------------------------------------------------------ running
 
 def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str = "",
-              probe: dict | None = None) -> SandboxResult:
+              probe: dict | None = None, untrusted: bool = False) -> SandboxResult:
     """exec `setup` (e.g. imports the problem needs), then `code`, then each test snippet (e.g.
     "assert f(1) == 2", or a multi-line block) in one namespace, in a sandboxed subprocess. Each
     test runs separately: a failing test doesn't stop the rest.
+
+    `untrusted=True`: code or tests a PERSON typed (not model-written code against the project's
+    own tests). Runs only under strong isolation or with COLLAB_SANDBOX_ALLOW_WEAK=1, else
+    raises WeakSandboxError (a ValueError) saying why and how to fix it.
 
     `probe` = {"entry": name, "aux": name, "budget_s": seconds}: after every verdict is
     reported, the same process checks at run time whether the function `entry` calls `aux`
@@ -251,16 +601,19 @@ def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str
                                           for k in ("entry", "aux"))
                                   and isinstance(probe["budget_s"], (int, float)) and probe["budget_s"] > 0):
         raise ValueError(f"probe must be {{'entry': name, 'aux': name, 'budget_s': seconds > 0}}, got {probe!r}")
-    return _run(_mode(), code, list(tests), limits, setup, probe)
+    mode = _mode()
+    if untrusted and not (mode.strong or _allow_weak()):
+        raise _weak_error(mode)
+    return _run(mode, code, list(tests), limits, setup, probe)
 
 
 def run_many(jobs: list[tuple[str, list[str]]], limits: Limits = Limits(),
-             max_workers: int | None = None, setup: str = "") -> list[SandboxResult]:
+             max_workers: int | None = None, setup: str = "", untrusted: bool = False) -> list[SandboxResult]:
     """run_tests for each (code, tests) job, at most `max_workers` (default: CPU count) at a
-    time so that many checks cannot exhaust the machine; results in job order."""
+    time from here (and never more than max_concurrent() in the process); results in job order."""
     workers = max(1, max_workers or os.cpu_count() or 1)
     with ThreadPoolExecutor(workers, thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda job: run_tests(job[0], job[1], limits, setup), jobs))
+        return list(pool.map(lambda job: run_tests(job[0], job[1], limits, setup, untrusted=untrusted), jobs))
 
 
 def _env(workdir: str) -> dict[str, str]:
@@ -299,7 +652,16 @@ def _kill_uid(uid: int) -> None:
 
 
 def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
-         probe: dict | None = None) -> SandboxResult:
+         probe: dict | None = None, cgroups: _Cgroups | None = None) -> SandboxResult:
+    """One sandboxed run in `mode` (no untrusted check: run_tests does that). `cgroups`:
+    where per-run cgroups go (default: `_cgroups()`; tests pass their own)."""
+    cgroups = _cgroups() if cgroups is None else cgroups
+    with _GATE.hold():
+        return _run_now(mode, code, tests, limits, setup, probe, cgroups)
+
+
+def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
+             probe: dict | None, cgroups: _Cgroups) -> SandboxResult:
     t0 = time.monotonic()
     nonce = secrets.token_hex(32)
     uid = UID_BASE + secrets.randbelow(UID_SPAN) if mode.separate_uid else None
@@ -308,34 +670,54 @@ def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
         nproc += _user_tasks(os.getuid())
     workdir = tempfile.mkdtemp(prefix="collab-sandbox-")
     rfd, wfd = os.pipe()
+    cg = proc = None
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
         request = json.dumps({
             "nonce": nonce, "results_fd": wfd, "code": code, "tests": tests, "setup": setup, "probe": probe,
             "uid": uid, "workdir": workdir, "namespaces": mode.namespaces, "confine": mode.confine,
-            "reach": _reach() if mode.separate_uid else [], "tmpfs_mb": 4 * limits.max_file_mb,
-            "nproc": nproc, "limits": {k: getattr(limits, k) for k in
-                                       ("cpu_s", "memory_mb", "max_file_mb", "max_open_files")},
+            "nest_userns": mode.nest_userns, "view": _view() if mode.confine else [],
+            "tmpfs_mb": 4 * limits.max_file_mb, "nproc": nproc,
+            "limits": {k: getattr(limits, k) for k in ("cpu_s", "memory_mb", "max_file_mb", "max_open_files")},
         }).encode()
         try:
+            if cgroups.base is not None:
+                cg = _RunCgroup(cgroups, limits, f"collab-sandbox-{nonce[:16]}")
             proc = subprocess.Popen(
                 [*mode.prefix, sys.executable, "-I", "-B", "-u", HARNESS], cwd=workdir,
                 env=_env(workdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(wfd,), start_new_session=True)
+            # Before the request is sent: the harness reads all of stdin before it forks.
+            if cg is not None:
+                cg.add(proc.pid)
+        except OSError as e:
+            if proc is not None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+            return _failed_to_start(tests, f"{type(e).__name__}: {e}", time.monotonic() - t0, probe)
         finally:
             os.close(wfd)  # only the child may hold the write end: EOF means it is gone
             wfd = -1
         got = _pump(proc, request, rfd, limits, t0 + limits.timeout_s)
+        oom = cg is not None and cg.oom_killed()
     finally:
         os.close(rfd)
         if wfd >= 0:
             os.close(wfd)
+        if cg is not None:
+            cg.close()
         if uid is not None and mode.name == "plain":
             _kill_uid(uid)
         shutil.rmtree(workdir, ignore_errors=True)
-    return _assemble(tests, nonce, got, limits, time.monotonic() - t0, probe is not None)
+    return _assemble(tests, nonce, got, limits, time.monotonic() - t0, probe is not None, oom)
 
+
+def _failed_to_start(tests: list[str], why: str, duration: float, probe: dict | None) -> SandboxResult:
+    err = f"the sandbox failed to start ({why})"
+    return SandboxResult([TestResult(i, s, False, f"did not run: setup failed: {err}") for i, s in enumerate(tests)],
+                         err, False, None, None, "", why, False, duration,
+                         None if probe is None else {"tests": {}, "complete": False, "error": err})
 
 @dataclass
 class _IO:
@@ -436,7 +818,7 @@ def _text(b: bytes, dropped: int, limit: int) -> str:
 
 
 def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: float,
-              probed: bool = False) -> SandboxResult:
+              probed: bool = False, oom: bool = False) -> SandboxResult:
     """Turn the verified result lines and how the process ended into a SandboxResult. Only
     lines whose MAC checks out count; tests are accepted in order, once each. With a probe,
     whatever happens after "D" (a kill, a memory error) concerns the probe only."""
@@ -486,7 +868,7 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
         killed_by = "timeout"
     elif got.flood:
         killed_by = "output"
-    elif memory:
+    elif memory or (oom and status < 0):  # a MemoryError, or the cgroup's OOM killer
         killed_by = "memory"
     elif status < 0:
         sig = signal.Signals(-status)
