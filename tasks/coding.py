@@ -455,8 +455,9 @@ class CodingTask:
         if aux is not None and example["entry_point"] != AUX:
             probe = {"entry": example["entry_point"], "aux": AUX,
                      "budget_s": max(1.0, min(self.limits.timeout_s / 3, 5.0))}
+        trust = {"untrusted": True} if self.untrusted_tests else {}  # (the default call stays as it was)
         result = run_tests(program, [bind + t for t in example["tests"]], self.limits,
-                           setup=example["test_setup"], probe=probe, untrusted=self.untrusted_tests)
+                           setup=example["test_setup"], probe=probe, **trust)
         if not result.harness_ok and result.killed_by is None and (result.setup_error or "").startswith(
                 "the sandbox failed to start"):
             raise SandboxFailure(f"{self.name}: the sandbox failed, not the candidate: {result.setup_error}; "
