@@ -16,12 +16,12 @@ from fastapi.testclient import TestClient
 
 from collab_app.engines.engine_types import Sampling
 from collab_app.web import handlers as H
-from collab_app.web.openai_api import (ApiCaller, OpenAIConfig, key_id, load_api_keys, mount_openai,
-                                       openai_routes)
+from collab_app.web.openai_api import (ApiCaller, OpenAIApi, OpenAIConfig, key_id, load_api_keys,
+                                       mount_openai, openai_routes)
 from test_handlers import TEXT, engine, make_ctx  # noqa: F401 - engine is a fixture
 from test_store import make_group
 
-KEY_A, KEY_B = "test-key-A-0123456789abcdef", "test-key-B-0123456789abcdef"
+KEY_A, KEY_B = "kA7-xQ2m_Rt9pLz4Vn8w", "kB3_Hs8e-Wq5yJc1Dg6u"     # pass context.admin_token_problem
 AUTH_A, AUTH_B = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
 TOKENS = 8
 
@@ -59,8 +59,11 @@ def counts(ctx) -> tuple[int, int]:
 # --------------------------------------------------------------------------- config, keys, auth
 
 def test_config_and_keys(tmp_path):
-    with pytest.raises(ValueError, match="at least 16"):
-        OpenAIConfig(api_keys=("short",))
+    for bad, fragment in (("short", "5 characters"), ("my-api-key-0123456789", "straight run"),
+                          (KEY_A + ",x", "without spaces or commas"), ("", "empty")):
+        with pytest.raises(ValueError, match=fragment) as e:
+            OpenAIConfig(api_keys=(KEY_B, bad))
+        assert "API key #2" in str(e.value) and (not bad or bad not in str(e.value))   # never the key itself
     with pytest.raises(ValueError, match="max_rounds_per_minute"):
         OpenAIConfig(max_rounds_per_minute=-1)
     assert KEY_A not in repr(OpenAIConfig(api_keys=(KEY_A,)))           # keys never reach logs
@@ -76,7 +79,7 @@ def test_config_and_keys(tmp_path):
 
 
 def test_off_without_keys(ctx):
-    client, _ = make_client(ctx, api_keys=())
+    client = TestClient(FastAPI(routes=openai_routes(ctx, OpenAIConfig())))   # the default: no keys
     before = counts(ctx)
     for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/chat/completions", chat()),
                                ("POST", "/v1/ratings", {"joint_sample_id": 1, "rating": 5})):
@@ -90,7 +93,7 @@ def test_auth_and_models(ctx):
     r = client.get("/v1/models")
     check_error(r, 401, "Bearer", "missing_api_key")
     assert r.headers["WWW-Authenticate"] == "Bearer"
-    check_error(client.get("/v1/models", headers={"Authorization": "Bearer not-a-key-0123456789"}), 401,
+    check_error(client.get("/v1/models", headers={"Authorization": "Bearer kZ9-notAkey_Qw4Lm7"}), 401,
                 "invalid API key", "invalid_api_key")
     models = client.get("/v1/models", headers=AUTH_B).json()
     assert [m["id"] for m in models["data"]] == list(ctx.tasks) == ["humaneval", "tldr"]
@@ -274,14 +277,28 @@ def test_limits(ctx):
     # another key has its own budget (and still may not rate A's group)
     check_error(client.post("/v1/ratings", json={"joint_sample_id": jid, "rating": 4}, headers=AUTH_B), 403, "another")
     assert counts(ctx) == (groups + 1, ratings + 3)
-    # every API round slot taken: 429 "server_busy", and B's round budget is left untouched
-    api.start_round(ApiCaller("api:held-slot"))
+    # every API round slot taken: 429 "server_busy" (B's round budget untouched)
+    held = ApiCaller("api:held-slot")
+    api.start_round(held)
     try:
         check_error(client.post("/v1/chat/completions", json=chat(n=1), headers=AUTH_B), 429, "running 1 API",
                     "server_busy")
     finally:
-        api.end_round()
-    assert counts(ctx) == (groups + 1, ratings + 3)
+        api.end_round(held)
+    assert api.running_rounds == 0 and counts(ctx) == (groups + 1, ratings + 3)
+
+
+def test_rounds_in_flight_per_key(ctx):
+    client, api = make_client(ctx, max_rounds_in_flight=1, max_rounds_per_minute=0)
+    b = ApiCaller(key_id(KEY_B))
+    api.start_round(b)                                   # B has a round generating
+    try:
+        r = client.post("/v1/chat/completions", json=chat(n=1), headers=AUTH_B)
+        check_error(r, 429, "already has 1 round(s) generating", "rounds_in_flight")
+        assert r.headers["Retry-After"]
+    finally:
+        api.end_round(b)
+    assert api.running_rounds == 0
 
 
 # --------------------------------------------------------------------------- streaming
@@ -295,12 +312,12 @@ def sse_events(lines) -> list:
     return out
 
 
-def test_streaming_own_coding_problem(ctx):
-    """stream: true on a person's own coding problem (tests in the collab extension)."""
+def test_streaming(ctx):
+    """stream: true on a HumanEval problem: role chunk, progress chunks (agents' text so far), one
+    content delta per choice, the finish chunk with the group's ids, usage, [DONE]."""
     client, _ = make_client(ctx)
-    prompt = 'def add(a, b):\n    """Return a + b."""\n'
-    body = chat(model="humaneval", prompt=prompt, n=2, stream=True, stream_options={"include_usage": True},
-                collab={"tests": "assert add(1, 2) == 3\nassert add(0, 0) == 0\n"})
+    problem = ctx.tasks["humaneval"].examples("eval")[1]
+    body = chat(model="humaneval", prompt=problem["prompt"], n=2, stream=True, stream_options={"include_usage": True})
     with client.stream("POST", "/v1/chat/completions", json=body, headers=AUTH_A) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r.iter_lines())
@@ -310,6 +327,7 @@ def test_streaming_own_coding_problem(ctx):
     assert [c["delta"]["role"] for c in chunks[0]["choices"]] == ["assistant", "assistant"]
     progress = [c["collab"] for c in chunks if c.get("collab", {}).get("event") == "progress"]
     assert progress and all(len(p["candidates"]) == 2 for p in progress)
+    assert [p["role"] for p in progress[-1]["candidates"][0]["parts"]] == ["helper", "main"]
     content = {0: "", 1: ""}
     for c in chunks:
         for ch in c["choices"]:
@@ -317,13 +335,32 @@ def test_streaming_own_coding_problem(ctx):
     (final,) = [c for c in chunks if c.get("collab", {}).get("event") == "done"]
     assert [ch["finish_reason"] in ("stop", "length") for ch in final["choices"]] == [True, True]
     col = final["collab"]
-    assert col["task"] == "custom-coding" and not col["trains"] and any("admin" in n for n in col["notes"])
+    assert col["task"] == "humaneval" and col["example_id"] == problem["id"] and col["trains"]
     grp = ctx.store.group(col["group_id"])
-    assert grp.session_id == key_id(KEY_A) and grp.example["entry_point"] == "add"
+    assert grp.session_id == key_id(KEY_A)
     joints = sorted(grp.joints, key=lambda j: j.joint_index)
     assert [content[0], content[1]] == [j.combined for j in joints]
     assert [ch["collab"]["joint_sample_id"] for ch in final["choices"]] == [j.id for j in joints]
+    assert [ch["collab"]["reward"]["total"] for ch in final["choices"]] == [j.auto_total for j in joints]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+def test_own_coding_problem(ctx, monkeypatch):
+    """A signature + docstring with the caller's tests (collab.tests): a custom-coding group, kept
+    but not training the shared team until an admin allows it. The sandbox is declared able to
+    run untrusted code here (the tests are ours); where it is not, handlers refuse (400)."""
+    monkeypatch.setattr(ctx, "isolation", {"mode": "test", "untrusted_allowed": True}, raising=False)
+    client, _ = make_client(ctx)
+    body = chat(model="humaneval", prompt='def add(a, b):\n    """Return a + b."""\n', n=2,
+                collab={"tests": "assert add(1, 2) == 3\nassert add(0, 0) == 0\n"})
+    r = client.post("/v1/chat/completions", json=body, headers=AUTH_A)
+    assert r.status_code == 200, r.text
+    col = r.json()["collab"]
+    assert col["task"] == "custom-coding" and not col["trains"] and any("admin" in n for n in col["notes"])
+    grp = ctx.store.group(col["group_id"])
+    assert grp.example["entry_point"] == "add" and len(grp.example["tests"]) == 2
+    assert all(c["collab"]["reward"]["levels"].keys() == set(ctx.tasks["humaneval"].level_names)
+               for c in r.json()["choices"])
 
 
 # --------------------------------------------------------------------------- the real app + openai client
@@ -332,16 +369,27 @@ def test_real_server_with_openai_client(ctx):
     """The wiring `collab serve` uses (ui.launch with app_kwargs routes), over HTTP, with the
     official client: models, a HumanEval round, a streamed round, a rating, errors."""
     openai = pytest.importorskip("openai")
+    import httpx
     from test_ui_api import free_port
 
     from collab_app.web.ui import launch
 
-    cfg = OpenAIConfig(api_keys=(KEY_A,), max_rounds_per_minute=0, max_ratings_per_minute=0)
+    cfg = OpenAIConfig(api_keys=(KEY_A,), max_rounds_per_minute=0, max_ratings_per_minute=0,
+                       max_concurrent_rounds=1)
+    api = OpenAIApi(ctx, cfg)          # openai_routes(ctx, cfg) is this object's routes; the test watches it
     demo = launch(ctx, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
-                  app_kwargs={"routes": openai_routes(ctx, cfg)})
+                  app_kwargs={"routes": api.router().routes})
     try:
-        client = openai.OpenAI(base_url=demo.local_url.rstrip("/") + "/v1", api_key=KEY_A, max_retries=0)
+        base = demo.local_url.rstrip("/") + "/v1"
+        client = openai.OpenAI(base_url=base, api_key=KEY_A, max_retries=0)
         assert [m.id for m in client.models.list()] == ["humaneval", "tldr"]
+
+        # a client that leaves mid-stream ends its round (slot free again; the ticket is cancelled)
+        with httpx.stream("POST", base + "/chat/completions", headers=AUTH_A, timeout=60,
+                          json=chat(n=2, max_tokens=64, stream=True)) as r:
+            assert r.status_code == 200 and next(r.iter_lines()).startswith("data: ")
+            assert api.running_rounds == 1
+        assert api.wait_idle(timeout=60)
         problem = ctx.tasks["humaneval"].examples("eval")[0]
         resp = client.chat.completions.create(
             model="humaneval", n=2, max_tokens=TOKENS,
@@ -372,6 +420,6 @@ def test_real_server_with_openai_client(ctx):
         with pytest.raises(openai.BadRequestError, match="from 1 to 4"):
             client.chat.completions.create(model="tldr", n=7, messages=[{"role": "user", "content": TEXT}])
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=client.base_url, api_key="wrong-key-0123456789", max_retries=0).models.list()
+            openai.OpenAI(base_url=client.base_url, api_key="kZ9-notAkey_Qw4Lm7", max_retries=0).models.list()
     finally:
         demo.close()

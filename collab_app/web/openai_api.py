@@ -41,8 +41,11 @@ saying how to turn it on: never open by default. A key's id is `api:` + the firs
 of its SHA-256: it is the session id its groups are stored under and the rater of its ratings
 (the key itself is never stored or logged), so only the key that generated a group may rate it.
 Per key, like the app's per session: rounds and ratings per minute (`RateLimiter` of context.py;
-a ranking or pick of G counts G), 429 with Retry-After; at most `max_concurrent_rounds` API
-rounds at once (429 "server_busy" beyond). A refused request stores nothing.
+a ranking or pick of G counts G), and rounds generating at once (`max_rounds_in_flight`, in
+place of the app's per-session slots), 429 with Retry-After; at most `max_concurrent_rounds` API
+rounds at once over all keys (429 "server_busy" beyond). A refused request stores nothing. The
+app's other checks apply unchanged (prompt length in tokens, own problems only where the
+sandbox isolates untrusted code).
 
 Mounting: `openai_routes(ctx, cfg)` gives the routes for `ui.launch(..., app_kwargs={"routes":
 ...})` (Gradio passes app_kwargs to the FastAPI app it builds); `mount_openai(app, ctx, cfg)`
@@ -57,6 +60,7 @@ disconnects (the group is still stored; a stream's disconnect does stop it, as a
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -79,7 +83,6 @@ from collab_app.web.context import CODING_TASKS, RateLimiter
 log = logging.getLogger(__name__)
 
 KEYS_ENV = "COLLAB_API_KEYS"
-MIN_KEY_CHARS = 16
 KEY_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs",
                "top_logprobs", "stop", "logit_bias", "audio", "modalities", "prediction")
@@ -100,6 +103,8 @@ class OpenAIConfig:
     """chat completions (rounds) one key may start per minute (0 = no limit)."""
     max_ratings_per_minute: int = 60
     """ratings one key may store per minute; a ranking or pick of G counts G (0 = no limit)."""
+    max_rounds_in_flight: int = 2
+    """rounds one key may have generating at once (0 = no limit); more get 429."""
     max_concurrent_rounds: int = 8
     """API rounds running at once over all keys (each holds a worker thread); more get 429."""
     max_n: int = 4
@@ -110,14 +115,18 @@ class OpenAIConfig:
     """largest request body; bigger ones get 413 before they are read in full."""
 
     def __post_init__(self):
+        from collab_app.web.context import admin_token_problem   # the admin token's rule, for keys too
+
         keys = tuple(self.api_keys)
         for k, key in enumerate(keys):
-            if not isinstance(key, str) or len(key) < MIN_KEY_CHARS or any(c.isspace() or c == "," for c in key):
-                what = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
-                raise ValueError(f"API key #{k + 1} is not usable ({what}): use at least {MIN_KEY_CHARS} "
-                                 f"characters without spaces or commas, e.g. from `{KEY_HINT}`")
+            if not isinstance(key, str) or any(c.isspace() or c == "," for c in key):
+                problem = "it must be text without spaces or commas"
+            else:
+                problem = admin_token_problem(key) if key else "it is empty"
+            if problem:   # never the key itself in the message: it ends up in logs
+                raise ValueError(f"API key #{k + 1} is too weak or malformed: {problem}; make one with `{KEY_HINT}`")
         object.__setattr__(self, "api_keys", tuple(dict.fromkeys(keys)))
-        for name in ("max_rounds_per_minute", "max_ratings_per_minute"):
+        for name in ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
@@ -181,10 +190,25 @@ class _Round:
     include_usage: bool
 
 
+class _NoSlots:
+    """Stands in for the app's per-session round slots (context.SessionSlots) in a _RoundView:
+    the API counts a key's rounds in flight itself (OpenAIApi.start_round), to answer 429."""
+
+    def acquire(self, key: str) -> bool:
+        return True
+
+    def release(self, key: str) -> None:
+        pass
+
+    def held(self, key: str) -> int:
+        return 0
+
+
 class _RoundView:
     """The app's context as handlers see it for one API request: the request's G and sampling,
-    and no per-session limit (the API's per-key limits were taken before); everything else
-    (engine, store, batcher, tasks, teams, locks) is the app's own object."""
+    and no per-session limit (the API's per-key limits were taken before, so that it can answer
+    429 with Retry-After); everything else (engine, store, batcher, tasks, teams, locks, prompt
+    checks) is the app's own object."""
 
     def __init__(self, ctx, num_generations: int | None = None, sampling=None):
         self._ctx = ctx
@@ -194,6 +218,7 @@ class _RoundView:
             self.sampling = sampling
         self.round_limiter = self.rating_limiter = RateLimiter(0)
         self.max_rounds_per_minute = self.max_ratings_per_minute = 0
+        self.round_slots = _NoSlots()
 
     def __getattr__(self, name: str):
         return getattr(self._ctx, name)
@@ -269,7 +294,9 @@ class OpenAIApi:
         self._keys = {hashlib.sha256(k.encode()).hexdigest(): key_id(k) for k in cfg.api_keys}
         self.round_limiter = RateLimiter(cfg.max_rounds_per_minute)
         self.rating_limiter = RateLimiter(cfg.max_ratings_per_minute)
-        self._slots = threading.BoundedSemaphore(cfg.max_concurrent_rounds)
+        self._running = 0                       # API rounds in progress (max_concurrent_rounds)
+        self._in_flight: collections.Counter = collections.Counter()   # per key (max_rounds_in_flight)
+        self._idle = threading.Condition()
         self._rating_lock = threading.Lock()   # a form's write and its read-back are one step
         self._humaneval: dict[str, tuple[str, str]] | None = None
         self._humaneval_lock = threading.Lock()
@@ -461,18 +488,39 @@ class OpenAIApi:
                       bool(opts.get("include_usage")))
 
     def start_round(self, caller: ApiCaller) -> None:
-        """Take a slot and the key's round token, or raise 429 (nothing taken then)."""
-        if not self._slots.acquire(blocking=False):
-            raise ApiError(429, f"the server is running {self.cfg.max_concurrent_rounds} API rounds already; "
-                                "try again shortly", "rate_limit_error", "server_busy", headers={"Retry-After": "5"})
-        try:
-            self._take(self.round_limiter, caller, 1, "rounds", self.cfg.max_rounds_per_minute)
-        except ApiError:
-            self._slots.release()
-            raise
+        """Take a slot, one of the key's rounds in flight and its round token, or raise 429
+        (nothing taken then). `end_round(caller)` gives the first two back."""
+        cfg = self.cfg
+        with self._idle:
+            if self._running >= cfg.max_concurrent_rounds:
+                raise ApiError(429, f"the server is running {cfg.max_concurrent_rounds} API rounds already; "
+                                    "try again shortly", "rate_limit_error", "server_busy",
+                               headers={"Retry-After": "5"})
+            if cfg.max_rounds_in_flight and self._in_flight[caller.key] >= cfg.max_rounds_in_flight:
+                raise ApiError(429, f"this API key already has {cfg.max_rounds_in_flight} round(s) generating: "
+                                    "wait for one to finish", "rate_limit_error", "rounds_in_flight",
+                               headers={"Retry-After": "5"})
+            self._take(self.round_limiter, caller, 1, "rounds", cfg.max_rounds_per_minute)
+            self._running += 1
+            self._in_flight[caller.key] += 1
 
-    def end_round(self) -> None:
-        self._slots.release()
+    def end_round(self, caller: ApiCaller) -> None:
+        with self._idle:
+            self._running -= 1
+            self._in_flight[caller.key] -= 1
+            if self._in_flight[caller.key] <= 0:
+                del self._in_flight[caller.key]
+            self._idle.notify_all()
+
+    @property
+    def running_rounds(self) -> int:
+        """API rounds in progress (a streamed one ends when its response ends, client gone or not)."""
+        return self._running
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no API round runs (shutdown, tests); False if `timeout` s passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
 
     def completion(self, rnd: "_Round", done: dict, cid: str, created: int) -> dict:
         """The chat.completion object of a finished round, read back from the store."""
@@ -645,7 +693,7 @@ class OpenAIApi:
 
             def finish() -> None:
                 events.close()   # handlers.generate's finally: the ticket is cancelled if still running
-                self.end_round()
+                self.end_round(caller)
 
             try:   # the first event before the headers: early refusals get a proper status
                 first = await run_in_threadpool(next, events, None)
