@@ -214,6 +214,17 @@ def test_bad_chat_requests(ctx, api_round, body, status, fragment):
     assert counts(ctx) == before
 
 
+def test_prompt_too_long_for_the_engine(ctx):
+    """handlers' own check (prompt tokens + max_tokens within the engine's context) answers 400
+    before anything is generated, streamed or not; the round's slot is given back."""
+    client, api = make_client(ctx)
+    before = counts(ctx)
+    for stream in (False, True):
+        r = client.post("/v1/chat/completions", json=chat(prompt="word " * 3000, stream=stream), headers=AUTH_A)
+        check_error(r, 400, "too long for this engine")
+    assert counts(ctx) == before and api.running_rounds == 0
+
+
 def test_bad_bodies(ctx, api_round):
     client, _ = api_round
     for path in ("/v1/chat/completions", "/v1/ratings"):
