@@ -102,6 +102,13 @@ class RemoteVLLMEngine:
         self.separate_base_rows = separate_base_rows
         self.send_seeds = send_seeds
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._tag = secrets.token_hex(3)       # this engine's adapter names: unique per instance
+        self._loads = itertools.count(1)
+        self._agents = AgentTable()            # agent -> (adapter name on the server | None, version)
+        self._lock = threading.Lock()          # agent table, in-flight counts, retired names
+        self._inflight: dict[str, int] = {}    # adapter name -> requests of ours running on it
+        self._retired: set[str] = set()        # replaced names, unloaded when their count is 0
+        self._phase = threading.Lock()         # separate_base_rows: one phase (base / adapters) at a time
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
                                   limits=httpx.Limits(max_connections=max_streams + 4))
         self._pool = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="vllm-remote")
@@ -112,17 +119,13 @@ class RemoteVLLMEngine:
         except BaseException:
             self.close()
             raise
-        self._tag = secrets.token_hex(3)       # this engine's adapter names: unique per instance
-        self._loads = itertools.count(1)
-        self._agents = AgentTable()            # agent -> (adapter name on the server | None, version)
-        self._lock = threading.Lock()          # agent table, in-flight counts, retired names
-        self._inflight: dict[str, int] = {}    # adapter name -> requests of ours running on it
-        self._retired: set[str] = set()        # replaced names, unloaded when their count is 0
-        self._phase = threading.Lock()         # separate_base_rows: one phase (base / adapters) at a time
 
     # -- HTTP helpers -------------------------------------------------------------------------
     def _unreachable(self, e: Exception) -> EngineError:
-        return EngineError(f"cannot reach the vLLM server at {self.url} ({type(e).__name__}: {e}); {START_HINT}")
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)):
+            return EngineError(f"cannot reach the vLLM server at {self.url} ({type(e).__name__}: {e}); {START_HINT}")
+        # read timeouts, dropped connections: the server was there
+        return EngineError(f"vLLM server at {self.url}: {type(e).__name__}: {e or 'no answer in time'}")
 
     def _call(self, method: str, path: str, **kw) -> httpx.Response:
         try:
@@ -366,16 +369,10 @@ class RemoteVLLMEngine:
         """Unload this engine's adapter names from the server and drop the connections."""
         if getattr(self, "_http", None) is None:
             return
-        names = []
-        if hasattr(self, "_agents"):
-            with self._lock:
-                names = [h for h in self._agents.handles()] + sorted(self._retired)
-                self._retired.clear()
-        if hasattr(self, "_tag"):
-            try:
-                self._unload(names)
-            except Exception:  # noqa: BLE001 - closing must not fail on a dead server
-                pass
+        with self._lock:
+            names = self._agents.handles() + sorted(self._retired)
+            self._retired.clear()
+        self._unload(names)   # logs, never raises: closing must not fail on a dead server
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
         self._http = None
