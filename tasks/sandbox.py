@@ -55,7 +55,9 @@ REPROBE_S seconds, so a transient failure (ENOMEM, a timeout) never downgrades f
   (cannot be unmounted to reveal what is below, read-only ones cannot be made writable), maps
   itself to uid 1000 there, makes /proc read-only and drops every capability. Its kernel uid
   is the app's (file permissions are the app user's, but only the view below is there);
-  RLIMIT_NPROC counts per user namespace (Linux 5.14+), so max_procs bounds this run.
+  RLIMIT_NPROC counts per user namespace (Linux 5.14+), so max_procs bounds this run, except
+  for an app running as kernel uid 0, which the kernel exempts from RLIMIT_NPROC even inside a
+  user namespace (only the run's end, or a pids cgroup, bounds a fork bomb then).
 - "plain" (WEAK; neither works, e.g. a Space: a non-root user in a container without user
   namespaces): rlimits, no capabilities, process group kill, scrubbed env, private result
   channel only. NOT blocked: network; reading whatever the app's user can read (its files,
@@ -424,8 +426,8 @@ def isolation() -> dict:
             "visible": [p for kind, p, _ in _view() if kind == "bind"] if m.confine else None,
             "separate_uid": m.separate_uid, "capabilities_dropped": True,
             "mounts_locked": m.strong,
-            # the kernel never applies RLIMIT_NPROC to root (uid 0 of the initial namespace)
-            "process_limit": m.separate_uid or m.nest_userns or os.geteuid() != 0,
+            # the kernel never applies RLIMIT_NPROC to kernel uid 0, user namespace or not
+            "process_limit": m.separate_uid or os.geteuid() != 0,
             "cgroup": {"enabled": cg.base is not None, "path": cg.base, "controllers": list(cg.controllers),
                        "reason": cg.reason},
             "max_concurrent": max_concurrent(), "nice": 19,

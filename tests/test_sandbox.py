@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tasks import sandbox
 from tasks.sandbox import UID_BASE, UID_SPAN, Limits, isolation, run_many, run_tests
 
 ISO = isolation()
@@ -402,3 +403,251 @@ def test_probe_takes_the_alarm_back_from_the_codes_top_level():
             "def aux(x):\n    return 4\ndef f(x):\n    n = aux(x)\n    while n != 0:\n        n -= 2\n    return x\n")
     r = run_tests(hang, ["assert f(1) == 1"], FAST, probe=PROBE)
     assert r.all_passed and r.probe["complete"] and list(r.probe["tests"][0]["sites"].values()) == [True]
+
+
+# ------------------------------------------------------------------ fail closed (issue 12)
+# Code or tests a PERSON typed (untrusted=True) run only under strong isolation, or with an
+# explicit COLLAB_SANDBOX_ALLOW_WEAK=1. "plain" is forced here through the private hook; a real
+# non-root host without user namespaces is in test_sandbox_adversarial.py (Space-like).
+
+def test_isolation_reports_strength_and_a_summary():
+    iso = isolation()
+    assert {"mode", "strong", "untrusted_allowed", "summary", "cgroup", "max_concurrent", "nice"} <= set(iso)
+    assert iso["strong"] == (iso["mode"] in ("namespaces", "userns"))
+    assert iso["untrusted_allowed"] == (iso["strong"] or os.environ.get(sandbox.ALLOW_WEAK_ENV) == "1")
+    assert isinstance(iso["summary"], str) and "\n" not in iso["summary"] and iso["mode"] in iso["summary"]
+    if iso["strong"]:
+        assert iso["summary"].startswith("Strong sandbox") and iso["visible"]
+        assert not any(p == "/etc" or p.startswith(("/etc/", "/tmp", "/home")) for p in iso["visible"])
+
+
+def test_weak_isolation_refuses_untrusted_code_unless_explicitly_allowed(monkeypatch):
+    monkeypatch.delenv(sandbox.ALLOW_WEAK_ENV, raising=False)
+    with sandbox._force_mode("plain"):
+        iso = isolation()
+        assert iso["mode"] == "plain" and not iso["strong"] and not iso["untrusted_allowed"]
+        assert iso["summary"].startswith("WEAK") and "COLLAB_SANDBOX_ALLOW_WEAK=1" in iso["summary"]
+        with pytest.raises(sandbox.WeakSandboxError, match="typed by a person") as e:
+            run_tests(F, ["assert f(1) == 2"], FAST, untrusted=True)
+        assert isinstance(e.value, ValueError)
+        assert all(w in str(e.value) for w in ("root", "user namespaces", "COLLAB_SANDBOX_ALLOW_WEAK=1"))
+        assert run_tests(F, ["assert f(1) == 2"], FAST).all_passed  # model code vs our tests still runs
+        monkeypatch.setenv(sandbox.ALLOW_WEAK_ENV, "true")  # only "1" counts, and the message says so
+        with pytest.raises(sandbox.WeakSandboxError, match="only '1' counts"):
+            run_tests(F, ["assert f(1) == 2"], FAST, untrusted=True)
+        monkeypatch.setenv(sandbox.ALLOW_WEAK_ENV, "1")
+        assert isolation()["untrusted_allowed"] and "run anyway" in isolation()["summary"]
+        assert run_tests(F, ["assert f(1) == 2"], FAST, untrusted=True).all_passed
+
+
+def test_custom_coding_problems_are_untrusted_and_humaneval_is_not(monkeypatch):
+    from tasks.coding import CustomCodingTask, HumanEvalTask
+    monkeypatch.delenv(sandbox.ALLOW_WEAK_ENV, raising=False)
+    custom = CustomCodingTask('def g(x):\n    "x + 1"\n', "assert candidate(1) == 2")
+    answer = ["def aux(x):\n    return x + 1\n", "def g(x):\n    return aux(x)\n"]
+    he = HumanEvalTask()
+    ex = he.examples("eval")[0]
+    with sandbox._force_mode("plain"):
+        with pytest.raises(sandbox.WeakSandboxError):
+            custom.reward(custom.example, answer)
+        assert he.reward(ex, ["def aux(x):\n    return x\n", "def has_close_elements(n, t):\n    return False\n"]).levels
+    assert custom.reward(custom.example, answer).levels["tests"] == 1.0  # strong (or allowed) here
+
+
+def test_a_weak_probe_is_retried_and_a_strong_one_kept(monkeypatch):
+    modes = sandbox._modes()
+    results = [modes["plain"], sandbox._Mode("namespaces", (), True, True, True), modes["plain"]]
+    calls = []
+
+    def fake_probe():
+        calls.append(1)
+        return results[len(calls) - 1], [f"probe {len(calls)}"]
+
+    monkeypatch.setattr(sandbox, "_probe", fake_probe)
+    monkeypatch.setattr(sandbox, "_mode_cache", None)
+    monkeypatch.setattr(sandbox, "_mode_at", 0.0)
+    assert sandbox._mode().name == "plain" and len(calls) == 1
+    assert sandbox._mode().name == "plain" and len(calls) == 1  # not again within REPROBE_S
+    monkeypatch.setattr(sandbox, "REPROBE_S", 0.0)  # (as if 30 s had passed)
+    assert sandbox._mode().name == "namespaces" and len(calls) == 2  # a transient failure healed
+    assert sandbox._mode().name == "namespaces" and len(calls) == 2  # strong: kept, never re-probed
+
+
+def test_the_probe_needs_a_real_run_in_each_mode(monkeypatch):
+    broken = sandbox._Mode("namespaces", ("false",), True, True, True)  # starts nothing
+    monkeypatch.setattr(sandbox, "_modes", lambda: {"namespaces": broken, "plain": sandbox._Mode("plain", (), False, False, False)})
+    mode, notes = sandbox._probe()
+    assert mode.name == "plain" and notes and notes[-1].startswith("namespaces: the sandbox failed to start")
+
+
+def test_limits_are_validated():
+    for bad in ({"cpus": 0}, {"memory_mb": 1.5}, {"timeout_s": -1}, {"max_procs": True}):
+        with pytest.raises(ValueError, match="Limits"):
+            Limits(**bad)
+
+
+# -------------------------------------------------------- the filesystem view and privileges
+
+def _working(m):
+    r = sandbox._run(m, "", ["assert True"], FAST, "")
+    return r.harness_ok
+
+
+STRONG = [name for name, m in sandbox._modes().items() if m.strong]
+
+
+@pytest.fixture(params=STRONG)
+def strong_mode(request):
+    m = sandbox._modes()[request.param]
+    if not _working(m):
+        pytest.skip(f"{request.param} does not work on this machine")
+    return m
+
+
+def test_only_the_view_is_visible(strong_mode, tmp_path):
+    secret = tmp_path / "secret.txt"  # pytest's tmp dir, like any host file beside the app's
+    secret.write_text("s3cr3t")
+    os.chmod(tmp_path, 0o755)
+    view = sandbox._view()
+    top = {p.split("/")[1] for _, p, _ in view} | {"dev", "proc", "tmp"}
+    home = os.environ.get("COLLAB_HOME", os.path.expanduser("~/.collab"))
+    code = "import os, sys, importlib.util\n"
+    tests = [
+        f"assert set(os.listdir('/')) == {top!r}, os.listdir('/')",
+        f"assert not os.path.exists({str(secret)!r}) and not os.path.exists('/etc')",
+        f"assert not os.path.exists({sandbox.HARNESS!r}) and not os.path.exists({home!r})",
+        "assert os.listdir('/tmp') == [os.path.basename(os.getcwd())]",  # only the work dir
+        "assert sorted(os.listdir('/dev')) == ['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', "
+        "'stdout', 'urandom', 'zero']",
+        "open('/dev/null', 'w').write('x')\nassert len(open('/dev/urandom', 'rb').read(8)) == 8",
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\nassert max(map(int, pids)) < 100, pids\n"
+        "assert not os.path.exists('/proc/sys') and not os.path.exists('/proc/meminfo')",
+        "open('w.txt', 'w').write('ok')\nopen('/dev/shm/x', 'w').write('ok')",  # the writable places
+        "for p in ('/usr/x', '/tmp/x', '/dev/x', '/x'):\n    try:\n        open(p, 'w')\n"
+        "    except OSError:\n        continue\n    raise AssertionError(p)",
+        "assert importlib.util.find_spec('numpy') is not None",  # site-packages is there
+    ]
+    r = sandbox._run(strong_mode, code, tests, FAST, "")
+    assert r.harness_ok and [t.error for t in r.tests] == [""] * len(tests), r.tests
+    assert isolation()["visible"] == [p for kind, p, _ in view if kind == "bind"] or not isolation()["strong"]
+
+
+def test_no_privileges_are_left(strong_mode):
+    status = ("st = {l.split(':')[0]: l.split(':')[1].strip() for l in open('/proc/self/status')}\n")
+    tests = [
+        "assert all(int(st[k], 16) == 0 for k in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')), st",
+        "assert st['NoNewPrivs'] == '1'",
+        "assert os.getpriority(os.PRIO_PROCESS, 0) == 19",
+        "try:\n    os.setpriority(os.PRIO_PROCESS, 0, 0)\nexcept OSError:\n    pass\nelse:\n    raise AssertionError('reniced')",
+        ("assert os.getuid() != 0 and (" + (f"{UID_BASE} <= os.getuid() < {UID_BASE + UID_SPAN}" if strong_mode.separate_uid
+                                            else "os.getuid() == 1000") + ")"),
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None) != 0\n"
+        "assert libc.mount(None, b'/usr', None, 0x20 | 0x1000, None) != 0\nassert libc.umount2(b'/proc', 2) != 0",
+    ]
+    r = sandbox._run(strong_mode, "import os\n" + status, tests, FAST, "")
+    assert r.harness_ok and [t.error for t in r.tests] == [""] * len(tests), r.tests
+
+
+# ----------------------------------------------------------------- concurrency and cgroups
+
+def test_concurrent_runs_are_capped_process_wide(monkeypatch):
+    job = ("import time\nt0 = time.time()\ntime.sleep(0.3)\nprint(t0, time.time())\n", ["assert True"])
+    try:
+        sandbox.set_max_concurrent(1)
+        assert sandbox.max_concurrent() == 1
+        rs = run_many([job] * 3, FAST, max_workers=3)
+        spans = sorted(tuple(map(float, r.stdout.split())) for r in rs)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # never two at once
+        monkeypatch.setenv(sandbox.MAX_CONCURRENT_ENV, "0")
+        sandbox.set_max_concurrent(None)
+        with pytest.raises(ValueError, match=sandbox.MAX_CONCURRENT_ENV):
+            sandbox.max_concurrent()
+        monkeypatch.setenv(sandbox.MAX_CONCURRENT_ENV, "3")
+        sandbox.set_max_concurrent(None)
+        assert sandbox.max_concurrent() == 3 and isolation()["max_concurrent"] == 3
+        with pytest.raises(ValueError):
+            sandbox.set_max_concurrent(0)
+    finally:
+        monkeypatch.delenv(sandbox.MAX_CONCURRENT_ENV, raising=False)
+        sandbox.set_max_concurrent(None)
+
+
+def test_cgroup_support_says_why_it_is_off(monkeypatch, tmp_path):
+    cg = sandbox._cgroup_support()
+    assert (cg.base is None) == bool(cg.reason) or "cpu" in cg.reason
+    assert isolation()["cgroup"]["enabled"] == (sandbox._cgroups().base is not None)
+    monkeypatch.setenv(sandbox.CGROUP_ENV, str(tmp_path))
+    off = sandbox._cgroup_support()
+    assert off.base is None and "not a usable cgroup v2 directory" in off.reason
+
+
+def _v2_mount():
+    for line in open("/proc/self/mountinfo"):
+        left, _, right = line.partition(" - ")
+        if right.split(" ")[0] == "cgroup2":
+            return left.split(" ")[4]
+    return None
+
+
+@pytest.fixture
+def scratch_cgroup():
+    """A cgroup v2 dir of our own (no controllers enabled: nothing machine-wide changes)."""
+    mnt = _v2_mount()
+    if mnt is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup v2 hierarchy")
+    path = os.path.join(mnt, f"collab-sandbox-test-{os.getpid()}")
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        pytest.skip(f"cannot create a cgroup under {mnt}: {e}")
+    try:
+        yield path
+    finally:
+        for child in os.listdir(path):
+            if os.path.isdir(os.path.join(path, child)):
+                os.rmdir(os.path.join(path, child))
+        os.rmdir(path)
+
+
+def test_each_run_gets_its_own_cgroup_and_it_is_emptied_and_removed(scratch_cgroup):
+    cg = sandbox._Cgroups(scratch_cgroup, (), "")  # the code path without controllers
+    marker = f"cgleft{os.getpid() % 100000}"
+    code = ("import ctypes, os, time\nCG = open('/proc/self/cgroup').read()\nr, w = os.pipe()\n"
+            "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        ctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0)\n        os.write(w, b'1')\n"
+            "        time.sleep(60)\n    os._exit(0)\nos.read(r, 1)\n")
+    # "plain" as root without a separate uid: without the cgroup this setsid() child outlives the
+    # run (test_sandbox_adversarial.py); cgroup.kill takes it
+    plain = sandbox._Mode("plain", (), False, False, False)
+    r = sandbox._run(plain, code, [f"assert 'collab-sandbox-' in CG and {os.path.basename(scratch_cgroup)!r} in CG, CG"],
+                     FAST, "", cgroups=cg)
+    assert r.all_passed, r.tests
+    left = [p for p in os.listdir("/proc") if p.isdigit() and _comm(p) == marker]
+    assert left == [] and not [x for x in os.listdir(scratch_cgroup) if x.startswith("collab-sandbox-")]
+    for m in (sandbox._modes()[name] for name in STRONG):  # and in the strong modes (cgroup namespace)
+        r = sandbox._run(m, "CG = open('/proc/self/cgroup').read()", ["assert '0::/' in CG.splitlines(), CG"], FAST, "", cgroups=cg)
+        assert r.all_passed, (m.name, r.tests, r.stderr[-500:])
+    assert not [x for x in os.listdir(scratch_cgroup) if x.startswith("collab-sandbox-")]
+
+
+def _comm(pid):
+    """The process's name, "" if gone or a zombie (killed, waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            name, _, rest = f.read().rpartition(")")
+        return "" if rest.split()[0] == "Z" else name.partition("(")[2]
+    except OSError:
+        return ""
+
+
+def test_cgroup_limits_apply_where_delegated():
+    cg = sandbox._cgroups()
+    if cg.base is None:
+        pytest.skip(f"no per-run cgroup limits on this machine: {cg.reason}")
+    r = run_tests("x = b'x' * (600 * 1024**2)", ["assert True"], Limits(memory_mb=2048, total_memory_mb=256))
+    assert r.killed_by == "memory" and r.passed == 0, r
+    counter = ("import os, time\nn = 0\nfor _ in range(60):\n    try:\n        pid = os.fork()\n"
+               "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\n")
+    r = run_tests(counter, ["assert n <= 8 + 8, n"], Limits(max_procs=8))
+    assert r.all_passed, r.tests
