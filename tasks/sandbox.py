@@ -9,8 +9,9 @@ DESIGN §7. `run_tests(code, tests)` never executes anything in the calling proc
 - the request (code, tests, limits, a random nonce) goes over stdin, which is then closed;
 - rlimits set by the harness before any candidate code: CPU seconds, address space, processes
   (RLIMIT_NPROC), file size, open files, no core dumps, no raising its priority;
-  PR_SET_NO_NEW_PRIVS; every capability dropped (bounding, ambient, effective, permitted,
-  inheritable; checked before any candidate code, else the run fails to start);
+  PR_SET_NO_NEW_PRIVS; every capability dropped (ambient, effective, permitted, inheritable,
+  and the bounding set wherever the runner may drop it: as root or in a user namespace;
+  checked in /proc/self/status before any candidate code, else the run fails to start);
 - nice 19 for every process of the run (SCHED_IDLE was left out: on a busy box it starves a
   check into its wall-clock timeout, so the same answer would score differently under load);
 - at most `max_concurrent()` runs at once in this process (default: CPU count; env
@@ -60,11 +61,15 @@ REPROBE_S seconds, so a transient failure (ENOMEM, a timeout) never downgrades f
   user namespace (only the run's end, or a pids cgroup, bounds a fork bomb then).
 - "plain" (WEAK; neither works, e.g. a Space: a non-root user in a container without user
   namespaces): rlimits, no capabilities, process group kill, scrubbed env, private result
-  channel only. NOT blocked: network; reading whatever the app's user can read (its files,
-  the store, /tmp, /proc/<app pid>/environ with its tokens); writing wherever it may write (as
-  root, a separate uid is used when the Python install is reachable by it, leaving world-
-  writable places like /tmp); signalling the app's processes (kill the server); a setsid()
-  process outliving the run unless a separate uid or a cgroup was used; no total disk cap.
+  channel only. NOT blocked: network (and abstract unix sockets); reading whatever the app's
+  user can read (its files, the store, /tmp, /proc/<app pid>/environ and /mem with its tokens);
+  writing wherever it may write (the store, the project, /tmp, /dev/shm); signalling the app's
+  processes (kill the server); a setsid() process outliving the run unless a separate uid or a
+  cgroup was used; no total disk cap (the work dir is on the host's disk). As root, a separate
+  uid is used when the Python install is reachable by it (then only world-readable/-writable
+  places are open); otherwise the code is uid 0 without capabilities: it still reads and
+  writes root's files and signals root's processes, but cannot mount, nor ptrace or read
+  /proc/<pid>/environ|mem|root of processes that hold capabilities (the app's do).
   Without a separate uid RLIMIT_NPROC counts all of the user's processes, so it is set to the
   user's current count + max_procs (racy); as root without a separate uid there is no process
   limit (the kernel exempts uid 0), only the kill at the end of the run.
@@ -86,10 +91,12 @@ host's root detached, that holds exactly (`isolation()["visible"]` lists the bin
   read-only;
 - the work dir (cwd = HOME = TMPDIR) at its host path under an otherwise empty /tmp: a fresh
   tmpfs of 4 x max_file_mb, gone with the run.
-Nothing else: no /etc (no passwd, hosts, resolv.conf, ld.so.cache), /tmp, /home, /root, /work,
-/data, /var, /srv, /opt, /mnt, /run, /sys, /boot, no project tree, no COLLAB_HOME, no
-sys.executable of a venv (the harness itself is already loaded). The mounts carry nosuid and
-nodev (except the five devices).
+Nothing else: no /etc (no passwd, hosts, resolv.conf, ld.so.cache), /home, /data, /var, /srv,
+/mnt, /run, /sys, /boot; /tmp, /root, /work, /opt... exist only as empty read-only parents on
+the way to the work dir or a bound Python dir (here e.g. /work/main/.venv/lib/python3.11/
+site-packages and nothing else of /work/main): no project tree, no COLLAB_HOME, no other file
+in /tmp, no sys.executable of a venv (the harness is loaded before the pivot and never read
+again). The mounts carry nosuid and nodev (except the five devices).
 
 RLIMIT_NPROC counts threads too: max_procs must leave room for libraries that start thread
 pools (the environment pins OpenMP/BLAS to one thread).

@@ -651,3 +651,10 @@ def test_cgroup_limits_apply_where_delegated():
                "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\n")
     r = run_tests(counter, ["assert n <= 8 + 8, n"], Limits(max_procs=8))
     assert r.all_passed, r.tests
+
+
+def test_a_cgroup_that_cannot_be_made_fails_the_run_instead_of_running_unlimited():
+    broken = sandbox._Cgroups("/nonexistent-cgroup-dir", ("memory", "pids"), "")
+    r = sandbox._run(sandbox._mode(), F, ["assert f(1) == 2"], FAST, "", cgroups=broken)
+    assert not r.harness_ok and r.passed == 0
+    assert r.setup_error.startswith("the sandbox failed to start (FileNotFoundError")  # coding: SandboxFailure
