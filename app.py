@@ -4,6 +4,11 @@ The same as `collab serve` (engine + Gradio app + trainer service + adapter hot-
 address a Space serves (0.0.0.0:7860). More flags via env COLLAB_SERVE_ARGS, e.g.
 "--engine vllm --trainer off". Data goes to COLLAB_HOME (set it to /data on a Space with
 persistent storage). The __main__ guard matters: vLLM starts its engine with `spawn`.
+
+Admin actions need the secret COLLAB_ADMIN_TOKEN (a strong one: `collab serve` refuses a weak
+one at start); never add `--loopback-admin` to a hosted app: where a proxy in front of it runs on
+the same machine, every visitor looks local. A person's own coding problem is
+offered only where the sandbox has strong isolation (or COLLAB_SANDBOX_ALLOW_WEAK=1).
 """
 import os
 import shlex

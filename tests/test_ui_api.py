@@ -64,7 +64,7 @@ def client(app):
 
 def test_endpoints_are_named(client):
     named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert {"/generate", "/rate", "/rank", "/pick_best", "/stats"} <= set(named)
+    assert {"/generate", "/rate", "/rank", "/pick_best", "/stats", "/export"} <= set(named)
     assert "rater" not in {p["parameter_name"] for p in named["/rate"]["parameters"]}   # no typed rater id
 
 
