@@ -37,8 +37,8 @@ DESIGN §7. `run_tests(code, tests)` never executes anything in the calling proc
   (a hang, a kill, a flood) costs only the probe's findings, never a verdict; the findings are
   as trustworthy as the verdicts (see below: code that introspects the interpreter can forge both).
 
-Isolation levels. The strongest that works is found by a probe (a real check that must pass and
-find the network gone, and the project tree invisible where the filesystem view applies). A
+Isolation levels. The strongest that works is found by a probe (a real check that must pass,
+find the network gone and not see a canary file beside its work dir). A
 strong result is kept for the life of the process; a weak one is probed again at most every
 REPROBE_S seconds, so a transient failure (ENOMEM, a timeout) never downgrades for good.
 `isolation()` says what is in use.
@@ -559,28 +559,33 @@ def _force_mode(name: str):
 
 
 def _probe() -> tuple[_Mode, list[str]]:
-    """Try the strongest mode first; a mode counts only if a real check runs in it and the
-    network is really gone (connect to loopback fails with ENETUNREACH, not ECONNREFUSED) and
-    the project tree (this file's dir) is not visible."""
+    """Try the strongest mode first; a mode counts only if a real check runs in it, the network
+    is really gone (connect to loopback fails with ENETUNREACH, not ECONNREFUSED) and a host
+    file beside the work dir (a canary in the temp dir) is not visible."""
+    fd, canary = tempfile.mkstemp(prefix="collab-sandbox-canary-")
+    os.close(fd)
     probe = ("import errno, os, socket\ns = socket.socket()\ntry:\n    s.connect(('127.0.0.1', 9))\n"
              "except OSError as e:\n    assert e.errno == errno.ENETUNREACH, e\nelse:\n"
              "    raise AssertionError('connected')\n"
-             f"assert not os.path.exists({os.path.dirname(HARNESS)!r}), 'project tree visible'\n")
+             f"assert not os.path.exists({canary!r}), 'host files visible'\n")
     notes = []
     modes = _modes()
     if "namespaces" not in modes:
         notes.append("namespaces: not root")
     if "userns" not in modes:
         notes.append("userns: util-linux `unshare` not found")
-    for m in modes.values():
-        if not m.strong:
-            continue
-        r = _run(m, "", [probe], Limits(timeout_s=20), "", cgroups=_Cgroups(None, (), ""))
-        if r.harness_ok and r.all_passed:
-            return m, notes
-        why = r.setup_error or (r.tests[0].error if r.tests else r.killed_by)
-        err = r.stderr.strip().splitlines()
-        notes.append(f"{m.name}: {why}" + (f" ({err[-1][:200]})" if err else ""))
+    try:
+        for m in modes.values():
+            if not m.strong:
+                continue
+            r = _run(m, "", [probe], Limits(timeout_s=20), "", cgroups=_Cgroups(None, (), ""))
+            if r.harness_ok and r.all_passed:
+                return m, notes
+            why = r.setup_error or (r.tests[0].error if r.tests else r.killed_by)
+            err = r.stderr.strip().splitlines()
+            notes.append(f"{m.name}: {why}" + (f" ({err[-1][:200]})" if err else ""))
+    finally:
+        os.unlink(canary)
     return modes["plain"], notes
 
 
