@@ -658,3 +658,23 @@ def test_a_cgroup_that_cannot_be_made_fails_the_run_instead_of_running_unlimited
     r = sandbox._run(sandbox._mode(), F, ["assert f(1) == 2"], FAST, "", cgroups=broken)
     assert not r.harness_ok and r.passed == 0
     assert r.setup_error.startswith("the sandbox failed to start (FileNotFoundError")  # coding: SandboxFailure
+
+
+def test_cgroup_detection_and_the_limits_written(monkeypatch, tmp_path):
+    # A stand-in directory (files instead of cgroupfs): what detection accepts and what a run's
+    # cgroup gets written. The real thing is in test_cgroup_limits_apply_where_delegated.
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("memory pids\n")
+    monkeypatch.setenv(sandbox.CGROUP_ENV, str(tmp_path))
+    cg = sandbox._cgroup_support()
+    assert cg.base == str(tmp_path) and cg.controllers == ("memory", "pids") and "cpu.max" in cg.reason
+    (tmp_path / "cgroup.subtree_control").write_text("cpu pids memory\n")
+    cg = sandbox._cgroup_support()
+    assert cg.controllers == ("memory", "pids", "cpu") and cg.reason == ""
+    run = sandbox._RunCgroup(cg, Limits(total_memory_mb=256, max_procs=8, cpus=0.5), "run1")
+    got = {f: (tmp_path / "run1" / f).read_text() for f in os.listdir(tmp_path / "run1")}
+    assert got == {"memory.max": str(256 * 1024 * 1024), "memory.swap.max": "0", "memory.oom.group": "1",
+                   "pids.max": "16", "cpu.max": "50000 100000"}
+    (tmp_path / "cgroup.subtree_control").write_text("cpu\n")
+    off = sandbox._cgroup_support()
+    assert off.base is None and "memory/pids not enabled" in off.reason and run.path.endswith("run1")
