@@ -116,14 +116,14 @@ def run_space_like(script: str, env: dict[str, str] | None = None, timeout: floa
                    uid: int = SPACE_UID) -> subprocess.CompletedProcess:
     """Run `python -c script` (this interpreter, the repo and tests/ importable) as `uid` in a
     Space-like container (module doc). `env` is added to a minimal environment (PATH, HOME,
-    LANG, PYTHONPATH, COLLAB_HOME = HOME/collab-home); the script's cwd and HOME are a fresh dir
-    it owns, removed afterwards. Returns the CompletedProcess (text stdout/stderr; returncode
+    TMPDIR, LANG, PYTHONPATH, COLLAB_HOME = HOME/collab-home); the script's cwd, HOME and TMPDIR
+    are a fresh dir it owns, removed afterwards (with whatever a killed app left in it). Returns the CompletedProcess (text stdout/stderr; returncode
     128+N when the app was killed by signal N). Raises subprocess.TimeoutExpired after `timeout`."""
     from tasks.sandbox import _reach
 
     home = tempfile.mkdtemp(prefix="collab-space-")
     os.chown(home, uid, uid)
-    full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+    full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
                 "PYTHONPATH": os.pathsep.join([REPO, TESTS]), "COLLAB_HOME": os.path.join(home, "collab-home"),
                 **(env or {})}
     cfg = {"reach": [list(x) for x in _reach()], "cwd": home, "uid": uid, "setpriv": shutil.which("setpriv"),
