@@ -236,8 +236,8 @@ def drop_privileges(cfg):
     _check(_libc.capset(ctypes.byref(_CapHeader(CAPABILITY_VERSION_3, 0)), (_CapData * 2)()), "capset")
     with open("/proc/self/status") as f:
         caps = {k: int(v, 16) for k, v in (line.split(":", 1) for line in f if line.startswith("Cap"))}
-    keep = ("CapInh", "CapPrm", "CapEff", "CapAmb") + (("CapBnd",) if privileged else ())
-    if any(caps.get(k) for k in keep):
+    empty = ("CapInh", "CapPrm", "CapEff", "CapAmb") + (("CapBnd",) if privileged else ())
+    if any(caps.get(k) for k in empty):
         raise OSError(errno.EPERM, f"capabilities left after dropping them: {caps}")
     # After the uid change, which clears it. If the init is killed (timeout), so are we;
     # the sandbox's process-group kill covers the instant before this.
