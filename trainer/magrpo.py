@@ -33,6 +33,11 @@ padded -> 2.4-2.9 s shared. With kl_coef = 0 the KL forward is a 2-row logged es
 full extra forward. bf16 autocast adds nothing where the base is already bf16 (dtype auto picks
 bf16 on CPUs with native bf16; LoRA matmuls are rank 8 and stay fp32).
 
+Data parallel under torchrun (trainer/distributed.py says how): every rank holds the step's
+groups, runs its share of each agent's micro-batches, the gradients are summed over the ranks
+and every rank takes the same step; rank 0 alone writes the versions. Without torchrun
+(world size 1) the `distributed.*` calls below do nothing.
+
 Knows nothing of collab_app: the inference engine reaches rollout through the `Sampler`
 protocol below (collab_app.commands.train_cmd.EngineSampler wraps an Engine).
 Left out: heterogeneous agents (one base per agent), several optimizer epochs per batch,
@@ -56,6 +61,7 @@ from tqdm import tqdm
 
 from tasks.base import Turn, check_prompts, check_reward
 from trainer import adapters as store
+from trainer import distributed
 from trainer.config import MAGRPOConfig
 from trainer.dtypes import resolve_dtype
 
@@ -171,6 +177,21 @@ def compute_returns(groups: list[Group], gamma: float) -> None:
             r + gamma * statistics.fmean(groups[children[(k, j)]].returns) if (k, j) in children else r
             for j, r in enumerate(grp.rewards)
         ]
+
+
+def gather_groups(groups: list[Group]) -> list[Group]:
+    """Data parallel: every rank's rolled-out groups on every rank, rank 0's first (world size 1:
+    `groups` itself). Parent references are shifted to the gathered list's indices."""
+    if distributed.world_size() == 1:
+        return groups
+    out: list[Group] = []
+    for part in distributed.all_gather_objects(groups):
+        offset = len(out)
+        for g in part:
+            if g.parent is not None:
+                g.parent = (g.parent[0] + offset, g.parent[1])
+            out.append(g)
+    return out
 
 
 def turn_weights(groups: list[Group]) -> dict[int, float]:
@@ -381,6 +402,10 @@ class MAGRPOTrainer:
         if not cfg.model:
             raise ValueError("cfg.model is empty: resolve the model folder first "
                              "(collab_app.engines.model.ensure_model, which `collab train` does)")
+        if distributed.rank() > 0:
+            # data parallel: rank 0 alone publishes versions; this rank keeps its copies (the same
+            # weights) in a private dir, where its own rollout engine loads them (`collab train`)
+            adapters_dir = distributed.scratch_dir("adapters")
         self.cfg, self.task, self.adapters_dir = cfg, task, adapters_dir
         self.agents = list(task.roles)
         torch.manual_seed(cfg.seed)  # the LoRA A matrices, so version 0 is reproducible
@@ -410,6 +435,13 @@ class MAGRPOTrainer:
         return store.version_dir(self.adapters_dir, agent, self.versions[agent])
 
     def _init_versions(self) -> None:
+        if distributed.is_main():
+            self._init_from_disk()
+        if distributed.world_size() > 1:
+            self._sync_from_main()
+
+    def _init_from_disk(self) -> None:
+        """Resume from the latest versions in adapters_dir, or save version 0 of every agent."""
         for a in self.agents:
             for path in store.remove_partial(self.adapters_dir, a):
                 log.warning("removed a half-written adapter version left by a crash: %s", path)
@@ -444,6 +476,23 @@ class MAGRPOTrainer:
             self.saved_at[a] = [float(store.read_meta(p).get("created_at", 0.0))
                                 for v, p in store.list_versions(self.adapters_dir, a) if v > 0]
         log.info("resumed at step %d from versions %s", self.step, self.versions)
+
+    def _sync_from_main(self) -> None:
+        """Data parallel: every rank starts from rank 0's adapters, AdamW moments, versions, step and
+        version times (rank 0 resumed them from its adapters_dir, which the others may not see);
+        ranks > 0 then keep a copy of each current version in their scratch adapters_dir."""
+        main = distributed.is_main()
+        state = distributed.broadcast_object(
+            {"versions": self.versions, "step": self.step, "saved_at": self.saved_at,
+             "optimizers": {a: distributed.to_cpu(o.state_dict()) for a, o in self.optimizers.items()}}
+            if main else None)
+        for a in self.agents:
+            distributed.broadcast_(self.params[a])
+        if not main:
+            self.versions, self.step, self.saved_at = state["versions"], state["step"], state["saved_at"]
+            for a in self.agents:
+                self.optimizers[a].load_state_dict(state["optimizers"][a])
+                self._save(a, {"step": self.step, "parent_version": None, "metrics": {}})
 
     def _save(self, agent: str, meta: dict) -> str:
         from peft import get_peft_model_state_dict
@@ -483,7 +532,7 @@ class MAGRPOTrainer:
         late = [g for g in used if any(not self._on_policy(a, s) for i, a in enumerate(self.agents)
                                        for s in g.samples[i])]
         m: dict[str, Any] = {"step": self.step + 1, "groups": len(used), "groups_dropped_stale": len(stale),
-                             "late_groups": len(late)}
+                             "late_groups": len(late), "ranks": distributed.world_size()}
         m.update(group_metrics(used, self.task.level_names))
         weights = turn_weights(used)                                                  # (turns,)
         changed = []
@@ -502,7 +551,9 @@ class MAGRPOTrainer:
         for agent in changed:
             self.versions[agent] += 1
             self._save(agent, {"step": self.step, "parent_version": self.versions[agent] - 1, "metrics": m})
-            self.saved_at[agent].append(time.time())
+        saved_at = distributed.broadcast_object(time.time())   # rank 0's clock: lateness must agree on every rank
+        for agent in changed:
+            self.saved_at[agent].append(saved_at)
         m["time/save_s"] = time.perf_counter() - t0
         m.update({f"{a}/version": self.versions[a] for a in self.agents})
         m["group_ids"] = [g.id for g in used]
@@ -550,7 +601,9 @@ class MAGRPOTrainer:
                               "late_tokens", "gap", "gap_tokens"), 0.0)
         late_min, late_max = math.inf, -math.inf
         eps = cfg.clip_epsilon
-        for start, batch in enumerate(batches):
+        # data parallel: this rank's share of the micro-batches, numbered over the whole step (so
+        # micro-batch 0, which also logs the KL estimate, is rank 0's); world size 1: all of them
+        for start, batch in distributed.shard(list(enumerate(batches))):
             prompts = [list(s.prompt_token_ids) for s, _, _ in batch]
             completions = [list(s.token_ids) for s, _, _ in batch]
             logp, mask = sequence_logprobs(model, prompts, completions, self.eos_token_ids)      # (B, T)
@@ -596,6 +649,13 @@ class MAGRPOTrainer:
                 fresh = mask * on                                                               # (B, T)
                 sums["gap"] += float(((logp - engine_lp).abs() * fresh).sum())
                 sums["gap_tokens"] += float(fresh.sum())
+        # data parallel: the loss is a weighted SUM over the step's samples (turn weights counted over
+        # all its groups), so the one-process gradient is the SUM of the ranks' gradients (not their
+        # mean); the logged sums add up the same way. From here every rank holds identical numbers.
+        distributed.all_reduce_grads(self.params[agent])
+        sums = dict(zip(sums, distributed.all_reduce(list(sums.values()))))
+        late_max, neg_min = distributed.all_reduce([late_max, -late_min], "max")
+        late_min = -neg_min
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params[agent], cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -641,11 +701,16 @@ class MAGRPOTrainer:
         examples = self.task.examples("train")
         self.load_into(engine)
         history = []
-        with tqdm(total=self.cfg.num_steps, initial=self.step, desc="MAGRPO", unit="step", disable=None) as bar:
+        with tqdm(total=self.cfg.num_steps, initial=self.step, desc="MAGRPO", unit="step",
+                  disable=None if distributed.is_main() else True) as bar:
             while self.step < self.cfg.num_steps:
                 timings: dict[str, float] = {}
-                groups = rollout(engine, self.task, self.batch(examples, self.step), self.cfg,
-                                 seed=self.cfg.seed * 1_000_003 + 7919 * self.step, timings=timings)
+                # data parallel: each rank rolls out its share of the step's prompts with its own
+                # engine, then every rank holds all the groups (update() splits the gradient work)
+                groups = rollout(engine, self.task, distributed.shard(self.batch(examples, self.step)), self.cfg,
+                                 seed=self.cfg.seed * 1_000_003 + 7919 * self.step + 104_729 * distributed.rank(),
+                                 timings=timings)
+                groups = gather_groups(groups)
                 metrics = self.update(groups)
                 del metrics["group_ids"], metrics["stale_group_ids"]   # offline groups have no ids, none waits
                 metrics.update({f"time/{k}": v for k, v in timings.items()})

@@ -12,6 +12,16 @@ numbers are comparable; it is `collab eval`'s "team" system (same code, same met
 Writes to `--output-dir`: metrics.jsonl (one line per train step and per evaluation),
 TensorBoard events (tb/), config.json, summary.png (return and each reward level over steps),
 and adapter versions under adapters/ unless `--adapters-dir` says otherwise.
+
+Data parallel on several GPUs (or CPU processes) with torchrun, one process per device:
+
+    torchrun --nproc_per_node 4 --no-python collab train --task humaneval --output-dir runs/he
+
+Each rank rolls out its share of the step's prompts with its own engine (the transformers
+engine on its GPU: vLLM inside a torchrun rank is not wired, it would need vLLM's
+external_launcher executor), the groups are all-gathered, the update's gradients are summed over
+the ranks (trainer/distributed.py) and every rank takes the same step. Rank 0 alone evaluates,
+writes the run folder and publishes adapter versions; the others wait for it at the next step.
 """
 from __future__ import annotations
 
@@ -102,20 +112,32 @@ def cli_main(argv: list[str] | None = None) -> int:
     from collab_app.engines.model import collab_home, ensure_model
     from collab_app.web.plots import save_summary_plot
     from tasks import load_task
+    from trainer import distributed
     from trainer.config import MAGRPOConfig
     from trainer.configcli import parse_config
     from trainer.magrpo import MAGRPOTrainer
 
     cfg, _ = parse_config(MAGRPOConfig, argv, prog="collab train",
                           description="Offline MAGRPO training of the team's per-agent LoRA adapters on a task.")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    world = distributed.init()   # torchrun: join its process group (world size 1 otherwise)
+    main = distributed.is_main()
+    logging.basicConfig(level=logging.INFO if main else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    if world > 1 and cfg.engine != "transformers":
+        if cfg.engine == "vllm":
+            print("collab train: --engine vllm is not supported under torchrun (each rank would start its "
+                  "own vLLM beside the trainer's process group); use --engine transformers", file=sys.stderr)
+            return 2
+        log.info("torchrun: rollouts on the transformers engine of each rank")
+        cfg = replace(cfg, engine="transformers")
     t_start = time.time()
     output_dir = cfg.output_dir or os.path.join(collab_home(), "runs", f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    output_dir = distributed.broadcast_object(output_dir)   # rank 0's clock names the run
     cfg = replace(cfg, output_dir=output_dir, adapters_dir=cfg.adapters_dir or os.path.join(output_dir, "adapters"),
                   model=ensure_model(cfg.model or None))
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, "config.json"), "w") as f:
-        json.dump(asdict(cfg), f, indent=1)
+    if main:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, "config.json"), "w") as f:
+            json.dump(asdict(cfg), f, indent=1)
 
     task = load_task(cfg.task)
     if task.num_agents != cfg.num_agents:
@@ -132,8 +154,16 @@ def cli_main(argv: list[str] | None = None) -> int:
     for role in task.roles:
         engine.register_agent(role)
     trainer.load_into(sampler)
+    if not main:   # data parallel, rank > 0: rollouts and gradients only; rank 0 evaluates and writes
+        try:
+            trainer.train(sampler)
+        finally:
+            engine.close()
+            distributed.close()
+        return 0
     run = RunLog(output_dir)
-    print(f"collab train: task={cfg.task} engine={engine.name} model={cfg.model}\n"
+    print(f"collab train: task={cfg.task} engine={engine.name} model={cfg.model}"
+          f"{f' ranks={world}' if world > 1 else ''}\n"
           f"  output {output_dir}\n  adapters {cfg.adapters_dir} (versions {trainer.versions})", flush=True)
 
     def evaluate(label: str) -> dict | None:
@@ -158,6 +188,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     finally:
         run.close()
         engine.close()
+        distributed.close()
     plot = save_summary_plot(run.records, os.path.join(output_dir, "summary.png"),
                              title=f"MAGRPO on {cfg.task} ({os.path.basename(cfg.model)})")
     print(f"done in {time.time() - t_start:.0f} s: step {trainer.step}, versions {trainer.versions}")

@@ -12,14 +12,25 @@ waits for the running batch, which finishes on the versions it started with (bot
 document this); the next batch runs on the new version. `lock` (the app's `engine_lock`)
 additionally orders the watcher with the UI's own `sync_adapters` check before a generation.
 
-A version that fails to load (directory deleted, corrupt files) is logged once and skipped; the
-engine keeps serving what it had. Left out: unloading agents whose rows disappear (rows are
-never deleted).
+The trainer on another machine (DESIGN §6): rows come through the shared store (same `--db`
+URL), directories through shared storage. A row names the directory as the trainer saw it; when
+that path does not exist here (the share is mounted elsewhere on this host), the watcher takes the
+same layout under its own `adapters_dir` ({adapters_dir}/{agent}/v000007, trainer/adapters.py).
+A version whose directory is not visible here yet (a network filesystem's attribute cache can
+hide a fresh rename for a few seconds, after the row already arrived) is retried on the next
+polls, not given up: the row is the promise that the directory is complete. When neither path
+exists here the row's path still goes to the engine, which may resolve it elsewhere (a remote
+vLLM server that mounts the share itself); if that load fails too it is retried later.
+
+A version whose directory is here but fails to load (corrupt files) is logged once and skipped;
+the engine keeps serving what it had. Left out: unloading agents whose rows disappear (rows are
+never deleted), and adapters published elsewhere than a filesystem (a Hub repo revision).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -39,14 +50,19 @@ class Swap:
 
 
 class AdapterWatcher:
-    def __init__(self, engine, store, agents: list[str], lock=None, interval_s: float = 1.0):
+    def __init__(self, engine, store, agents: list[str], lock=None, interval_s: float = 1.0,
+                 adapters_dir: str | None = None):
+        """`adapters_dir`: where this host sees the trainer's adapters (the shared storage's mount
+        here); None = use the paths in the rows as they are (trainer on this machine)."""
         self.engine = engine
         self.store = store
         self.agents = list(agents)
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.interval_s = interval_s
         self.swaps: list[Swap] = []
+        self.adapters_dir = adapters_dir
         self._failed: set[tuple[str, int | None]] = set()
+        self._unseen: set[tuple[str, int | None]] = set()   # not visible here yet: warned once, retried
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -60,6 +76,7 @@ class AdapterWatcher:
             version, path = current[agent]
             if (agent, version) in self._failed:
                 continue
+            path = self.resolve(agent, version, path)
             with self.lock:
                 have = self.engine.adapter_version(agent)
                 if have == version:
@@ -68,6 +85,12 @@ class AdapterWatcher:
                 try:
                     self.engine.load_adapter(agent, path, version)
                 except Exception as e:  # noqa: BLE001 - a bad version must not stop serving
+                    if not os.path.isdir(path):   # not visible on this host (yet): try again next poll
+                        if (agent, version) not in self._unseen:
+                            self._unseen.add((agent, version))
+                            log.warning("hot-swap: %s v%s: %s is not visible here yet (%s: %s); retrying; "
+                                        "still serving v%s", agent, version, path, type(e).__name__, e, have)
+                        continue
                     self._failed.add((agent, version))
                     log.error("hot-swap: cannot load %s v%s from %s (%s: %s); still serving v%s",
                               agent, version, path, type(e).__name__, e, have)
@@ -77,6 +100,16 @@ class AdapterWatcher:
             self.swaps.append(swap)
             done.append(swap)
         return done
+
+    def resolve(self, agent: str, version: int | None, path: str) -> str:
+        """The directory to load: the row's path if it exists here, else the same version under this
+        host's adapters_dir if that exists, else the row's path (the engine may see it elsewhere)."""
+        if os.path.isdir(path) or self.adapters_dir is None or version is None:
+            return path
+        from trainer.adapters import version_dir
+
+        local = version_dir(self.adapters_dir, agent, version)
+        return local if os.path.isdir(local) else path
 
     def _run(self) -> None:
         while not self._stop.is_set():

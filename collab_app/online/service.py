@@ -45,6 +45,21 @@ agents are the task's roles; "custom-coding" groups train the humaneval team). O
 self-play (`--self-play`): between human groups the service samples the train split of
 `--task` with its own engine and stores those groups with their automatic rewards.
 
+Data parallel (`torchrun --nproc_per_node N --no-python collab trainer ...`; trainer/distributed.py):
+rank 0 is the service above (store, status, rows, self-play); ranks > 0 only follow its commands
+("load" a task's trainer, "train" these groups, "idle", "stop"), each step's gradient work split
+over all ranks. Only rank 0 opens the store and publishes versions. A failure during a step is
+fatal under torchrun (the ranks' in-memory adapters could differ): the process exits, torchrun
+(`--max-restarts`) restarts every rank, and they resume from rank 0's adapters dir as after a crash.
+
+The trainer on its own machine(s): the serving side finds new versions through the store rows
+(same `--db` URL, PostgreSQL across hosts: SQLite must not sit on a network filesystem) and
+loads the directories from shared storage; a row names the dir as the trainer sees it, and the
+watcher also looks under its own `adapters_dir` when the share is mounted elsewhere there
+(collab_app/online/hotswap.py). Version rows carry no pids or locks; the status row's pid is
+for display. Lateness and the UI's "alive" check compare times from different hosts: keep their
+clocks in sync (NTP).
+
 Left out: several trainer services on one store (no claims on groups), a shared base model
 across task trainers (each loads its own: fine for the embedded 135M model), and putting
 poisoned groups aside (a step that raises is retried with back-off; the error is in the status).
@@ -61,6 +76,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collab_app.online.returns import ReturnRule
+from trainer import distributed
 from trainer.config import MAGRPOConfig
 
 log = logging.getLogger(__name__)
@@ -234,7 +250,8 @@ class TrainerService:
 
         self.cfg = dataclasses.replace(cfg, model=ensure_model(cfg.model or None),
                                        adapters_dir=cfg.adapters_dir or default_adapters_dir())
-        self.store = store if store is not None else Store(cfg.db or None)
+        # data parallel: only rank 0 talks to the store; the other ranks follow its commands (run)
+        self.store = store if store is not None else Store(cfg.db or None) if distributed.is_main() else None
         self.rule = cfg.rule()
         self.tasks = dict(tasks or {})
         self.trainers: dict = {}          # task name -> MAGRPOTrainer
@@ -244,6 +261,7 @@ class TrainerService:
         self._backoff = 0.0
         self._sampler = None              # self-play engine, built on first use
         self._self_play_round = 0
+        self._in_step = False             # data parallel: inside a step the ranks' collectives are running
 
     # -- pieces ------------------------------------------------------------------------------
     def next_step(self) -> int:
@@ -254,6 +272,9 @@ class TrainerService:
         if task_name not in self.trainers:
             from trainer.magrpo import MAGRPOTrainer
 
+            if distributed.is_main():
+                self._command("load", task_name)   # the followers build theirs too (the constructor syncs them)
+
             task = self.tasks.get(task_name)
             if task is None:
                 from tasks import load_task
@@ -261,7 +282,8 @@ class TrainerService:
                 task = load_task(task_name)
             cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
-            reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
+            if distributed.is_main():
+                reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
 
     def private_tasks_held(self) -> tuple[str, ...]:
@@ -296,7 +318,9 @@ class TrainerService:
                         message=f"MAGRPO step {step} on {len(ids)} {task_name} groups")
         before = dict(trainer.versions)
         t0 = time.time()
-        metrics = trainer.update([to_trainer_group(g) for g in ready])
+        groups = [to_trainer_group(g) for g in ready]
+        self._command("train", task_name, groups)   # data parallel: the followers join this update
+        metrics = trainer.update(groups)
         used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
         metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
                        oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
@@ -345,6 +369,28 @@ class TrainerService:
             ids.append(gid)
         return ids
 
+    # -- data parallel -----------------------------------------------------------------------
+    def _command(self, *cmd) -> None:
+        """Rank 0: tell the followers what to do next (nothing when the world size is 1). From a
+        "load" or "train" until the step is recorded, an error is fatal (see run)."""
+        if distributed.world_size() > 1:
+            self._in_step = self._in_step or cmd[0] in ("load", "train")
+            distributed.broadcast_object(cmd)
+
+    def follow(self) -> int:
+        """Ranks > 0: build trainers and join updates as rank 0 says, until it says "stop".
+        Returns the steps joined."""
+        while True:
+            cmd, *args = distributed.broadcast_object(None)
+            if cmd == "stop":
+                return self.steps_done
+            if cmd == "load":
+                self.trainer_for(args[0])
+            elif cmd == "train":
+                self.trainer_for(args[0]).update(args[1])
+                self.steps_done += 1
+            # "idle": rank 0 is alive and polling; nothing to do
+
     # -- the loop ----------------------------------------------------------------------------
     def poll_once(self) -> str:
         """One look at the store; does at most one step or one self-play round. Returns what it did:
@@ -367,9 +413,12 @@ class TrainerService:
         return "idle"
 
     def run(self) -> int:
-        """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done."""
+        """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done.
+        Under torchrun, ranks > 0 follow rank 0 instead (`follow`)."""
         from trainer import adapters
 
+        if not distributed.is_main():
+            return self.follow()
         os.makedirs(self.cfg.adapters_dir, exist_ok=True)
         for agent in os.listdir(self.cfg.adapters_dir):
             adapters.remove_partial(self.cfg.adapters_dir, agent)
@@ -386,15 +435,22 @@ class TrainerService:
                 try:
                     did = self.poll_once()
                     self._backoff = 0.0
+                    self._in_step = False
                 except Exception as e:  # noqa: BLE001 - report, back off, retry; never die silently
                     log.exception("trainer step failed")
+                    if self._in_step:   # data parallel: the followers' adapters may now differ from ours
+                        self.status.set("error", message=f"{type(e).__name__}: {e} (data-parallel step failed: "
+                                                         f"exiting for torchrun to restart every rank)")
+                        raise
                     self.trainers.clear()   # in-memory weights may be half-stepped: reload from disk
                     self._backoff = min(max(2 * self._backoff, self.cfg.poll_s), 300.0)
                     self.status.set("error", message=f"{type(e).__name__}: {e} (retrying in {self._backoff:.0f}s)")
                     self.stop_event.wait(self._backoff)
                     continue
                 if did in ("idle", "paused"):
+                    self._command("idle")   # followers wait in a collective: keep it well within its timeout
                     self.stop_event.wait(self.cfg.poll_s)
+            self._command("stop")
         finally:
             self.status.set("stopped", message=f"stopped after {self.steps_done} steps")
             self.status.stop()
@@ -407,7 +463,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     cfg, _ = parse_config(ServiceConfig, argv, prog="collab trainer",
                           description="Background trainer service: MAGRPO steps on the store's ready groups, "
                                       "new adapter versions published for the serving engine to hot-load.")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+    distributed.init()   # torchrun: join its process group (world size 1 otherwise)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{'' if distributed.world_size() == 1 else f'[{distributed.rank()}]'} "
+                                                   "%(levelname)s %(message)s")
     service = TrainerService(cfg)
 
     def stop(signum, _frame):
@@ -416,6 +474,9 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    steps = service.run()
+    try:
+        steps = service.run()
+    finally:
+        distributed.close()
     log.info("trainer service stopped after %d steps", steps)
     return 0
