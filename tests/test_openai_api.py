@@ -78,6 +78,20 @@ def test_config_and_keys(tmp_path):
     assert ApiCaller(kid).rater == ApiCaller(kid).key == kid
 
 
+def test_serve_refuses_bad_api_settings_before_loading(tmp_path, monkeypatch, capsys):
+    """`collab serve` checks its API keys (and engine URL) before anything slow starts."""
+    from collab_app.web.serve import ServeConfig, cli_main
+
+    monkeypatch.delenv("COLLAB_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("COLLAB_API_KEYS", "short")
+    assert cli_main([]) == 2 and "API key #1" in capsys.readouterr().err
+    monkeypatch.delenv("COLLAB_API_KEYS")
+    assert cli_main(["--api-keys-file", str(tmp_path / "missing")]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="http://"):
+        ServeConfig(engine_url="127.0.0.1:8000")
+
+
 def test_off_without_keys(ctx):
     client = TestClient(FastAPI(routes=openai_routes(ctx, OpenAIConfig())))   # the default: no keys
     before = counts(ctx)

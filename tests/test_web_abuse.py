@@ -92,7 +92,33 @@ def test_page_shows_isolation_and_hides_own_problem(tmp_path):
     demo = build_app(strong)
     assert "namespaces (network blocked, read-only filesystem)" in by_id(demo, "code-isolation").value
     assert [c[1] for c in by_id(demo, "code-source").choices] == list(H.SOURCES)
-    assert not any(getattr(b, "elem_id", None) == "code-own-off" for b in demo.blocks.values())
+    assert not by_id(demo, "code-own-off").visible
+
+
+def test_own_problem_offered_again_when_the_sandbox_recovers(tmp_path, monkeypatch):
+    """A weak probe is not a verdict for the life of the app: the sandbox re-probes it, and each
+    new page (and each request) asks again."""
+    import tasks.sandbox as sandbox
+
+    now = {"iso": {**PLAIN, "strong": False, "untrusted_allowed": False, "summary": "plain: probe failed"}}
+    monkeypatch.setattr(sandbox, "isolation", lambda: now["iso"])
+    ctx = make_ctx(tmp_path, ScriptedStreamEngine())          # isolation=None: asked live
+    refresh, _ = _built_code_tab(ctx)
+    assert not ctx.untrusted_allowed
+    assert list(refresh()[2]["choices"]) == [H.SOURCES[0]]
+    now["iso"] = {"mode": "namespaces", "strong": True, "untrusted_allowed": True, "summary": "namespaces: strong"}
+    text, off, source = refresh()
+    assert ctx.untrusted_allowed and "namespaces: strong" in text and off["visible"] is False
+    assert list(source["choices"]) == list(H.SOURCES)
+    H.start_coding(ctx, H.SOURCES[1], "eval", "", *OWN, "")
+
+
+def _built_code_tab(ctx):
+    import gradio as gr
+    from collab_app.web import ui
+
+    with gr.Blocks():
+        return ui._code_tab(ctx)
 
 
 # --------------------------------------------------------------------------- 4: training tab
@@ -169,14 +195,9 @@ def test_training_view_is_computed_once_per_ttl_for_every_page(tmp_path, monkeyp
 
 
 def test_training_view_reads_no_token_ids(tmp_path):
-    from collab_app.online.store import Store
-
     ctx = rated_ctx(tmp_path)
     pairs = sorted(H.human_vs_auto(ctx))
     assert len(pairs) == 4 and {round(h, 3) for _, h in pairs} == {3.0, 0.75}   # ratings 5 and 2 of max 3.0
-    if not hasattr(Store, "rated_joints"):
-        pytest.xfail("Store.rated_joints (a column-limited query) is not in store.py yet: "
-                     "the Training tab still loads whole groups")
     ctx.store = store = CountingStore(ctx.store)
     assert sorted(H.human_vs_auto(ctx)) == pairs
     H.training_view(ctx)

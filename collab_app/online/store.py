@@ -619,6 +619,22 @@ class Store:
                 q = q.where(GroupRow.session_id == session_id)
             return [self._group_record(g) for g in s.scalars(q)]
 
+    def rated_joints(self, n_groups: int = 200) -> list[tuple[float | None, float, list[tuple[str, float]]]]:
+        """(auto_total, the group's max_reward, [(rater, value)] oldest first) of every rated joint
+        sample of the newest `n_groups` groups: the Training tab's human-vs-auto plot, without the
+        texts, token ids and log-probs that recent_groups loads."""
+        with self._read() as s:
+            newest = select(GroupRow.id).order_by(GroupRow.id.desc()).limit(n_groups).scalar_subquery()
+            q = (select(JointRow.id, JointRow.auto_total, GroupRow.max_reward, RatingRow.rater, RatingRow.value)
+                 .join(GroupRow, GroupRow.id == JointRow.group_id)
+                 .join(RatingRow, RatingRow.joint_sample_id == JointRow.id)
+                 .where(JointRow.group_id.in_(newest))
+                 .order_by(JointRow.group_id.desc(), JointRow.joint_index, RatingRow.id))
+            out: dict[int, tuple] = {}
+            for jid, auto, max_reward, rater, value in s.execute(q):
+                out.setdefault(jid, (auto, max_reward, []))[2].append((rater, value))
+            return list(out.values())
+
     def iter_groups(self, batch_size: int = 100) -> Iterator[GroupRecord]:
         """Every group, oldest first, loaded `batch_size` at a time (one read transaction per
         batch, so a long export never holds a snapshot open)."""

@@ -9,9 +9,10 @@ Thread safety: Gradio runs handlers in a thread pool. The engine is guarded by `
 editable team settings (role prompts, num_generations, sampling) that the Team tab changes.
 
 Hosting in public (issue 12), what lives here:
-- `isolation`: the sandbox's isolation (tasks.sandbox.isolation()), asked once when the context
-  is built; a person's own coding problem (their tests are code) runs only where it allows
-  untrusted code (`untrusted_allowed`).
+- `isolation`: the sandbox's isolation (tasks.sandbox.isolation()), asked per request (the sandbox
+  keeps a strong result and re-probes a weak one at most every 30 s, so a transient failure at
+  start-up does not switch the feature off until a restart); a person's own coding problem (their
+  tests are code) runs only where it allows untrusted code (`untrusted_allowed`).
 - Admin: `admin_token` must pass `admin_token_problem` (checked at start-up); wrong guesses are
   slowed per caller by `AdminGuard`; loopback clients are admin without a token only with
   `loopback_admin` (serve `--loopback-admin`).
@@ -442,7 +443,7 @@ class AppContext:
     """rounds one session or login may have generating at once (0 = no limit): one client cannot
     hold every generate slot."""
     isolation: dict | None = None
-    """the sandbox's isolation (tasks.sandbox.isolation()); None = ask it once here."""
+    """the sandbox's isolation; None = ask tasks.sandbox.isolation() each time (cached there), a dict pins it (tests)."""
     shared_ttl_s: float = 10.0
     """how long the Training tab's status and figures are reused for every visitor (seconds)."""
     training_refresh_s: float = 10.0
@@ -478,21 +479,24 @@ class AppContext:
         self.admin_guard = AdminGuard()
         self.shared_views = SharedViews(self.shared_ttl_s)
         self.max_generations = max(self.max_generations, self.num_generations)
-        if self.isolation is None:
-            from tasks.sandbox import isolation   # a probe run the first time in this process
-            self.isolation = dict(isolation())
+
+    def _isolation(self) -> dict:
+        if self.isolation is not None:
+            return self.isolation
+        from tasks.sandbox import isolation   # cached by the sandbox; a weak result is re-probed
+        return isolation()
 
     @property
     def untrusted_allowed(self) -> bool:
         """May code and tests a person typed run here? The sandbox says ("untrusted_allowed");
         a sandbox that does not say yet: anything but the "plain" mode."""
-        iso = self.isolation or {}
+        iso = self._isolation()
         return bool(iso.get("untrusted_allowed", iso.get("mode", "plain") != "plain"))
 
     @property
     def isolation_summary(self) -> str:
         """One line for the page: the sandbox's own summary, else one made from its fields."""
-        iso = self.isolation or {}
+        iso = self._isolation()
         if iso.get("summary"):
             return str(iso["summary"])
         parts = [label for key, label in (("network_blocked", "network blocked"),
@@ -564,8 +568,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     admin_token = os.environ.get("COLLAB_ADMIN_TOKEN") or None
     check_admin_token(admin_token)   # before the slow part: a weak token stops the start at once
     from tasks.sandbox import isolation
-    iso = dict(isolation())          # once per context, not per request
-    log.info("sandbox isolation: %s", iso)
+    log.info("sandbox isolation: %s", isolation())   # probe now, not in the first visitor's request
     home = prepare_home(home or default_home())
     store = open_store(home, store_url)
     tasks = {name: load_task(name) for name in task_names}
@@ -577,7 +580,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),
-                     admin_token=admin_token, public=public, home=home, isolation=iso, **limits)
+                     admin_token=admin_token, public=public, home=home, **limits)
     for team in teams.values():
         for agent in team.agents:
             eng.register_agent(agent.name)

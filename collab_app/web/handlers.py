@@ -936,14 +936,8 @@ def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:
     """(automatic total, human score on the same scale) for rated joint samples of recent groups.
     Reads only those columns (`Store.rated_joints`): no texts, token ids or log-probs."""
     from collab_app.online.returns import human_score
-    rated = getattr(ctx.store, "rated_joints", None)
-    if rated is not None:
-        rows = rated(n_groups)
-    else:   # a store without the light query (before it lands in store.py): the full groups
-        rows = [(j.auto_total, g.max_reward, [(r.rater, r.value) for r in j.ratings])
-                for g in ctx.store.recent_groups(n_groups) for j in g.joints if j.ratings]
     pairs = []
-    for auto, max_reward, ratings in rows:
+    for auto, max_reward, ratings in ctx.store.rated_joints(n_groups):
         if auto is not None and ratings:
             h = human_score(list(ratings), max_reward)
             if h is not None:

@@ -58,6 +58,8 @@ class ServeConfig:
     """also open a public Gradio share link."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """serving engine: auto (see collab_app/engines/__init__.py), vllm or transformers."""
+    engine_url: str = ""
+    """generate on a running vLLM OpenAI-compatible server instead, e.g. http://127.0.0.1:8000 (overrides --engine; it must read the adapters dir at the same path: collab_app/engines/engine_remote.py)."""
     model: str = ""
     """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
     db: str = ""
@@ -88,6 +90,12 @@ class ServeConfig:
     """rounds one session (or login) may have generating at once (0 = no limit)."""
     loopback_admin: bool = False
     """clients on this machine are admin without a token (not behind a reverse proxy on this machine: everyone looks local there)."""
+    api_keys_file: str = ""
+    """keys for the OpenAI-compatible /v1 API, one per line (also $COLLAB_API_KEYS, comma-separated); no keys = /v1 off."""
+    api_max_rounds_per_minute: int = 10
+    """chat completions one API key may start per minute (0 = no limit)."""
+    api_max_ratings_per_minute: int = 60
+    """ratings one API key may store per minute (0 = no limit)."""
     swap_interval_s: float = 2.0
     """how often the hot-swap watcher looks for new adapter versions."""
     engine_cores: int = 0
@@ -103,6 +111,10 @@ class ServeConfig:
                              ">= 0 (0 = no limit)")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
+        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
+            raise ValueError(f"engine_url must start with http:// or https://, e.g. http://127.0.0.1:8000; got {self.engine_url!r}")
+        if self.api_max_rounds_per_minute < 0 or self.api_max_ratings_per_minute < 0:
+            raise ValueError("api_max_rounds_per_minute and api_max_ratings_per_minute must be >= 0 (0 = no limit)")
         if self.engine_cores < -1:
             raise ValueError(f"engine_cores must be -1 (no split), 0 (auto) or a core count, got {self.engine_cores}")
 
@@ -177,6 +189,7 @@ def serve(cfg: ServeConfig) -> None:
     from collab_app.web.context import build_context, check_admin_token, is_public
 
     check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)   # before the model loads
+    api_cfg = api_config(cfg)                                            # bad API keys too
     if cfg.loopback_admin:
         log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
                     "reverse proxy on this machine that is every visitor")
@@ -195,7 +208,8 @@ def serve(cfg: ServeConfig) -> None:
         # cores spin against each other (a 16 s step took 9+ min beside rounds). cpushare's doc.
         from collab_app.online.cpushare import apply_to_serving, plan
 
-        split = plan(cfg.engine_cores)
+        # with --engine-url the generating engine is another process (or machine): no split here
+        split = None if cfg.engine_url else plan(cfg.engine_cores)
         if split is not None:
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
@@ -206,7 +220,7 @@ def serve(cfg: ServeConfig) -> None:
     watcher = None
     ctx = None
     try:
-        ctx = build_context(model=model_path, engine=cfg.engine, store_url=db, task_names=tuple(cfg.tasks),
+        ctx = build_context(model=model_path, engine=cfg.engine_url or cfg.engine, store_url=db, task_names=tuple(cfg.tasks),
                             num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, public=is_public(cfg.host, cfg.share),
                             limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
@@ -216,7 +230,9 @@ def serve(cfg: ServeConfig) -> None:
         agents = list(dict.fromkeys(a.name for t in ctx.teams.values() for a in t.agents))
         watcher = AdapterWatcher(ctx.engine, ctx.store, agents, lock=ctx.engine_lock,
                                  interval_s=cfg.swap_interval_s).start()
-        launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share)
+        from collab_app.web.openai_api import openai_routes
+        launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share,
+               app_kwargs={"routes": openai_routes(ctx, api_cfg)})
     finally:
         if watcher is not None:
             watcher.stop()
@@ -224,6 +240,16 @@ def serve(cfg: ServeConfig) -> None:
             child.stop()
         if ctx is not None:
             ctx.engine.close()
+
+
+def api_config(cfg: ServeConfig):
+    """The OpenAI-compatible API's settings (collab_app/web/openai_api.py); ValueError on a
+    missing keys file or a weak key."""
+    from collab_app.web.openai_api import OpenAIConfig, load_api_keys
+
+    return OpenAIConfig(api_keys=load_api_keys(cfg.api_keys_file),
+                        max_rounds_per_minute=cfg.api_max_rounds_per_minute,
+                        max_ratings_per_minute=cfg.api_max_ratings_per_minute)
 
 
 def _interrupt(signum, frame):
@@ -240,7 +266,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     from collab_app.web.context import check_admin_token
     try:
         check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)
-    except ValueError as e:   # a weak admin token: say why and how to fix it, no traceback
+        api_config(cfg)
+    except ValueError as e:   # a weak admin token or API key: say why and how to fix it, no traceback
         print(f"collab serve: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)

@@ -192,7 +192,10 @@ class _Panel:
 
 
 def _session(request) -> str | None:
-    return getattr(request, "session_hash", None) if request is not None else None
+    s = getattr(request, "session_hash", None) if request is not None else None
+    # Gradio clients choose their own session hash: one that names an API key's session
+    # (openai_api.key_session, "api:<hash>") must not act for that key in the app.
+    return None if s and str(s).startswith("api:") else s
 
 
 def _caller(request) -> H.Caller:
@@ -215,14 +218,21 @@ def _admin(fn):
 
 
 def _code_tab(ctx: AppContext):
+    """The Co-code tab. Returns (refresh, outputs) for page load: the sandbox re-probes a weak
+    isolation (tasks.sandbox), so whether a person's own problem is offered is asked again for
+    every page, not fixed when the app was built."""
     humaneval = "humaneval" in ctx.tasks
-    own_off = H.own_problem_off_message(ctx)   # None: a person's own problem (their tests) may run here
-    gr.Markdown(f"<sub>sandbox isolation: {ctx.isolation_summary}</sub>", elem_id="code-isolation")
-    if own_off:
-        gr.Markdown(own_off, elem_id="code-own-off")
-    sources = ([H.SOURCES[0]] if humaneval else []) + ([] if own_off else [H.SOURCES[1]])
+
+    def isolation_view():
+        own_off = H.own_problem_off_message(ctx)   # None: a person's own problem (their tests) may run here
+        return (f"<sub>sandbox isolation: {ctx.isolation_summary}</sub>", own_off,
+                ([H.SOURCES[0]] if humaneval else []) + ([] if own_off else [H.SOURCES[1]]))
+
+    iso_text, own_off, sources = isolation_view()
+    iso_md = gr.Markdown(iso_text, elem_id="code-isolation")
+    off_md = gr.Markdown(own_off or "", visible=bool(own_off), elem_id="code-own-off")
     if not sources:
-        return
+        return None
     state = gr.State(H.new_episode())
     source = gr.Radio(sources, value=sources[0], label="problem", elem_id="code-source")
     with gr.Group(visible=humaneval) as he_box:
@@ -255,6 +265,12 @@ def _code_tab(ctx: AppContext):
     def start(src, sp, pid, prompt, tests, ep_name):
         return H.start_coding(ctx, src, sp, pid, prompt, tests, ep_name)
     panel.wire(state, start, [source, split, problem, own_prompt, own_tests, entry], gen)
+
+    def refresh():
+        text, off, now = isolation_view()
+        return (text, gr.update(value=off or "", visible=bool(off)),
+                gr.update(choices=now, value=now[0]) if now else gr.update())
+    return refresh, [iso_md, off_md, source]
 
 
 def _write_tab(ctx: AppContext):
@@ -452,7 +468,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                                scale=1, visible=bool(ctx.admin_token))
         with gr.Tabs():
             with gr.Tab("Co-code", id="code") as code_tab:
-                _code_tab(ctx)
+                code_load = _code_tab(ctx)
             with gr.Tab("Co-write", id="write") as write_tab:
                 _write_tab(ctx)
             with gr.Tab("Team", id="team") as team_tab:
@@ -470,6 +486,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         for tab in (code_tab, write_tab, team_tab, data_tab):
             tab.select(lambda: _timer(False), None, [train_timer], show_progress="hidden", **PRIVATE)
         demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
+        if code_load:
+            demo.load(code_load[0], None, code_load[1], **PRIVATE)
     return demo
 
 
