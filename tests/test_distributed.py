@@ -259,5 +259,38 @@ def test_trainer_service_under_torchrun_publishes_once(torchrun, model_path, tmp
     store_dist.close()
 
 
+# ------------------------------------------------------------------------------- trainer on another host
+def test_watcher_loads_from_its_own_mount_and_waits_for_dirs_not_visible_yet(hf_engine, lora_adapter, tmp_path):
+    """The trainer on another machine writes rows naming its own path of the shared adapters dir
+    (absent here); this host mounts the share elsewhere. A row that arrives before its directory
+    is visible here (a network filesystem's attribute cache) is retried, not given up."""
+    from collab_app.engines.engine_types import Request, Sampling
+    from collab_app.online.hotswap import AdapterWatcher
+    from collab_app.online.store import Store
+    from trainer import adapters
+
+    agent, mount, theirs = "dist_remote", str(tmp_path / "mount"), "/trainer-host/shared/adapters"
+    hf_engine.register_agent(agent)
+    store = Store(f"sqlite:///{tmp_path}/collab.db")
+
+    def publish(version: int, seed: int) -> None:   # what the trainer's save looks like from here
+        adapters.save_version(mount, agent, version,
+                              lambda tmp: shutil.copytree(lora_adapter(seed), tmp, dirs_exist_ok=True), {})
+
+    publish(1, seed=1)
+    store.record_adapter_version(agent, 1, adapters.version_dir(theirs, agent, 1))
+    assert AdapterWatcher(hf_engine, store, [agent]).poll_once() == []     # the row's path alone: not here
+    watcher = AdapterWatcher(hf_engine, store, [agent], adapters_dir=mount)
+    assert [s.version for s in watcher.poll_once()] == [1] and hf_engine.adapter_version(agent) == 1
+
+    store.record_adapter_version(agent, 2, adapters.version_dir(theirs, agent, 2))   # row first ...
+    assert watcher.poll_once() == [] and watcher.poll_once() == []       # ... dir not visible: keep v1, retry
+    publish(2, seed=2)                                                   # ... now it shows up
+    assert [(s.previous, s.version) for s in watcher.poll_once()] == [(1, 2)]
+    out = hf_engine.generate([Request(agent, "Hi")], 1, Sampling(max_new_tokens=2, temperature=0))
+    assert out[0][0].adapter_version == 2
+    store.close()
+
+
 if __name__ == "__main__":   # a torchrun rank (see the `torchrun` fixture)
     worker(*sys.argv[1:5])

@@ -13,7 +13,16 @@ ignored too. Version 0 is the freshly initialised adapter (LoRA B = 0, i.e. the 
 saved before training so engines can load every agent from the start.
 
 Versions are immutable: saving an existing version is an error. One writer per agent (the
-trainer) is assumed; concurrent writers are not arbitrated (left out deliberately).
+trainer) is assumed; concurrent writers are not arbitrated (left out deliberately). Under
+torchrun that writer is rank 0 (trainer/distributed.py).
+
+Shared storage (the trainer on its own machine, DESIGN §6): the same guarantees hold on a POSIX
+network filesystem (NFS, Lustre, CephFS, EFS/Filestore): a rename inside one directory is atomic
+on the server, and nothing here takes a file lock or records a pid. Another host may see a fresh
+version dir a few seconds after its store row (attribute caching); the serving side's watcher
+retries it (collab_app/online/hotswap.py). Object-store mounts (s3fs, gcsfuse) rename a
+directory by copying its objects one by one: a reader can see half a version there, so do not
+publish onto them. A Hugging Face Hub repo revision as the target is not implemented.
 """
 from __future__ import annotations
 

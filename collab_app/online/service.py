@@ -76,7 +76,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collab_app.online.returns import ReturnRule
-from trainer import distributed
 from trainer.config import MAGRPOConfig
 
 log = logging.getLogger(__name__)
@@ -142,6 +141,14 @@ class ServiceConfig(MAGRPOConfig):
 
     def rule(self) -> ReturnRule:
         return ReturnRule(self.return_mode, self.human_weight, self.human_timeout_s)
+
+
+def _dist():
+    """trainer.distributed (data parallel under torchrun), imported on first use: it imports torch,
+    which the UI's status reads and `collab trainer --help` do not need."""
+    from trainer import distributed
+
+    return distributed
 
 
 def default_adapters_dir() -> str:
@@ -251,7 +258,7 @@ class TrainerService:
         self.cfg = dataclasses.replace(cfg, model=ensure_model(cfg.model or None),
                                        adapters_dir=cfg.adapters_dir or default_adapters_dir())
         # data parallel: only rank 0 talks to the store; the other ranks follow its commands (run)
-        self.store = store if store is not None else Store(cfg.db or None) if distributed.is_main() else None
+        self.store = store if store is not None else Store(cfg.db or None) if _dist().is_main() else None
         self.rule = cfg.rule()
         self.tasks = dict(tasks or {})
         self.trainers: dict = {}          # task name -> MAGRPOTrainer
@@ -272,7 +279,7 @@ class TrainerService:
         if task_name not in self.trainers:
             from trainer.magrpo import MAGRPOTrainer
 
-            if distributed.is_main():
+            if _dist().is_main():
                 self._command("load", task_name)   # the followers build theirs too (the constructor syncs them)
 
             task = self.tasks.get(task_name)
@@ -282,7 +289,7 @@ class TrainerService:
                 task = load_task(task_name)
             cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
-            if distributed.is_main():
+            if _dist().is_main():
                 reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
 
@@ -373,15 +380,15 @@ class TrainerService:
     def _command(self, *cmd) -> None:
         """Rank 0: tell the followers what to do next (nothing when the world size is 1). From a
         "load" or "train" until the step is recorded, an error is fatal (see run)."""
-        if distributed.world_size() > 1:
+        if _dist().world_size() > 1:
             self._in_step = self._in_step or cmd[0] in ("load", "train")
-            distributed.broadcast_object(cmd)
+            _dist().broadcast_object(cmd)
 
     def follow(self) -> int:
         """Ranks > 0: build trainers and join updates as rank 0 says, until it says "stop".
         Returns the steps joined."""
         while True:
-            cmd, *args = distributed.broadcast_object(None)
+            cmd, *args = _dist().broadcast_object(None)
             if cmd == "stop":
                 return self.steps_done
             if cmd == "load":
@@ -417,7 +424,7 @@ class TrainerService:
         Under torchrun, ranks > 0 follow rank 0 instead (`follow`)."""
         from trainer import adapters
 
-        if not distributed.is_main():
+        if not _dist().is_main():
             return self.follow()
         os.makedirs(self.cfg.adapters_dir, exist_ok=True)
         for agent in os.listdir(self.cfg.adapters_dir):
@@ -458,14 +465,15 @@ class TrainerService:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
+    from trainer import distributed
     from trainer.configcli import parse_config
 
     cfg, _ = parse_config(ServiceConfig, argv, prog="collab trainer",
                           description="Background trainer service: MAGRPO steps on the store's ready groups, "
                                       "new adapter versions published for the serving engine to hot-load.")
-    distributed.init()   # torchrun: join its process group (world size 1 otherwise)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{'' if distributed.world_size() == 1 else f'[{distributed.rank()}]'} "
-                                                   "%(levelname)s %(message)s")
+    world = distributed.init()   # torchrun: join its process group (world size 1 otherwise)
+    rank = "" if world == 1 else f"[{distributed.rank()}]"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{rank} %(levelname)s %(message)s")
     service = TrainerService(cfg)
 
     def stop(signum, _frame):
