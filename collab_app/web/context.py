@@ -429,6 +429,8 @@ class AppContext:
     Off by default: behind a reverse proxy on the same machine every visitor looks like loopback."""
     home: str = field(default_factory=default_home)
     """COLLAB_HOME: store and adapters live under it (0700; exports go to a temp dir, never here)."""
+    adapters_dir: str | None = None
+    """this host's mount of the trainer's adapters dir, for version rows written on another machine (None = the rows' paths as they are)."""
     max_prompt_chars: int = 20_000
     """longest prompt / pasted text / tests accepted from a person (characters; tokens are checked too)."""
     max_generations: int = 4
@@ -537,7 +539,8 @@ class AppContext:
         """The hot-swap watcher (collab_app.online.hotswap) over every agent, sharing `engine_lock`."""
         if self._watcher is None:
             from collab_app.online.hotswap import AdapterWatcher
-            self._watcher = AdapterWatcher(self.engine, self.store, self.agent_names(), lock=self.engine_lock)
+            self._watcher = AdapterWatcher(self.engine, self.store, self.agent_names(), lock=self.engine_lock,
+                                           adapters_dir=self.adapters_dir)
         return self._watcher
 
     def batcher(self) -> GenerationBatcher:
@@ -555,7 +558,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
                   task_names: tuple[str, ...] = ("humaneval", "tldr", "expansion"),
                   num_generations: int = 2, max_new_tokens: int = 256, temperature: float = 0.8,
                   public: bool = False, home: str | None = None, limits: dict | None = None,
-                  **engine_kw) -> AppContext:
+                  adapters_dir: str | None = None, **engine_kw) -> AppContext:
     """Everything the app needs, from settings: provision the model, start the engine, open the
     store, load tasks and their teams, load each agent's current adapter. Heavy imports happen
     here, not at module import."""
@@ -580,7 +583,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),
-                     admin_token=admin_token, public=public, home=home, **limits)
+                     admin_token=admin_token, public=public, home=home, adapters_dir=adapters_dir, **limits)
     for team in teams.values():
         for agent in team.agents:
             eng.register_agent(agent.name)

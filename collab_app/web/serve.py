@@ -65,7 +65,7 @@ class ServeConfig:
     db: str = ""
     """store URL (empty = $COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db); the trainer gets the same."""
     adapters_dir: str = ""
-    """adapter versions written by the trainer (empty = $COLLAB_HOME/adapters)."""
+    """adapter versions written by the trainer (empty = $COLLAB_HOME/adapters); with --trainer external on another machine: this host's mount of the shared adapters dir."""
     trainer: Literal["child", "external", "off"] = "child"
     """child: start `collab trainer` here; external: one runs elsewhere on the same store; off: no training."""
     self_play: bool = False
@@ -222,14 +222,14 @@ def serve(cfg: ServeConfig) -> None:
     try:
         ctx = build_context(model=model_path, engine=cfg.engine_url or cfg.engine, store_url=db, task_names=tuple(cfg.tasks),
                             num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, public=is_public(cfg.host, cfg.share),
+                            temperature=cfg.temperature, public=is_public(cfg.host, cfg.share), adapters_dir=adapters_dir,
                             limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
                                     "loopback_admin": cfg.loopback_admin})
         agents = list(dict.fromkeys(a.name for t in ctx.teams.values() for a in t.agents))
         watcher = AdapterWatcher(ctx.engine, ctx.store, agents, lock=ctx.engine_lock,
-                                 interval_s=cfg.swap_interval_s).start()
+                                 interval_s=cfg.swap_interval_s, adapters_dir=adapters_dir).start()
         from collab_app.web.openai_api import openai_routes
         launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share,
                app_kwargs={"routes": openai_routes(ctx, api_cfg)})
