@@ -4,6 +4,7 @@ Every hostile snippet here really runs (small limits so that a failure cannot hu
 Isolation-dependent checks skip with a reason when `isolation()` reports the feature missing.
 """
 import os
+import site
 import socket
 import statistics
 import sys
@@ -418,7 +419,12 @@ def test_isolation_reports_strength_and_a_summary():
     assert isinstance(iso["summary"], str) and "\n" not in iso["summary"] and iso["mode"] in iso["summary"]
     if iso["strong"]:
         assert iso["summary"].startswith("Strong sandbox") and iso["visible"]
-        assert not any(p == "/etc" or p.startswith(("/etc/", "/tmp", "/home")) for p in iso["visible"])
+        # beyond /usr only the Python install itself, wherever it lives (a CI clone's venv may sit
+        # under /tmp: then its site-packages is bound there, never the rest of /tmp)
+        python = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *site.getsitepackages())}
+        for p in iso["visible"]:
+            assert p == "/usr" or any(p == q or p.startswith(q + "/") or q.startswith(p + "/") for q in python), p
+            assert p not in ("/", "/etc", "/tmp", "/home", "/root", os.path.dirname(sandbox.HARNESS)), p
 
 
 def test_weak_isolation_refuses_untrusted_code_unless_explicitly_allowed(monkeypatch):
@@ -510,13 +516,15 @@ def test_only_the_view_is_visible(strong_mode, tmp_path):
     os.chmod(tmp_path, 0o755)
     view = sandbox._view()
     top = {p.split("/")[1] for _, p, _ in view} | {"dev", "proc", "tmp"}
+    under_tmp = sorted({p.split("/")[2] for _, p, _ in view if p.startswith("/tmp/")})
     home = os.environ.get("COLLAB_HOME", os.path.expanduser("~/.collab"))
     code = "import os, sys, importlib.util\n"
     tests = [
         f"assert set(os.listdir('/')) == {top!r}, os.listdir('/')",
         f"assert not os.path.exists({str(secret)!r}) and not os.path.exists('/etc')",
         f"assert not os.path.exists({sandbox.HARNESS!r}) and not os.path.exists({home!r})",
-        "assert os.listdir('/tmp') == [os.path.basename(os.getcwd())]",  # only the work dir
+        # only the work dir, and the way to the Python install if it lives under /tmp (a CI clone's venv)
+        f"assert sorted(os.listdir('/tmp')) == sorted([os.path.basename(os.getcwd()), *{under_tmp!r}])",
         "assert sorted(os.listdir('/dev')) == ['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', "
         "'stdout', 'urandom', 'zero']",
         "open('/dev/null', 'w').write('x')\nassert len(open('/dev/urandom', 'rb').read(8)) == 8",
