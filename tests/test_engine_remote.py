@@ -19,6 +19,7 @@ import time
 import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
+from test_engine import _setup  # agents base / a1 / a2 (adapters seed 1 / 2, version 1)
 
 PROMPT = "What is the capital of France?"
 GREEDY = Sampling(max_new_tokens=24, temperature=0.0)
@@ -62,18 +63,6 @@ def hf32(model_path):
     from collab_app.engines.engine_hf import TransformersEngine
 
     return TransformersEngine(model_path, dtype="float32", seed=0)
-
-
-def _setup(engine, adapters):
-    """Agents `base` (no adapter), `a1`/`a2` (adapters seed 1 / 2, version 1). Idempotent."""
-    engine.register_agent("base")
-    for k in (1, 2):
-        try:
-            loaded = engine.adapter_version(f"a{k}") == 1
-        except EngineError:
-            loaded = False
-        if not loaded:
-            engine.load_adapter(f"a{k}", adapters[k], 1)
 
 
 def _greedy(engine, agents, prompt=PROMPT, sampling=GREEDY):

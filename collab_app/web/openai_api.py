@@ -60,7 +60,6 @@ disconnects (the group is still stored; a stream's disconnect does stop it, as a
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import logging
@@ -78,7 +77,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from collab_app.web import handlers as H
-from collab_app.web.context import CODING_TASKS, RateLimiter
+from collab_app.web.context import CODING_TASKS, RateLimiter, SessionSlots
 
 log = logging.getLogger(__name__)
 
@@ -190,20 +189,6 @@ class _Round:
     include_usage: bool
 
 
-class _NoSlots:
-    """Stands in for the app's per-session round slots (context.SessionSlots) in a _RoundView:
-    the API counts a key's rounds in flight itself (OpenAIApi.start_round), to answer 429."""
-
-    def acquire(self, key: str) -> bool:
-        return True
-
-    def release(self, key: str) -> None:
-        pass
-
-    def held(self, key: str) -> int:
-        return 0
-
-
 class _RoundView:
     """The app's context as handlers see it for one API request: the request's G and sampling,
     and no per-session limit (the API's per-key limits were taken before, so that it can answer
@@ -218,7 +203,8 @@ class _RoundView:
             self.sampling = sampling
         self.round_limiter = self.rating_limiter = RateLimiter(0)
         self.max_rounds_per_minute = self.max_ratings_per_minute = 0
-        self.round_slots = _NoSlots()
+        # no per-session slot either: OpenAIApi.start_round took the key's slot, to answer 429
+        self.round_slots = SessionSlots(0)
 
     def __getattr__(self, name: str):
         return getattr(self._ctx, name)
@@ -295,7 +281,7 @@ class OpenAIApi:
         self.round_limiter = RateLimiter(cfg.max_rounds_per_minute)
         self.rating_limiter = RateLimiter(cfg.max_ratings_per_minute)
         self._running = 0                       # API rounds in progress (max_concurrent_rounds)
-        self._in_flight: collections.Counter = collections.Counter()   # per key (max_rounds_in_flight)
+        self.round_slots = SessionSlots(cfg.max_rounds_in_flight)     # per key, as the app's per session
         self._idle = threading.Condition()
         self._rating_lock = threading.Lock()   # a form's write and its read-back are one step
         self._humaneval: dict[str, tuple[str, str]] | None = None
@@ -496,20 +482,21 @@ class OpenAIApi:
                 raise ApiError(429, f"the server is running {cfg.max_concurrent_rounds} API rounds already; "
                                     "try again shortly", "rate_limit_error", "server_busy",
                                headers={"Retry-After": "5"})
-            if cfg.max_rounds_in_flight and self._in_flight[caller.key] >= cfg.max_rounds_in_flight:
+            if not self.round_slots.acquire(caller.key):
                 raise ApiError(429, f"this API key already has {cfg.max_rounds_in_flight} round(s) generating: "
                                     "wait for one to finish", "rate_limit_error", "rounds_in_flight",
                                headers={"Retry-After": "5"})
-            self._take(self.round_limiter, caller, 1, "rounds", cfg.max_rounds_per_minute)
+            try:
+                self._take(self.round_limiter, caller, 1, "rounds", cfg.max_rounds_per_minute)
+            except ApiError:
+                self.round_slots.release(caller.key)
+                raise
             self._running += 1
-            self._in_flight[caller.key] += 1
 
     def end_round(self, caller: ApiCaller) -> None:
         with self._idle:
             self._running -= 1
-            self._in_flight[caller.key] -= 1
-            if self._in_flight[caller.key] <= 0:
-                del self._in_flight[caller.key]
+            self.round_slots.release(caller.key)
             self._idle.notify_all()
 
     @property

@@ -193,7 +193,6 @@ def serve(cfg: ServeConfig) -> None:
     if cfg.loopback_admin:
         log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
                     "reverse proxy on this machine that is every visitor")
-    from collab_app.online.hotswap import AdapterWatcher
     from collab_app.engines.model import ensure_model
     from collab_app.online.service import default_adapters_dir
     from collab_app.online.store import default_url
@@ -227,9 +226,11 @@ def serve(cfg: ServeConfig) -> None:
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
                                     "loopback_admin": cfg.loopback_admin})
-        agents = list(dict.fromkeys(a.name for t in ctx.teams.values() for a in t.agents))
-        watcher = AdapterWatcher(ctx.engine, ctx.store, agents, lock=ctx.engine_lock,
-                                 interval_s=cfg.swap_interval_s, adapters_dir=adapters_dir).start()
+        # the context's own watcher (handlers.sync_adapters polls it before each round), now also
+        # on a timer: one set of "served / failed / not visible yet" state, not two
+        watcher = ctx.adapter_watcher()
+        watcher.interval_s = cfg.swap_interval_s
+        watcher.start()
         from collab_app.web.openai_api import openai_routes
         launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share,
                app_kwargs={"routes": openai_routes(ctx, api_cfg)})
