@@ -82,3 +82,48 @@ def test_eval_levels_pass_at_1_and_per_example_returns(main_calls_aux, tmp_path)
 def test_eval_rejects_unknown_systems():
     with pytest.raises(ValueError, match="unknown system"):
         EvalConfig(systems=["team", "debate"])
+
+
+# ------------------------------------------------------------------------------- paired comparison
+def test_paired_difference_by_hand():
+    from collab_app.commands.evaluate import paired_difference
+
+    a = {"p0": 1.0, "p1": 2.0, "p2": 0.5, "p3": 1.0, "only_a": 4.0}
+    b = {"p0": 1.5, "p1": 2.0, "p2": 1.5, "p3": 0.5, "only_b": 0.0}
+    c = paired_difference(a, b)
+    assert c["problems"] == 4 and c["mean_diff"] == pytest.approx((0.5 + 0 + 1.0 - 0.5) / 4)
+    assert (c["b_better"], c["equal"], c["b_worse"], c["only_in_a"], c["only_in_b"]) == (2, 1, 1, 1, 1)
+    lo, hi = c["ci95"]
+    assert -0.5 <= lo <= c["mean_diff"] <= hi <= 1.0                     # within the smallest / largest difference
+    assert paired_difference(a, b) == c                                   # fixed seed: repeatable
+    same = paired_difference(a, a)
+    assert same["mean_diff"] == 0.0 and same["ci95"] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="share no problem"):
+        paired_difference({"x": 1.0}, {"y": 1.0})
+
+
+def test_compare_reads_eval_json_and_run_metrics(tmp_path, capsys):
+    import json
+
+    from collab_app.commands.evaluate import cli_main, load_returns
+
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"systems": {"team": {"returns": {"p0": 1.0, "p1": 0.0}},
+                                          "naive": {"returns": {"p0": 0.0, "p1": 0.0}}}}))
+    run = tmp_path / "metrics.jsonl"
+    run.write_text("\n".join(json.dumps(r) for r in [
+        {"kind": "eval", "step": 0, "returns": {"p0": 0.0, "p1": 1.0}},
+        {"kind": "train", "step": 1, "return_mean": 1.0},
+        {"kind": "eval", "step": 1, "returns": {"p0": 2.0, "p1": 1.0}}]) + "\n")
+    assert load_returns(str(run)) == {"p0": 2.0, "p1": 1.0}                # the last eval
+    assert load_returns(f"{run}@0") == {"p0": 0.0, "p1": 1.0}
+    assert load_returns(str(ev), "naive") == {"p0": 0.0, "p1": 0.0}
+    with pytest.raises(ValueError, match="no system 'single'"):
+        load_returns(str(ev), "single")
+    with pytest.raises(ValueError, match="at step 7"):
+        load_returns(f"{run}@7")
+    assert cli_main(["--compare", f"{run}@0", str(ev), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mean_diff"] == pytest.approx(0.0) and (out["b_better"], out["b_worse"]) == (1, 1)
+    with pytest.raises(SystemExit):
+        cli_main(["--compare", str(ev)])

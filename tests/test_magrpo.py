@@ -13,8 +13,9 @@ from collab_app.engines.engine_types import Sample
 from tasks.base import Reward
 from trainer.config import MAGRPOConfig
 from trainer.configcli import field_docs, parse_config
-from trainer.magrpo import (Group, RewardError, advantages, agent_returns, compute_returns, joint_actions,
-                            rollout, sequence_logprobs)
+from trainer.magrpo import (Group, MAGRPOTrainer, RewardError, advantages, agent_returns, compute_returns,
+                            join_trees, joint_actions, rollout, scheduled_learning_rate, sequence_logprobs,
+                            split_trees)
 
 
 # ------------------------------------------------------------------------------- advantages
@@ -187,6 +188,68 @@ def test_reward_that_raises_is_an_error_with_the_outputs():
         rollout(ScriptedEngine(), task, task.examples("train")[:1], _cfg(num_turns=1))
 
 
+# ------------------------------------------------------------------------------- dynamic sampling
+class FlatTask(ScriptedTask):
+    """Six examples; e0, e1 and e2 give every joint action the same reward (no signal)."""
+
+    def examples(self, split):
+        return [{"id": f"e{i}"} for i in range(6)]
+
+    def reward(self, example, outputs):
+        if example["id"] in ("e0", "e1", "e2"):
+            return Reward(total=1.0, levels={"score": 1.0}, max_total=2.0)
+        return super().reward(example, outputs)
+
+
+def test_split_and_join_trees_keep_parents():
+    task = ScriptedTask()
+    groups = rollout(ScriptedEngine(), task, task.examples("train"), _cfg())   # 2 prompts x (1 + 2 children)
+    trees = split_trees(groups)
+    assert [len(t) for t in trees] == [3, 3] and all(t[0].parent is None for t in trees)
+    assert all(g.example_id == t[0].example_id and g.parent[0] == 0 for t in trees for g in t[1:])
+    joined = join_trees(trees[::-1])                                            # order changed: parents follow
+    assert [g.parent for g in joined] == [None, (0, 0), (0, 1), None, (3, 0), (3, 1)]
+
+
+def _refill(task, batch, **kw):
+    cfg = _cfg(num_turns=1, prompts_per_step=len(batch), **kw)
+    owner = type("T", (), {"cfg": cfg, "step": 0, "task": task})()   # refill reads only these
+    groups = rollout(ScriptedEngine(), task, batch, cfg)
+    return MAGRPOTrainer.refill(owner, ScriptedEngine(), task.examples("train"), groups, {})
+
+
+def test_dynamic_sampling_replaces_flat_prompts_with_fresh_ones():
+    task = FlatTask()
+    exs = task.examples("train")
+    groups, m = _refill(task, [exs[0], exs[3]], dynamic_sampling=3)
+    assert m["dynamic/flat_prompts"] == 1 and m["dynamic/prompts_trained"] == 2
+    ids = [g.example_id for g in groups if g.parent is None]
+    assert "e0" not in ids and ids[0] == "e3" and len(set(ids)) == 2           # a fresh prompt, never a repeat
+    assert all(max(g.returns) > min(g.returns) for g in groups)
+    assert 1 <= m["dynamic/extra_prompts"] <= 3                                   # fresh draws may be flat too
+
+
+def test_dynamic_sampling_stops_after_its_extra_rollouts():
+    task = FlatTask()
+    exs = task.examples("train")
+    groups, m = _refill(task, exs[:3], dynamic_sampling=0)                      # all flat, no refill allowed
+    assert groups == [] and m == {"dynamic/flat_prompts": 3, "dynamic/extra_prompts": 0,
+                                  "dynamic/prompts_trained": 0}
+
+
+# ------------------------------------------------------------------------------- learning rate
+def test_learning_rate_schedules():
+    lr = lambda step, secs=0.0, **kw: scheduled_learning_rate(_cfg(learning_rate=1.0, num_steps=10, **kw), step, secs)  # noqa: E731
+    assert [lr(s) for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
+    assert [lr(s, lr_schedule="linear") for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
+    assert lr(5, lr_schedule="cosine") == pytest.approx(0.5) and lr(10, lr_schedule="cosine") == pytest.approx(0.0)
+    assert [lr(s, warmup_steps=3) for s in (0, 1, 2, 3)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr(3, warmup_steps=2, lr_schedule="linear") == pytest.approx(1 - 1 / 8)
+    # a time budget that ends first drives the decay: 15 of 30 minutes = half way at step 1 of 10
+    assert lr(1, 15 * 60.0, lr_schedule="linear", max_minutes=30.0) == pytest.approx(0.5)
+    assert lr(1, 40 * 60.0, lr_schedule="linear", max_minutes=30.0) == 0.0
+
+
 # ------------------------------------------------------------------------------- log-probs
 @pytest.fixture(scope="module")
 def model_fp32(model_path):
@@ -347,6 +410,10 @@ def test_defaults_are_valid_and_every_field_is_documented():
     (dict(eval_every=-1), "eval_every"),
     (dict(keep_versions=-1), "keep_versions"),
     (dict(keep_versions=3, max_staleness=4), "must exceed max_staleness"),
+    (dict(max_minutes=-1.0), "max_minutes"),
+    (dict(dynamic_sampling=-1), "dynamic_sampling"),
+    (dict(lr_schedule="step"), "lr_schedule"),
+    (dict(warmup_steps=-2), "warmup_steps"),
 ])
 def test_config_rule(kw, fragment):
     with pytest.raises(ValueError, match=fragment):

@@ -1,7 +1,8 @@
 """`collab train` end to end on CPU: the embedded model, the transformers engine, the real TLDR
 task, 2 MAGRPO steps (G=2, 2 prompts, 24 new tokens). Checks that both agents' adapters
 changed (weights differ from version 0), that the engine serves the new versions, and that the
-run folder has metrics.jsonl, TensorBoard events and the summary plot.
+run folder has metrics.jsonl, TensorBoard events and the summary plot; the learning-rate schedule,
+the time counted for --max-minutes (kept across a resume) and per-problem eval returns.
 
 advantage_mode=raw: at 24 tokens both TLDR texts are cut to about the same length, so a group's
 returns are often all equal and `mean` advantages would be 0 (no update, nothing to check);
@@ -35,7 +36,7 @@ def test_collab_train_two_steps(model_path, tmp_path, monkeypatch):
     rc = train_cmd.cli_main([
         "--task", "tldr", "--engine", "transformers", "--model", model_path, "--num-steps", "2",
         "--num-generations", "2", "--prompts-per-step", "2", "--max-new-tokens", "24", "--eval-examples", "2",
-        "--advantage-mode", "raw", "--learning-rate", "1e-3", "--output-dir", str(out),
+        "--advantage-mode", "raw", "--learning-rate", "1e-3", "--lr-schedule", "linear", "--output-dir", str(out),
     ])
     assert rc == 0
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -55,3 +56,19 @@ def test_collab_train_two_steps(model_path, tmp_path, monkeypatch):
     assert (out / "summary.png").stat().st_size > 10_000
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "tb"))
     assert json.load(open(out / "config.json"))["advantage_mode"] == "raw"
+    # the schedule (linear over 2 steps), the time counted, per-problem returns for paired comparisons
+    assert [r["learning_rate"] for r in train] == pytest.approx([1e-3, 5e-4])
+    assert 0 < train[0]["train_seconds"] < train[1]["train_seconds"]
+    assert all(len(e["returns"]) == 2 for e in evals)
+
+    # resumed with a time budget that the first run's time already spent: no step, the clock came back
+    versions = {a: adapters.latest_version(str(out / "adapters"), a)[0] for a in ("summary", "detail")}
+    rc = train_cmd.cli_main([
+        "--task", "tldr", "--engine", "transformers", "--model", model_path, "--num-steps", "5",
+        "--num-generations", "2", "--prompts-per-step", "2", "--max-new-tokens", "24", "--eval-examples", "2",
+        "--advantage-mode", "raw", "--max-minutes", "0.001", "--output-dir", str(out),
+    ])
+    assert rc == 0
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
+    assert {a: adapters.latest_version(str(out / "adapters"), a)[0] for a in versions} == versions

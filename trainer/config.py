@@ -53,7 +53,11 @@ class MAGRPOConfig:
 
     # -- optimisation -------------------------------------------------------------------------
     learning_rate: float = 1e-4
-    """AdamW learning rate of each agent's LoRA adapter."""
+    """AdamW learning rate of each agent's LoRA adapter (the peak, when lr_schedule is not constant)."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """learning rate over the run: constant, or decay to 0 (cosine / linear) over num_steps or max_minutes, whichever ends first."""
+    warmup_steps: int = 0
+    """steps of linear warm-up from learning_rate / (warmup_steps + 1) to learning_rate."""
     max_grad_norm: float = 1.0
     """clip each agent's adapter gradient to this L2 norm."""
     lora_r: int = 8
@@ -86,6 +90,10 @@ class MAGRPOConfig:
     """prompts (groups at turn 1) per MAGRPO step."""
     num_steps: int = 100
     """MAGRPO steps (one update of every agent each)."""
+    max_minutes: float = 0.0
+    """also stop once rollouts + updates took this many minutes (0 = no limit; evaluation and start-up not counted)."""
+    dynamic_sampling: int = 0
+    """extra rollouts per step that replace prompts whose groups all have equal returns (no signal) with fresh ones (0 = off; DAPO's dynamic sampling)."""
     eval_every: int = 0
     """evaluate on the held-out split every this many steps (0 = only before and after training)."""
     eval_examples: int = 16
@@ -148,6 +156,12 @@ class MAGRPOConfig:
         need(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         need(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
         need(self.num_steps >= 0, f"num_steps must be >= 0, got {self.num_steps}")
+        need(self.max_minutes >= 0, f"max_minutes must be >= 0 (0 = no time limit), got {self.max_minutes}")
+        need(self.dynamic_sampling >= 0, f"dynamic_sampling must be >= 0 extra rollouts per step (0 = off), "
+                                         f"got {self.dynamic_sampling}")
+        need(self.lr_schedule in ("constant", "cosine", "linear"),
+             f"lr_schedule must be constant, cosine or linear, got {self.lr_schedule!r}")
+        need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         need(self.eval_every >= 0 and self.eval_examples >= 0,
              f"eval_every and eval_examples must be >= 0 (0 = off), got {self.eval_every}, {self.eval_examples}")
         need(self.keep_versions >= 0, f"keep_versions must be >= 0 (0 = keep all), got {self.keep_versions}")

@@ -144,7 +144,7 @@ def advantages(returns: list[float], mode: str = "mean", normalize_std: bool = F
     G = len(returns)
     if G < 2:
         raise ValueError("a group needs >= 2 returns: the advantage compares siblings")
-    flat = max(returns) - min(returns) <= ADV_TOL * max(1.0, max(abs(r) for r in returns))
+    flat = is_flat(returns)
     if flat and mode != "raw":
         return [0.0] * G
     mean = statistics.fmean(returns)
@@ -164,6 +164,40 @@ def advantages(returns: list[float], mode: str = "mean", normalize_std: bool = F
         std = statistics.pstdev(returns)
         adv = [a / (std + eps) for a in adv]
     return adv
+
+
+def is_flat(returns: list[float]) -> bool:
+    """All returns equal within ADV_TOL: the group's advantages are 0 (no learning signal)."""
+    return max(returns) - min(returns) <= ADV_TOL * max(1.0, max(abs(r) for r in returns))
+
+
+def split_trees(groups: list[Group]) -> list[list[Group]]:
+    """The rollout's groups per prompt: each first-turn group with its descendants, in order
+    (parents before children), parent references re-based to the tree's own list."""
+    trees: list[list[Group]] = []
+    where: dict[int, tuple[int, int]] = {}            # index in groups -> (tree, index in tree)
+    for i, g in enumerate(groups):
+        if g.parent is None:
+            trees.append([])
+            t = len(trees) - 1
+        else:
+            t, j = where[g.parent[0]]
+            g.parent = (j, g.parent[1])
+        where[i] = (t, len(trees[t]))
+        trees[t].append(g)
+    return trees
+
+
+def join_trees(trees: list[list[Group]]) -> list[Group]:
+    """Inverse of split_trees: one list, parent references shifted to it."""
+    out: list[Group] = []
+    for tree in trees:
+        offset = len(out)
+        for g in tree:
+            if g.parent is not None:
+                g.parent = (g.parent[0] + offset, g.parent[1])
+            out.append(g)
+    return out
 
 
 def compute_returns(groups: list[Group], gamma: float) -> None:
@@ -427,6 +461,8 @@ class MAGRPOTrainer:
         self.versions = {a: 0 for a in self.agents}
         self.saved_at: dict[str, list[float]] = {a: [] for a in self.agents}  # unix times of versions > 0 (lateness)
         self.step = 0
+        self.train_seconds = 0.0   # rollout + update wall time of `train` so far (max_minutes, lr_schedule)
+        self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
         self._init_versions()
 
@@ -472,7 +508,9 @@ class MAGRPOTrainer:
             else:
                 log.warning("%s has no optimizer state: AdamW moments restart from zero", path)
             self.versions[a] = version
-            self.step = max(self.step, int(store.read_meta(path).get("step", 0)))
+            meta = store.read_meta(path)
+            self.step = max(self.step, int(meta.get("step", 0)))
+            self.train_seconds = max(self.train_seconds, float(meta.get("metrics", {}).get("train_seconds", 0.0)))
             self.saved_at[a] = [float(store.read_meta(p).get("created_at", 0.0))
                                 for v, p in store.list_versions(self.adapters_dir, a) if v > 0]
         log.info("resumed at step %d from versions %s", self.step, self.versions)
@@ -483,13 +521,14 @@ class MAGRPOTrainer:
         ranks > 0 then keep a copy of each current version in their scratch adapters_dir."""
         main = distributed.is_main()
         state = distributed.broadcast_object(
-            {"versions": self.versions, "step": self.step, "saved_at": self.saved_at,
+            {"versions": self.versions, "step": self.step, "saved_at": self.saved_at, "train_seconds": self.train_seconds,
              "optimizers": {a: distributed.to_cpu(o.state_dict()) for a, o in self.optimizers.items()}}
             if main else None)
         for a in self.agents:
             distributed.broadcast_(self.params[a])
         if not main:
             self.versions, self.step, self.saved_at = state["versions"], state["step"], state["saved_at"]
+            self.train_seconds = state["train_seconds"]
             for a in self.agents:
                 self.optimizers[a].load_state_dict(state["optimizers"][a])
                 self._save(a, {"step": self.step, "parent_version": None, "metrics": {}})
@@ -547,6 +586,8 @@ class MAGRPOTrainer:
                 changed.append(agent)
         self.step += 1
         m["time/update_s"] = time.perf_counter() - t_start
+        if self._step_t0 is not None:   # inside train(): saved with the versions, so a resumed run keeps its clock
+            m["train_seconds"] = self.train_seconds + time.perf_counter() - self._step_t0
         t0 = time.perf_counter()
         for agent in changed:
             self.versions[agent] += 1
@@ -695,26 +736,83 @@ class MAGRPOTrainer:
             out.append(examples[order[i]])
         return out
 
+    def out_of_time(self) -> bool:
+        return bool(self.cfg.max_minutes) and self.train_seconds >= 60.0 * self.cfg.max_minutes
+
+    def learning_rate(self) -> float:
+        return scheduled_learning_rate(self.cfg, self.step, self.train_seconds)
+
+    def refill(self, engine: Sampler, examples: list[dict], groups: list[Group], timings: dict) -> tuple[list[Group], dict]:
+        """Dynamic sampling (DAPO, Yu et al. 2025): a prompt whose groups all have equal returns
+        teaches nothing (advantage 0) and, kept in the step, only dilutes the others' weight.
+        Drop such prompts and roll out fresh ones in their place, at most cfg.dynamic_sampling
+        more rollouts; train on the prompts with signal. Returns (groups, metrics of the refill)."""
+        cfg, P = self.cfg, self.cfg.prompts_per_step
+        useful = [t for t in split_trees(groups) if not all(is_flat(g.returns) for g in t)]
+        flat_prompts, extra = P - len(useful), 0
+        seen = {g.example_id for g in groups if g.parent is None}
+        for r in range(cfg.dynamic_sampling):
+            missing = P - len(useful)
+            if missing <= 0:
+                break
+            pool = [e for e in examples if str(e["id"]) not in seen]
+            fresh = random.Random(cfg.seed * 1_000_003 + 7919 * self.step + 31 * r + 17).sample(
+                pool, min(missing, len(pool)))
+            if not fresh:
+                break
+            seen |= {str(e["id"]) for e in fresh}
+            extra += len(fresh)
+            more = rollout(engine, self.task, fresh, cfg, timings=timings,
+                           seed=cfg.seed * 1_000_003 + 7919 * self.step + 1_009 * (r + 1))
+            useful += [t for t in split_trees(more) if not all(is_flat(g.returns) for g in t)]
+        return join_trees(useful), {"dynamic/flat_prompts": flat_prompts, "dynamic/extra_prompts": extra,
+                                    "dynamic/prompts_trained": len(useful)}
+
     def train(self, engine: Sampler, on_step=None) -> list[dict]:
-        """rollout -> update -> new versions -> engine.load_adapter, until cfg.num_steps.
-        `on_step(metrics)` runs after each step (logging, evaluation). Returns every step's metrics."""
+        """rollout -> update -> new versions -> engine.load_adapter, until cfg.num_steps (or
+        cfg.max_minutes of rollout + update time). `on_step(metrics)` runs after each step
+        (logging, evaluation; not counted in the time). Returns every step's metrics."""
+        cfg = self.cfg
+        if cfg.dynamic_sampling and distributed.world_size() > 1:
+            raise ValueError("dynamic_sampling is not wired under torchrun (each rank would refill its own "
+                             "share): use --dynamic-sampling 0 with several ranks")
         examples = self.task.examples("train")
         self.load_into(engine)
         history = []
-        with tqdm(total=self.cfg.num_steps, initial=self.step, desc="MAGRPO", unit="step",
+        with tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", unit="step",
                   disable=None if distributed.is_main() else True) as bar:
-            while self.step < self.cfg.num_steps:
+            while self.step < cfg.num_steps and not self.out_of_time():
+                self._step_t0 = time.perf_counter()
                 timings: dict[str, float] = {}
+                lr = self.learning_rate()
+                for opt in self.optimizers.values():
+                    for param_group in opt.param_groups:
+                        param_group["lr"] = lr
                 # data parallel: each rank rolls out its share of the step's prompts with its own
                 # engine, then every rank holds all the groups (update() splits the gradient work)
-                groups = rollout(engine, self.task, distributed.shard(self.batch(examples, self.step)), self.cfg,
-                                 seed=self.cfg.seed * 1_000_003 + 7919 * self.step + 104_729 * distributed.rank(),
+                groups = rollout(engine, self.task, distributed.shard(self.batch(examples, self.step)), cfg,
+                                 seed=cfg.seed * 1_000_003 + 7919 * self.step + 104_729 * distributed.rank(),
                                  timings=timings)
                 groups = gather_groups(groups)
+                rolled = group_metrics(groups, self.task.level_names)   # what the policy produced this step
+                refill = {}
+                if cfg.dynamic_sampling:
+                    groups, refill = self.refill(engine, examples, groups, timings)
                 metrics = self.update(groups)
                 del metrics["group_ids"], metrics["stale_group_ids"]   # offline groups have no ids, none waits
+                if cfg.dynamic_sampling:
+                    # return_mean, zero_variance_frac, ... describe the step's first rollout (what the
+                    # policy produces; refilled prompts are picked for their signal); trained/*: the
+                    # groups the update saw
+                    metrics.update({f"trained/{k}": metrics[k] for k in rolled})
+                    metrics.update(rolled)
+                    metrics.update(refill)
+                metrics["learning_rate"] = lr
                 metrics.update({f"time/{k}": v for k, v in timings.items()})
                 self.load_into(engine)
+                self.train_seconds += time.perf_counter() - self._step_t0
+                self._step_t0 = None
+                metrics["train_seconds"] = self.train_seconds
                 history.append(metrics)
                 bar.set_postfix(ret=f"{metrics['return_mean']:.3f}",
                                 v="/".join(str(self.versions[a]) for a in self.agents))
@@ -722,6 +820,24 @@ class MAGRPOTrainer:
                 if on_step:
                     on_step(metrics)
         return history
+
+
+def scheduled_learning_rate(cfg: MAGRPOConfig, step: int, train_seconds: float) -> float:
+    """cfg.learning_rate for step `step` (0-based) after warm-up and the schedule's decay. The
+    decay's progress is the larger of steps done / num_steps and minutes trained / max_minutes,
+    so a run stopped by its time budget still ends at the bottom of the schedule."""
+    lr = cfg.learning_rate
+    if step < cfg.warmup_steps:
+        return lr * (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.lr_schedule == "constant":
+        return lr
+    progress = (step - cfg.warmup_steps) / max(1, cfg.num_steps - cfg.warmup_steps)
+    if cfg.max_minutes:
+        progress = max(progress, train_seconds / (60.0 * cfg.max_minutes))
+    progress = min(1.0, progress)
+    if cfg.lr_schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr * (1.0 - progress)
 
 
 def group_metrics(groups: list[Group], level_names=()) -> dict[str, float]:

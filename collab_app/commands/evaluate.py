@@ -13,7 +13,10 @@ Per system: the mean of each reward level, the mean return, each example's retur
 example id, for paired comparisons between runs) and pass@1 (the share of examples
 whose final joint answer reaches the task's success test: all unit tests pass for coding; the
 full reward for writing). Sampling is greedy by default (temperature 0) so a run is repeatable;
-pass `--temperature` to sample instead.
+pass `--temperature` to sample instead. With `naive` among the systems, every other system also
+gets its paired difference to it (mean over problems of system - naive, 95% bootstrap CI).
+`--compare A B` compares two saved results the same way (e.g. two training runs, or ours and
+comlrl's) without evaluating anything.
 """
 from __future__ import annotations
 
@@ -59,6 +62,10 @@ class EvalConfig:
     """sampling seed."""
     batch_size: int = 16
     """examples per engine call."""
+    compare: list[str] = field(default_factory=list)
+    """instead of evaluating: compare two results problem by problem (A B; each a `collab eval --out` or `collab bench comlrl --out` JSON, or a run's metrics.jsonl, its last eval or FILE@STEP)."""
+    compare_system: str = "team"
+    """which system of a `collab eval` JSON to compare (--compare)."""
     json: bool = False
     """print the result as JSON only."""
     out: str = ""
@@ -76,6 +83,8 @@ class EvalConfig:
             raise ValueError("--limit must be >= 0 and --batch-size >= 1")
         if self.engine not in ("auto", "vllm", "transformers"):
             raise ValueError("--engine must be auto, vllm or transformers")
+        if self.compare and len(self.compare) != 2:
+            raise ValueError(f"--compare takes two result files (A B), got {len(self.compare)}")
 
 
 def _success(task, reward) -> bool:
@@ -181,19 +190,83 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
             if versions:
                 summary["adapter_versions"] = versions
             result["systems"][system] = summary
+    # each system against the untrained team, problem by problem (a paired CI, not just two means)
+    if "naive" in result["systems"]:
+        base = result["systems"]["naive"]["returns"]
+        for name, summary in result["systems"].items():
+            if name != "naive":
+                summary["vs_naive"] = paired_difference(base, summary["returns"])
     return result
 
 
 def format_table(result: dict) -> str:
     systems = result["systems"]
     levels = list(next(iter(systems.values()))["levels"]) if systems else []
-    cols = ["system", "pass@1", "return"] + levels + ["sec"]
+    cols = ["system", "pass@1", "return"] + levels + ["sec", "return - naive (95% CI)"]
+
+    def vs(s):
+        c = s.get("vs_naive")
+        return f"{c['mean_diff']:+.3f} ({c['ci95'][0]:+.3f} .. {c['ci95'][1]:+.3f})" if c else ""
+
     rows = [cols] + [[name, f"{s['pass@1']:.3f}", f"{s['mean_return']:.3f}"]
-                     + [f"{s['levels'].get(k, float('nan')):.3f}" for k in levels] + [str(s["seconds"])]
+                     + [f"{s['levels'].get(k, float('nan')):.3f}" for k in levels] + [str(s["seconds"]), vs(s)]
                      for name, s in systems.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     head = f"{result['task']} / {result['split']} on {result['engine']} ({result['model']})"
     return head + "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+# ------------------------------------------------------------------------------- paired comparison
+def load_returns(spec: str, system: str = "team") -> dict[str, float]:
+    """Per-problem returns {example id: return} from a result file: a `collab eval` JSON (its
+    `system`), any JSON with a top-level "returns" (collab bench comlrl), or a run's metrics.jsonl
+    (its last eval record, or FILE@STEP for the eval at that step)."""
+    path, _, step = spec.partition("@") if spec.rsplit("@", 1)[-1].isdigit() else (spec, "", "")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no result file {path!r}")
+    if path.endswith(".jsonl"):
+        with open(path) as f:
+            evals = [r for r in map(json.loads, filter(str.strip, f)) if r.get("kind") == "eval" and "returns" in r]
+        if step:
+            evals = [r for r in evals if r["step"] == int(step)]
+        if not evals:
+            raise ValueError(f"{spec}: no eval record with per-problem returns"
+                             + (f" at step {step}" if step else ""))
+        return evals[-1]["returns"]
+    with open(path) as f:
+        data = json.load(f)
+    if "returns" in data:
+        return data["returns"]
+    systems = data.get("systems", {})
+    if system not in systems:
+        raise ValueError(f"{path} has no system {system!r} (it has {sorted(systems)}): pass --compare-system")
+    return systems[system]["returns"]
+
+
+def paired_difference(a: dict[str, float], b: dict[str, float], resamples: int = 10_000, seed: int = 0) -> dict:
+    """B - A over the problems both evaluated: the mean paired difference, a 95% percentile
+    bootstrap CI over problems (resampled with replacement; fixed seed, so repeatable) and the
+    count of problems where B is better / equal / worse. Pairing removes the between-problem
+    variance (HumanEval problems differ far more from each other than two runs on one problem)."""
+    import numpy as np
+
+    ids = sorted(set(a) & set(b))
+    if not ids:
+        raise ValueError("the two results share no problem ids")
+    d = np.array([b[i] - a[i] for i in ids])                                    # (P,)
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)   # (resamples,)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"problems": len(ids), "mean_a": float(np.mean([a[i] for i in ids])),
+            "mean_b": float(np.mean([b[i] for i in ids])), "mean_diff": float(d.mean()),
+            "ci95": [float(lo), float(hi)], "b_better": int((d > 1e-9).sum()), "equal": int((abs(d) <= 1e-9).sum()),
+            "b_worse": int((d < -1e-9).sum()), "only_in_a": len(set(a) - set(b)), "only_in_b": len(set(b) - set(a))}
+
+
+def format_comparison(names: list[str], c: dict) -> str:
+    return (f"A = {names[0]}\nB = {names[1]}\n{c['problems']} problems: mean return A {c['mean_a']:.3f}, "
+            f"B {c['mean_b']:.3f}; B - A = {c['mean_diff']:+.3f} (95% CI {c['ci95'][0]:+.3f} .. {c['ci95'][1]:+.3f}); "
+            f"B better on {c['b_better']}, equal on {c['equal']}, worse on {c['b_worse']}")
 
 
 def cli_main(argv: list[str] | None = None) -> int:
@@ -203,6 +276,14 @@ def cli_main(argv: list[str] | None = None) -> int:
                           description="Evaluate the team (current adapters) and the baselines "
                                       "(naive, sequential, single agent) on a task split.")
     logging.basicConfig(level=logging.INFO if not cfg.json else logging.WARNING)
+    if cfg.compare:
+        comparison = paired_difference(*(load_returns(p, cfg.compare_system) for p in cfg.compare))
+        comparison.update(a=cfg.compare[0], b=cfg.compare[1])
+        if cfg.out:
+            with open(cfg.out, "w") as f:
+                json.dump(comparison, f, indent=2)
+        print(json.dumps(comparison, indent=2) if cfg.json else format_comparison(cfg.compare, comparison))
+        return 0
     result = evaluate(cfg)
     result["config"] = asdict(cfg)
     text = json.dumps(result, indent=2)

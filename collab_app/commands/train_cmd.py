@@ -71,6 +71,8 @@ def evaluate_team(engine, task, examples, cfg) -> dict:
     out = {"return_mean": summary["mean_return"], "pass@1": summary["pass@1"], "examples": summary["examples"],
            "seconds": round(time.time() - t0, 1)}
     out.update({f"level/{k}": v for k, v in summary["levels"].items()})
+    # per example, so two runs (or two steps) can be compared problem by problem (collab eval --compare)
+    out["returns"] = {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)}
     return out
 
 
@@ -178,7 +180,8 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     def on_step(metrics: dict) -> None:
         run.write("train", metrics["step"], metrics)
-        if cfg.eval_every and metrics["step"] % cfg.eval_every == 0 and metrics["step"] < cfg.num_steps:
+        if (cfg.eval_every and metrics["step"] % cfg.eval_every == 0 and metrics["step"] < cfg.num_steps
+                and not trainer.out_of_time()):   # the last step's evaluation is "after"
             evaluate("during")
 
     try:
@@ -191,7 +194,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         distributed.close()
     plot = save_summary_plot(run.records, os.path.join(output_dir, "summary.png"),
                              title=f"MAGRPO on {cfg.task} ({os.path.basename(cfg.model)})")
-    print(f"done in {time.time() - t_start:.0f} s: step {trainer.step}, versions {trainer.versions}")
+    print(f"done in {time.time() - t_start:.0f} s ({trainer.train_seconds / 60:.1f} min of rollouts + updates): "
+          f"step {trainer.step}, versions {trainer.versions}")
     if before and after:
         print(f"  held-out before: {_fmt_eval(before)}\n  held-out after:  {_fmt_eval(after)}")
     print(f"  metrics {run.path}\n  plot    {plot}\n  adapters {cfg.adapters_dir}")

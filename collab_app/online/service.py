@@ -137,6 +137,12 @@ class ServiceConfig(MAGRPOConfig):
                              f"keeps no parent link between turns, so gamma-returns cannot be formed online). "
                              f"Use --num-turns 1 here, and `collab train --num-turns {self.num_turns}` for "
                              f"multi-turn training offline.")
+        offline = {"dynamic_sampling": 0, "max_minutes": 0.0, "lr_schedule": "constant", "warmup_steps": 0}
+        set_here = [k for k, v in offline.items() if getattr(self, k) != v]
+        if set_here:   # the service trains on groups as people send them: no refill, no end to decay towards
+            raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in set_here)}: `collab train` options "
+                             f"(offline runs); the online trainer keeps a constant learning rate and trains the "
+                             f"groups that arrive. Leave them at their defaults here.")
         self.rule()   # validates the return settings
 
     def rule(self) -> ReturnRule:

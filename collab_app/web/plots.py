@@ -68,3 +68,35 @@ def save_summary_plot(records: list[dict], path: str, title: str = "") -> str:
     """Write the summary figure as PNG to `path` and return it."""
     summary_figure(records, title).savefig(path, dpi=110)
     return path
+
+
+# ------------------------------------------------------------------------------- runs against the clock
+def eval_minutes(records: list[dict]) -> list[tuple[float, float]]:
+    """(training minutes, held-out return) of each eval record of a `collab train` run. Minutes are
+    rollout + reward + update + save time summed over the train records up to the eval's step
+    (evaluation itself and start-up are not counted), so runs compare at equal training time."""
+    spent, by_step = 0.0, {0: 0.0}
+    for r in sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"]):
+        spent += sum(v for k, v in r.items() if k.startswith("time/") and isinstance(v, (int, float)))
+        by_step[r["step"]] = spent / 60.0
+    return [(by_step[r["step"]], r["return_mean"]) for r in records
+            if r.get("kind") == "eval" and r["step"] in by_step]
+
+
+def minutes_figure(curves: dict[str, list[tuple[float, float]]], title: str = "", target: float | None = None):
+    """Held-out return against training minutes, one line per run (ours, comlrl's, ...)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.subplots()
+    for name, pts in curves.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("training minutes (rollouts + updates; evaluation not counted)")
+    ax.set_ylabel("held-out team return (of 4)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title)
+    return fig
