@@ -108,6 +108,8 @@ def test_config_rejects_settings_that_cannot_work():
         ServiceConfig(return_mode="nope")
     with pytest.raises(ValueError, match="num_generations"):   # MAGRPOConfig's own checks still run
         ServiceConfig(num_generations=1)
+    with pytest.raises(ValueError, match="--dynamic-sampling, --lr-schedule: `collab train` options"):
+        ServiceConfig(dynamic_sampling=1, lr_schedule="cosine")   # nothing online to refill or decay towards
 
 
 def test_cli_is_parsed_from_the_config_dataclass():
