@@ -382,6 +382,7 @@ def run(cfg: ComlrlBenchConfig) -> dict:
 
     from collab_app.engines.model import ensure_model
     from tasks import load_task
+    from trainer.dtypes import cpu_capability
 
     load_start = os.getloadavg()
     threads = cfg.threads or os.cpu_count() or 1
@@ -402,7 +403,9 @@ def run(cfg: ComlrlBenchConfig) -> dict:
     out_dir = cfg.output_dir or os.path.join(os.environ.get("COLLAB_HOME", os.path.expanduser("~/.cache/collab")),
                                              "comlrl", time.strftime("run-%Y%m%d-%H%M%S"))
     result = {"task": cfg.task, "model": model_path, "comlrl_version": COMLRL_VERSION, "dtype": cfg.dtype,
-              "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": threads,
+              "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                          "cpu_flags": cpu_capability(),   # + native bf16 / AMX, as `collab bench` reports
+                          "torch_threads": threads,
                           "cpu_count": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in load_start],
                           "torch": torch.__version__},
               "roles": roles, "systems": {}}
