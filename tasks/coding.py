@@ -233,6 +233,19 @@ def _parse_prompt(prompt: str) -> ast.Module:
                      f"line {err.lineno}: {err.msg}")
 
 
+def _signature(example: Example) -> tuple[str, str]:
+    """("(a: int, b: int = 0)", "a, b"): the entry function's parameter list as written and the
+    arguments that pass them on unchanged (for the helper's contract)."""
+    fn = next(n for n in _parse_prompt(example["prompt"]).body
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == example["entry_point"])
+    a = fn.args
+    call = [x.arg for x in a.posonlyargs + a.args]
+    call += [f"*{a.vararg.arg}"] if a.vararg else []
+    call += [f"{x.arg}={x.arg}" for x in a.kwonlyargs]
+    call += [f"**{a.kwarg.arg}"] if a.kwarg else []
+    return f"({ast.unparse(a)})", ", ".join(call)
+
+
 def infer_entry_point(prompt: str) -> str:
     """The last top-level function the prompt defines (HumanEval prompts may define helpers
     before the function to write)."""
@@ -373,13 +386,19 @@ class CodingTask:
                      f"`{entry}` with the exact signature above, which calls `{AUX}` and uses its result. "
                      "Answer with one Python code block and nothing else."]
         else:
-            roles = [f"You are the helper in a team of two. Write ONE helper function named `{AUX}` that "
-                     f"does a useful sub-step of this problem. Your teammate writes `{entry}` and calls "
-                     f"`{AUX}`. Do not write `{entry}`. Answer with one Python code block.",
-                     f"You are the main programmer in a team of two. Write the function `{entry}` with the "
-                     f"exact signature above. A teammate writes a helper `{AUX}(...)` that is already "
-                     f"defined for you: call it and use its result, but do not define `{AUX}` yourself. "
-                     "Answer with one Python code block."]
+            # The contract stated as code (issue 13): aux takes exactly the entry function's
+            # arguments, so main knows how to call it without seeing it, and main starts from the
+            # call. Chosen by measurement on train problems (untrained team, greedy; docs/results):
+            # return 0.94 -> 1.26 on 33 train problems, 1.22 -> 1.35 on the held-out 32, against the
+            # earlier "a useful sub-step" wording, whose aux had no signature main could know.
+            signature, call = _signature(example)
+            roles = [f"Write a helper function with this exact signature, which returns the "
+                     f"answer to the problem:\n```python\ndef {AUX}{signature}:\n```\nAnswer with the complete "
+                     f"function `{AUX}` in one Python code block, nothing else.",
+                     f"Write the function `{entry}`. A helper `{AUX}{signature}` that returns the answer already "
+                     f"exists. Complete this code:\n```python\ndef {entry}{signature}:\n    result = {AUX}({call})\n```\n"
+                     f"Answer with the complete function `{entry}` in one Python code block, nothing else. "
+                     f"Do not define `{AUX}`."]
             if earlier:  # sequential baseline: main sees what the helper just wrote
                 roles[1] += f"\nYour teammate's helper:\n```python\n{earlier[0].strip()}\n```"
         prompts = [head + r for r in roles]

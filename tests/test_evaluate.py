@@ -44,7 +44,7 @@ class ScriptedEngine:
             p0 = ex["prompt"].split(f"def {ex['entry_point']}(", 1)[1].split(")", 1)[0].split(",")[0].split(":")[0].strip()
             body = f"    {p0} = aux({p0})\n" + body
         main = ex["prompt"] + body
-        if "You are the helper" in prompt:
+        if "Write a helper function with this exact signature" in prompt:
             return f"```python\n{AUX_SRC}```"
         if "Write two Python functions" in prompt:  # single agent
             return f"```python\n{AUX_SRC}\n{main}```"
