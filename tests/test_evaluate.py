@@ -69,6 +69,9 @@ def test_eval_levels_pass_at_1_and_per_example_returns(main_calls_aux, tmp_path)
         assert s["levels"]["tests"] == pytest.approx(1.0)
         # canonical main ignores aux: no cooperation; calling it and using the result: +0.5 +1.0
         assert s["levels"]["cooperation"] == pytest.approx(1.5 if main_calls_aux else 0.0)
+        k = 3 if main_calls_aux else 0   # every answer cooperated, none as a thin wrapper; or none did
+        assert s["cooperation_answers"] == {"calls_aux": k, "aux_reaches_return": k, "thin_wrapper": 0,
+                                            "ignores_aux": 0, "rewarded": k}
         assert list(s["returns"]) == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
         assert all(r == pytest.approx(s["mean_return"]) for r in s["returns"].values())
     # team agents are named by role and get no adapter when the adapters dir is empty

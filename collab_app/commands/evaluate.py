@@ -133,15 +133,24 @@ def run_system(system: str, task, examples, engine, agent_names, cfg: EvalConfig
     return rewards
 
 
+COOPERATION_FLAGS = ("calls_aux", "aux_reaches_return", "thin_wrapper", "ignores_aux")
+"""What the coding reward's run-time probe found per answer (tasks/coding.py): counted, so a
+cooperation level can be read as how many answers cooperated and how (thin wrapper or not)."""
+
+
 def summarize(task, rewards) -> dict:
     n = max(len(rewards), 1)
-    return {
+    out = {
         "examples": len(rewards),
         "mean_return": sum(r.total for r in rewards) / n,
         "max_return": task.max_reward,
         "pass@1": sum(_success(task, r) for r in rewards) / n,
         "levels": {k: sum(r.levels[k] for r in rewards) / n for k in task.level_names},
     }
+    if "cooperation" in task.level_names:
+        out["cooperation_answers"] = {f: sum(bool((r.details or {}).get(f)) for r in rewards) for f in COOPERATION_FLAGS}
+        out["cooperation_answers"]["rewarded"] = sum(r.levels["cooperation"] > 0 for r in rewards)
+    return out
 
 
 def evaluate(cfg: EvalConfig, engine=None) -> dict:

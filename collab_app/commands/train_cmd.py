@@ -71,6 +71,8 @@ def evaluate_team(engine, task, examples, cfg) -> dict:
     out = {"return_mean": summary["mean_return"], "pass@1": summary["pass@1"], "examples": summary["examples"],
            "seconds": round(time.time() - t0, 1)}
     out.update({f"level/{k}": v for k, v in summary["levels"].items()})
+    if "cooperation_answers" in summary:   # how many answers cooperated, and how (tasks/coding.py)
+        out["cooperation_answers"] = summary["cooperation_answers"]
     # per example, so two runs (or two steps) can be compared problem by problem (collab eval --compare)
     out["returns"] = {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)}
     return out
