@@ -384,13 +384,24 @@ def test_single_agent_variant():
 
 def test_prompts_roles_sequential_and_history(task):
     p = task.agent_prompts(HE0, [])
-    assert "def has_close_elements" in p[0] and "named `aux`" in p[0] and "Do not write `has_close_elements`" in p[0]
-    assert "do not define `aux`" in p[1]
+    # the contract as code: aux takes the entry function's exact parameters; main starts from the call
+    assert "def has_close_elements" in p[0] and "def aux(numbers: List[float], threshold: float):" in p[0]
+    assert "def has_close_elements(numbers: List[float], threshold: float):\n    result = aux(numbers, threshold)" in p[1]
+    assert "Do not define `aux`" in p[1]
     seq = task.agent_prompts(HE0, [], earlier=("def aux(a, b):\n    return a",))
     assert "Your teammate's helper:" in seq[1] and "return a" in seq[1] and seq[0] == p[0]
     hist = task.agent_prompts(HE0, [Turn(("OUT-A", "OUT-B"), ("FB-A", "FB-B"))])
     assert "OUT-A" in hist[0] and "FB-A" in hist[0] and "OUT-B" in hist[1] and "FB-B" in hist[1]
     assert "OUT-B" not in hist[0]
+
+
+def test_signature_passes_every_kind_of_parameter_on():
+    from tasks.coding import _signature
+
+    from tasks.coding import make_example
+
+    ex = make_example("x", 'def f(a, /, b: int = 1, *c, d, **e):\n    """doc"""\n', "assert f(1, d=2) is None")
+    assert _signature(ex) == ("(a, /, b: int=1, *c, d, **e)", "a, b, *c, d=d, **e")
 
 
 def test_combine_keeps_prompt_context_and_imports(task):
