@@ -11,6 +11,10 @@
               rho = 1 exactly and this is the paper's -A * log pi(a|h); the clip bites on late data.
     step      one AdamW step per agent on its own adapter, then a new adapter version on disk
 
+Offline (`train`), three additions around that loop (issue 13): a time budget (cfg.max_minutes of
+rollout + update time, kept across a resume), a learning-rate schedule (scheduled_learning_rate)
+and dynamic sampling (`refill`: prompts whose groups all tie are replaced by fresh prompts).
+
 Policies: ONE frozen base model with a peft LoRA adapter per agent (`set_adapter` switches),
 one optimizer per agent over that adapter's parameters only. Agent names are the task's roles.
 
