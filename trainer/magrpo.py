@@ -193,7 +193,8 @@ def split_trees(groups: list[Group]) -> list[list[Group]]:
 
 
 def join_trees(trees: list[list[Group]]) -> list[Group]:
-    """Inverse of split_trees: one list, parent references shifted to it."""
+    """Inverse of split_trees: one list, parent references shifted to it. Any lists of whole
+    trees whose parent references are local to their list (a rank's rollout: gather_groups)."""
     out: list[Group] = []
     for tree in trees:
         offset = len(out)
@@ -222,14 +223,7 @@ def gather_groups(groups: list[Group]) -> list[Group]:
     `groups` itself). Parent references are shifted to the gathered list's indices."""
     if distributed.world_size() == 1:
         return groups
-    out: list[Group] = []
-    for part in distributed.all_gather_objects(groups):
-        offset = len(out)
-        for g in part:
-            if g.parent is not None:
-                g.parent = (g.parent[0] + offset, g.parent[1])
-            out.append(g)
-    return out
+    return join_trees(distributed.all_gather_objects(groups))
 
 
 def turn_weights(groups: list[Group]) -> dict[int, float]:
@@ -743,9 +737,6 @@ class MAGRPOTrainer:
     def out_of_time(self) -> bool:
         return bool(self.cfg.max_minutes) and self.train_seconds >= 60.0 * self.cfg.max_minutes
 
-    def learning_rate(self) -> float:
-        return scheduled_learning_rate(self.cfg, self.step, self.train_seconds)
-
     def refill(self, engine: Sampler, examples: list[dict], groups: list[Group], timings: dict) -> tuple[list[Group], dict]:
         """Dynamic sampling (DAPO, Yu et al. 2025): a prompt whose groups all have equal returns
         teaches nothing (advantage 0) and, kept in the step, only dilutes the others' weight.
@@ -788,7 +779,7 @@ class MAGRPOTrainer:
             while self.step < cfg.num_steps and not self.out_of_time():
                 self._step_t0 = time.perf_counter()
                 timings: dict[str, float] = {}
-                lr = self.learning_rate()
+                lr = scheduled_learning_rate(cfg, self.step, self.train_seconds)
                 for opt in self.optimizers.values():
                     for param_group in opt.param_groups:
                         param_group["lr"] = lr
@@ -798,9 +789,8 @@ class MAGRPOTrainer:
                                  seed=cfg.seed * 1_000_003 + 7919 * self.step + 104_729 * distributed.rank(),
                                  timings=timings)
                 groups = gather_groups(groups)
-                rolled = group_metrics(groups, self.task.level_names)   # what the policy produced this step
-                refill = {}
                 if cfg.dynamic_sampling:
+                    rolled = group_metrics(groups, self.task.level_names)   # what the policy produced this step
                     groups, refill = self.refill(engine, examples, groups, timings)
                 metrics = self.update(groups)
                 del metrics["group_ids"], metrics["stale_group_ids"]   # offline groups have no ids, none waits

@@ -359,9 +359,8 @@ def evaluate_models(task, examples, models: dict, tokenizer, model_path: str, cf
     t0 = time.time()
     with tqdm(total=len(examples), desc=f"eval ({label})", unit="ex", disable=None) as progress:
         rewards = run_system("team", task, examples, engine, list(task.roles), ecfg, sampling, progress)
-    summary = summarize(task, rewards)
+    summary = summarize(task, rewards, examples)
     summary["seconds"] = round(time.time() - t0, 1)
-    summary["returns"] = {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)}
     return summary
 
 

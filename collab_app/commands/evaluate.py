@@ -138,7 +138,9 @@ COOPERATION_FLAGS = ("calls_aux", "aux_reaches_return", "thin_wrapper", "ignores
 cooperation level can be read as how many answers cooperated and how (thin wrapper or not)."""
 
 
-def summarize(task, rewards) -> dict:
+def summarize(task, rewards, examples) -> dict:
+    """Means over `rewards` (one per example, in order) plus each example's return, keyed by its
+    id, so two runs can be compared example by example (paired), not only by their means."""
     n = max(len(rewards), 1)
     out = {
         "examples": len(rewards),
@@ -146,6 +148,7 @@ def summarize(task, rewards) -> dict:
         "max_return": task.max_reward,
         "pass@1": sum(_success(task, r) for r in rewards) / n,
         "levels": {k: sum(r.levels[k] for r in rewards) / n for k in task.level_names},
+        "returns": {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)},
     }
     if "cooperation" in task.level_names:
         out["cooperation_answers"] = {f: sum(bool((r.details or {}).get(f)) for r in rewards) for f in COOPERATION_FLAGS}
@@ -192,10 +195,8 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
                     engine.register_agent(name)
             t0 = time.time()
             rewards = run_system(system, task, examples, engine, names, cfg, sampling, progress)
-            summary = summarize(task, rewards)
+            summary = summarize(task, rewards, examples)
             summary["seconds"] = round(time.time() - t0, 1)
-            # per example, so two runs can be compared example by example (paired), not only by means
-            summary["returns"] = {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)}
             if versions:
                 summary["adapter_versions"] = versions
             result["systems"][system] = summary

@@ -67,14 +67,13 @@ def evaluate_team(engine, task, examples, cfg) -> dict:
     t0 = time.time()
     with tqdm(total=len(examples), desc="eval", unit="ex", leave=False, disable=None) as progress:
         rewards = run_system("team", task, examples, engine, list(task.roles), ecfg, sampling, progress)
-    summary = summarize(task, rewards)
+    summary = summarize(task, rewards, examples)
     out = {"return_mean": summary["mean_return"], "pass@1": summary["pass@1"], "examples": summary["examples"],
            "seconds": round(time.time() - t0, 1)}
     out.update({f"level/{k}": v for k, v in summary["levels"].items()})
     if "cooperation_answers" in summary:   # how many answers cooperated, and how (tasks/coding.py)
         out["cooperation_answers"] = summary["cooperation_answers"]
-    # per example, so two runs (or two steps) can be compared problem by problem (collab eval --compare)
-    out["returns"] = {str(ex["id"]): round(r.total, 4) for ex, r in zip(examples, rewards)}
+    out["returns"] = summary["returns"]   # per problem: collab eval --compare pairs two runs or steps
     return out
 
 

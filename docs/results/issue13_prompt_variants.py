@@ -81,8 +81,7 @@ if __name__ == "__main__":
             rewards = run_system("team", task, examples, engine, list(task.roles),
                                  EvalConfig(systems=["team"], max_new_tokens=128),
                                  Sampling(max_new_tokens=128, temperature=0.0, seed=0), progress)
-        s = summarize(task, rewards)
-        s["returns"] = {str(e["id"]): r.total for e, r in zip(examples, rewards)}
+        s = summarize(task, rewards, examples)
         s["seconds"] = round(time.time() - t0, 1)
         out[name] = s
         print(name, split, json.dumps({k: v for k, v in s.items() if k != "returns"}), flush=True)
