@@ -54,3 +54,92 @@ def test_engines_and_trainer_default_to_auto():
     assert MAGRPOConfig.dtype == "auto"
     for cls in (engine_hf.TransformersEngine, engine_vllm.VLLMEngine):
         assert inspect.signature(cls.__init__).parameters["dtype"].default == "auto"
+
+
+# -- device "auto": cuda > mps > cpu, for the trainer and the transformers engine ----------------
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """set(cuda=..., mps=...): what torch reports as available."""
+    import torch
+
+    def set_(cuda: bool, mps: bool):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    return set_
+
+
+@pytest.mark.parametrize("cuda, mps, want", [
+    (True, True, "cuda"), (True, False, "cuda"), (False, True, "mps"), (False, False, "cpu"),
+])
+def test_device_auto_prefers_cuda_then_mps_then_cpu(gpus, cuda, mps, want):
+    gpus(cuda, mps)
+    assert dtypes.resolve_device("auto") == want
+
+
+def test_explicit_device_is_checked(gpus):
+    gpus(False, False)
+    assert dtypes.resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="no CUDA GPU: use --device cpu"):
+        dtypes.resolve_device("cuda:0")
+    with pytest.raises(ValueError, match="MPS backend is not available.*use --device cpu"):
+        dtypes.resolve_device("mps")
+    with pytest.raises(ValueError, match="device must be one of"):
+        dtypes.resolve_device("tpu")
+    gpus(True, True)
+    assert dtypes.resolve_device("mps") == "mps" and dtypes.resolve_device("cuda:1") == "cuda:1"
+
+
+def test_auto_dtype_on_mps_is_float32_unless_asked(monkeypatch):
+    monkeypatch.setattr(dtypes, "cpu_capability", lambda: "AVX512+AMX")   # the host's CPU plays no part
+    assert dtypes.resolve_dtype("auto", "mps") == "float32"
+    assert dtypes.resolve_dtype("bfloat16", "mps") == "bfloat16"
+
+
+def test_trainer_config_accepts_every_device():
+    import typing
+
+    from trainer.config import MAGRPOConfig
+
+    assert typing.get_args(typing.get_type_hints(MAGRPOConfig)["device"]) == dtypes.DEVICES
+    assert MAGRPOConfig(device="mps").device == "mps"
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or mps"):
+        MAGRPOConfig(device="tpu")
+
+
+class _FakeTokenizer:
+    padding_side = "right"
+    pad_token_id = eos_token_id = 0
+    eos_token = "</s>"
+
+
+class _FakeModel:
+    def __init__(self, dtype):
+        self.dtype, self.device = dtype, None
+        self.generation_config = type("G", (), {"eos_token_id": 0})()
+
+    def to(self, device):
+        self.device = device
+        return self
+
+    def eval(self):
+        return self
+
+
+@pytest.mark.parametrize("cuda, mps, want_device, want_dtype", [
+    (False, False, "cpu", "float32"), (False, True, "mps", "float32"), (True, True, "cuda", "bfloat16"),
+])
+def test_transformers_engine_picks_the_trainers_device(monkeypatch, gpus, cuda, mps, want_device, want_dtype):
+    import torch
+
+    from collab_app.engines import engine_hf
+
+    gpus(cuda, mps)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(dtypes, "cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(engine_hf.AutoTokenizer, "from_pretrained", lambda *a, **k: _FakeTokenizer())
+    monkeypatch.setattr(engine_hf.AutoModelForCausalLM, "from_pretrained", lambda *a, dtype, **k: _FakeModel(dtype))
+    eng = engine_hf.TransformersEngine("unused-model-path")
+    assert (eng.device, eng.dtype, eng.model.device, eng.model.dtype) == (
+        want_device, want_dtype, want_device, getattr(torch, want_dtype))
+    assert engine_hf.TransformersEngine("unused-model-path", device="cpu").device == "cpu"   # explicit wins

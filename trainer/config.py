@@ -28,8 +28,8 @@ class MAGRPOConfig:
     """agents in the team; must equal the task's number of roles."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """dtype of the trainer's frozen base model: auto (bf16 on a GPU or a CPU with native bf16, else fp32; trainer/dtypes.py), float32 or bfloat16 (LoRA weights and optimizer state are always float32)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """where the trainer's model and optimizers live: auto (cuda when a GPU is visible, else cpu), cpu or cuda."""
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    """where the trainer's model and optimizers live: auto (cuda when a GPU is visible, else mps on Apple silicon, else cpu; trainer/dtypes.py), cpu, cuda or mps."""
 
     # -- groups and joint actions (paper §4) --------------------------------------------------
     num_generations: int = 4
@@ -129,7 +129,7 @@ class MAGRPOConfig:
              f"advantage_mode must be one of mean, rloo, max, raw; got {self.advantage_mode!r}")
         need(self.engine in ("auto", "vllm", "transformers"), f"engine must be auto, vllm or transformers, got {self.engine!r}")
         need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
-        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
+        need(self.device in ("auto", "cpu", "cuda", "mps"), f"device must be auto, cpu, cuda or mps, got {self.device!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
         need(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
         joint = self.num_generations ** (self.num_agents if self.joint_mode == "cross" else 1)

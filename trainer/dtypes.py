@@ -1,4 +1,5 @@
-"""dtype "auto": the dtype a CPU or GPU computes fastest in, for the engines and the trainer.
+"""dtype and device "auto" for the engines and the trainer: the dtype a CPU or GPU computes
+fastest in, and the device (cuda > mps > cpu) their models go on.
 
 Lives in trainer/ (not collab_app/) because the trainer must not import collab_app, while
 collab_app may import trainer: `collab_app.engines.resolve_dtype` re-exports this one.
@@ -12,6 +13,35 @@ features are read from torch.cpu's own probes as well.
 from __future__ import annotations
 
 DTYPES = ("auto", "bfloat16", "float32")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def mps_available() -> bool:
+    """Apple-silicon GPU through torch's MPS backend (macOS 12.3+, a torch built with it)."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def resolve_device(device: str = "auto") -> str:
+    """"cuda" | "mps" | "cpu" (or the given "cuda:N") for `device` in DEVICES. auto: cuda when torch
+    sees a CUDA GPU, else mps on Apple silicon, else cpu. An explicit device torch cannot use is
+    refused here, with the fix, rather than deep inside the first `.to(device)`."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if mps_available() else "cpu"
+    if device not in DEVICES and not str(device).startswith("cuda:"):
+        raise ValueError(f"device must be one of {DEVICES} (or cuda:N), got {device!r}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch sees no CUDA GPU: use --device cpu (or auto)")
+    if device == "mps" and not mps_available():
+        raise ValueError("device='mps' but torch's MPS backend is not available (it needs Apple silicon, "
+                         "macOS 12.3+ and torch's macOS wheel): use --device cpu (or auto)")
+    return device
 
 
 def cpu_capability() -> str:
@@ -33,13 +63,18 @@ def cpu_has_native_bf16(capability: str) -> bool:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """"bfloat16" | "float32" for `dtype` in DTYPES on `device` ("cpu", "cuda", "cuda:0", ...).
-    auto: on CUDA bf16 if the GPU supports it; on CPU bf16 only with native bf16 (AVX512_BF16 /
-    AMX), else fp32."""
+    """"bfloat16" | "float32" for `dtype` in DTYPES on `device` ("cpu", "cuda", "cuda:0", "mps").
+    auto: on CUDA bf16 if the GPU supports it; on MPS fp32; on CPU bf16 only with native bf16
+    (AVX512_BF16 / AMX), else fp32."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if dtype != "auto":
         return dtype
+    if str(device).startswith("mps"):
+        # bf16 on MPS depends on the macOS version (older ones reject bf16 tensors on the GPU) and
+        # torch has no probe for it like CUDA's is_bf16_supported: fp32 always works; a user whose
+        # Mac has it asks for bfloat16.
+        return "float32"
     if str(device).startswith("cuda"):
         import torch
 

@@ -31,6 +31,7 @@ from transformers.generation.streamers import BaseStreamer
 from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_requests, resolve_dtype
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
+from trainer.dtypes import resolve_device
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 
@@ -106,7 +107,7 @@ class TransformersEngine:
             torch.set_num_threads(num_threads)
         self.model_path = model_path
         self.max_model_len = max_model_len
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or resolve_device("auto")  # the trainer's rule: cuda > mps > cpu
         self.dtype = resolve_dtype(dtype, self.device)  # "auto": bf16 only where the hardware has it natively
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"  # decoder-only batched generate needs left padding
