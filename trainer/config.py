@@ -129,7 +129,7 @@ class MAGRPOConfig:
              f"advantage_mode must be one of mean, rloo, max, raw; got {self.advantage_mode!r}")
         need(self.engine in ("auto", "vllm", "transformers"), f"engine must be auto, vllm or transformers, got {self.engine!r}")
         need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
-        need(self.device in ("auto", "cpu", "cuda", "mps"), f"device must be auto, cpu, cuda or mps, got {self.device!r}")
+        need(self.device in ("auto", "cpu", "cuda", "mps"), f"device must be auto, cpu or cuda (or mps on Apple silicon), got {self.device!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
         need(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
         joint = self.num_generations ** (self.num_agents if self.joint_mode == "cross" else 1)
