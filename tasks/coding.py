@@ -15,25 +15,43 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   statements (``import math``, ``assert True``) run as part of the next test. All tests run in
   one sandboxed process (tasks/sandbox.py), each separately: a failing test doesn't stop the rest.
 - ``cooperation`` (the paper's levels, decided at RUN time, never on the source text): 0 unless
-  some passing test shows that the entry function (main) called the helper's ``aux`` and that
-  aux's result reached main's return value; then +0.5, +1.0 more if main is not a thin wrapper
-  around ``aux``, and -0.5 if some call site of ``aux`` has its result ignored. Range 0 .. 1.5.
+  some passing test shows that the entry function (main) called the helper's ``aux`` and used
+  the result of some call site; then +0.5, +1.0 more if main is not a thin wrapper around
+  ``aux``, and -0.5 if some call site of ``aux`` has its result ignored. Range 0 .. 1.5.
 
-  How "called" and "reaches" are measured (make_probe in tasks/_sandbox_harness.py, inside the
-  same sandbox process, after every test verdict is in): each test that passed is re-run in a
-  fresh namespace with aux and main wrapped. *Called*: an aux call made while main runs, that
-  returned (aux's own recursion not counted). *Reaches*: counterfactual dependence -- re-run with
-  the results of one call site of aux replaced by different values (~n / -x-1.5 / s+"\0" /
-  elementwise, falsy<->truthy, larger numbers; None and other types by a poison object that
-  raises on any use); the site reaches the return if main's return values change (a control
-  re-run must reproduce them first, else the test counts for nothing). *Thin wrapper*: on every
-  passing test where aux's result reaches the return, each main call returned one of its aux
-  results unchanged (the same object or an equal value of the same type) -- whatever the code
-  looks like (``return aux(x)``, ``r = aux(x); r = r; return r``, ``return int(aux(x))``).
-  *Ignored*: a call site that ran during a passing test but whose result never reached the
-  return. So ``_ = aux(x)`` beside an independent solution, ``if False: aux(x)`` and
-  ``r = aux(x); return r * 0 + g(x)`` earn nothing; ``r = aux(x); r = r; return r`` earns the
-  thin wrapper's 0.5, like ``return aux(x)``.
+  How it is measured (make_probe in tasks/_sandbox_harness.py, inside the same sandbox process,
+  after every test verdict is in): each test that passed is re-run in a fresh namespace with aux
+  and main wrapped. *Called*: an aux call made while main runs, that returned (aux's own
+  recursion not counted). *Used*: counterfactual dependence -- re-runs with aux's results
+  replaced by different values (~n / -x-1.5 / s+"\0" / elementwise, falsy<->truthy, larger
+  numbers; None and other types by a poison object that raises on any use). A replacement
+  depends on the value alone, so equal results always get equal replacements, as from a
+  different aux. Per call site two re-runs: its results ALONE, and TOGETHER with every call, at
+  any site, that returned a value equal to one of them (the same re-run when no other site did).
+  The site is used if main's return values change in both (a control re-run must reproduce them
+  first, else the test counts for nothing; floats within a relative 1e-9 count as unchanged:
+  rounding is not a dependence). TOGETHER by itself would miss a dropped duplicate
+  (``r = aux(x); aux(x); return r + 1``); ALONE by itself would credit results that cancel out
+  (``return g(x) + aux(x) - aux(x)``: each call alone changes the sum, both together, as from a
+  different aux, change nothing). *Thin wrapper*: on every passing test where some site is used,
+  each main call returned a value equal to every result it got from used sites -- each result as
+  aux returned it (a copy, so that a list main changed in place is not aux's value any more) and
+  up to a conversion: an equal int/float/complex, or int(), float(), complex(), str(), list(),
+  tuple(), set(), frozenset() of a builtin result; never a bool (``aux(x) > 5`` is a predicate,
+  not a conversion). *Ignored*: a call site that ran during a
+  passing test and was used in none. Whatever the code looks like:
+
+  - 0: ``_ = aux(x)`` beside an independent solution, ``if False: aux(x)``,
+    ``r = aux(x); return r * 0 + g(x)``, ``return g(x) if aux(x) == aux(x) else None``, and
+    ``return g(x) + aux(x) - aux(x)`` (nothing used: exactly what the same solution earns
+    without calling aux); ``return aux(x) + aux(y) - aux(y)`` and ``r = aux(x); aux(y); return r``
+    (a thin wrapper's 0.5, -0.5 for the ignored calls: an extra call never buys the +1.0).
+  - 0.5 (thin wrapper): ``return aux(x)``, ``r = aux(x); r = r; return r``,
+    ``return float(aux(x))`` / ``int(...)`` / ``list(...)`` / ``tuple(...)`` / ``str(...)``,
+    ``return aux(x) + 0.0``, ``return max(aux(x), aux(x))``.
+  - 1.5: ``return math.pi * aux(r)``, ``return aux(s).upper() + "!"``,
+    ``r = aux(xs); r.append(0); return r``, ``return max(aux(a), aux(b))`` (both used, and
+    different on some test); 1.0 with an ignored bare ``aux(0)`` beside.
 
   Why this and not a static data-flow analysis of the AST: the AST says what could flow, not
   what did (``if False:``, ``r * 0``, a branch that returns the same either way all look like
@@ -41,16 +59,23 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   functions) and so could change the verdicts. Perturbation runs the real code on the real
   tests and only ever touches aux's return value.
 
-  What it still cannot catch: a result that is checked rather than used counts as reaching
-  (``return g(x) if aux(x) == aux(x) else None`` -- dependence, not usefulness; likewise a
-  perturbed run that no longer returns in time counts as a change); a dependence that none of
-  the perturbations exercises on any passing test is missed (less credit, never more); tests the
-  probe's budget did not reach can hide an ignored call site (a missed -0.5); an identity
-  ``aux`` through which main passes its own answer (``return aux(solve(x))``) earns the
-  wrapper's 0.5; side effects of aux (it sorts main's list in place) earn nothing; code that deliberately attacks the harness (introspection, signal
-  handlers) can forge the probe like it can forge verdicts (tasks/sandbox.py says so). The probe
-  has a time budget (a third of the wall-clock limit, at most 5 s) and loses only itself if it
-  hangs: tests it did not reach give no credit.
+  What it still cannot catch: a result that is checked rather than used counts as used
+  (``return g(x) if aux(x) == g(x) else None`` -- dependence, not usefulness; likewise a
+  perturbed run that no longer returns in time counts as a change), and so does an identity
+  that holds for aux's actual results but not for the replacements (``g(x) + abs(aux(x)) -
+  aux(x)`` with aux never negative); a second result that could matter but does not on the tests
+  (``max(aux(x), aux(x - 1))`` with an increasing aux) makes main more than a wrapper; a
+  dependence that none of the replacements exercises on any passing test is missed (less
+  credit, never more: ``max(aux(a), aux(b))`` where aux(a) stays far below aux(b)); TOGETHER
+  matches at most 64 distinct container values per site (numbers and strings: all), and results
+  over 10,000 items or of the candidate's own classes are compared as objects, not copied (one
+  changed in place still looks passed on); tests the probe's budget did not reach can hide an
+  ignored call site (a missed -0.5); an identity ``aux`` through which main passes its own
+  answer (``return aux(solve(x))``) earns the wrapper's 0.5; side effects of aux (it sorts
+  main's list in place) earn nothing; code that deliberately attacks the harness
+  (introspection, signal handlers) can forge the probe like it can forge verdicts
+  (tasks/sandbox.py says so). The probe has a time budget (a third of the wall-clock limit, at
+  most 5 s) and loses only itself if it hangs: tests it did not reach give no credit.
 
 Where we deliberately differ from the reference (which uses regexes on source lines):
 - cooperation is measured at run time as above, not by regexes; ``return math.pi * aux(r)`` is
