@@ -102,3 +102,15 @@ def test_results_combined_with_max_are_a_real_use():
     same = _score('def size(a, b):\n    """len(a)."""\n', "assert size('ab', 'c') == 2\nassert size('', 'x') == 0",
                   aux, "def size(a, b):\n    return max(aux(a), aux(a))")
     assert same.details["thin_wrapper"] and same.levels["cooperation"] == 0.5, same.details
+
+
+def test_identical_generator_expressions_are_two_call_sites():
+    """Two copies of `sum(aux(v) for v in xs)` in main are two sites (same function name, line
+    within it and offset): the one whose result is dropped is ignored (1.0), and its verdict
+    does not overwrite the used one's."""
+    r = _score('def squares(xs):\n    """The sum of the squares."""\n',
+               "assert squares([1, 2]) == 5\nassert squares([3, 3, 1]) == 19",
+               "def aux(v):\n    return v * v",
+               "def squares(xs):\n    r = sum(aux(v) for v in xs)\n    sum(aux(v) for v in xs)\n    return r + 0")
+    assert r.details["aux_reaches_return"] and r.details["ignores_aux"], r.details
+    assert r.levels["cooperation"] == 1.0 and len(r.details["ignored_sites"]) == 1
