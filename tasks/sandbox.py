@@ -14,7 +14,8 @@ DESIGN §7. `run_tests(code, tests)` never executes anything in the calling proc
   checked in /proc/self/status before any candidate code, else the run fails to start);
 - nice 19 for every process of the run (SCHED_IDLE was left out: on a busy box it starves a
   check into its wall-clock timeout, so the same answer would score differently under load);
-- at most `max_concurrent()` runs at once in this process (default: CPU count; env
+- at most `max_concurrent()` runs at once in this process (default: the CPUs it may use, its
+  affinity within its cgroup's CPU quota, collab_app/online/cpushare.py's cpu_budget(); env
   COLLAB_SANDBOX_MAX_CONCURRENT or `set_max_concurrent(n)`); callers beyond that wait;
 - a per-run cgroup v2 (memory.max = Limits.total_memory_mb for all its processes and their
   tmpfs files, swap 0, pids.max, cpu.max = Limits.cpus) when the app may create one: a cgroup
@@ -379,7 +380,11 @@ class _Gate:
                                          f"once), got {raw!r}: fix or unset it")
                     self._limit = int(raw)
                 else:
-                    self._limit = max(1, len(os.sched_getaffinity(0)))
+                    # affinity within the cgroup's CPU quota: in a quota-limited container affinity
+                    # lists every core of the node, and runs past the quota only time out
+                    from collab_app.online.cpushare import cpu_budget
+
+                    self._limit = cpu_budget()
             return self._limit
 
     def set(self, n: int | None) -> None:
@@ -407,7 +412,7 @@ _GATE = _Gate()
 
 def set_max_concurrent(n: int | None) -> None:
     """At most `n` sandbox runs at once in this process (others wait); None: back to
-    COLLAB_SANDBOX_MAX_CONCURRENT, else the CPU count."""
+    COLLAB_SANDBOX_MAX_CONCURRENT, else the CPUs this process may use (cpushare.cpu_budget())."""
     _GATE.set(n)
 
 

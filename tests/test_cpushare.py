@@ -88,3 +88,243 @@ def test_serve_limits_reach_the_app_and_refuse_nonsense():
     assert (cfg.max_rounds_per_minute, cfg.max_ratings_per_minute) == (0, 5)
     with pytest.raises(ValueError, match="0 = no limit"):
         ServeConfig(max_rounds_per_minute=-1)
+
+
+# ----------------------------------------------------------------------------- CPU budget: affinity within the cgroup quota
+
+def _cgroups(tmp_path, proc_lines: str, files: dict[str, str]):
+    """A fake cgroup tree under tmp_path/root and a fake /proc/self/cgroup; returns (root, proc)."""
+    root = tmp_path / "root"
+    root.mkdir(parents=True)
+    for rel, text in files.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(proc_lines)
+    return str(root), str(proc)
+
+
+@pytest.fixture
+def fake_box(tmp_path, monkeypatch):
+    """fake_box(cores, proc_lines, files): this process sees `cores` as its affinity and the
+    fake cgroup tree as its own (cpushare reads them; nothing of the real box is changed)."""
+    import collab_app.online.cpushare as cs
+
+    def make(cores, proc_lines="0::/\n", files=None):
+        root, proc = _cgroups(tmp_path, proc_lines, files or {})
+        monkeypatch.setattr(cs, "CGROUP_ROOT", root)
+        monkeypatch.setattr(cs, "PROC_CGROUP", proc)
+        monkeypatch.setattr(cs, "_BEFORE_SPLIT", None)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cores))
+        return root
+    return make
+
+
+def test_v2_quota_is_the_tightest_along_the_cgroup_path(tmp_path):
+    from collab_app.online.cpushare import cgroup_cpu_limit
+
+    root, proc = _cgroups(tmp_path, "0::/kubepods/pod1/ctr\n", {
+        "cgroup.controllers": "cpu memory pids",
+        "kubepods/cpu.max": "max 100000",
+        "kubepods/pod1/cpu.max": "150000 100000",      # the pod: 1.5 CPUs binds the container too
+        "kubepods/pod1/ctr/cpu.max": "400000 100000",
+    })
+    cpus, where = cgroup_cpu_limit(root, proc)
+    assert cpus == 1.5 and where == os.path.join(root, "kubepods", "pod1", "cpu.max")
+
+
+@pytest.mark.parametrize("files", [
+    {"cgroup.controllers": "cpu", "a/cpu.max": "max 100000"},     # 'max' = no quota
+    {"cgroup.controllers": "cpu", "a/cpu.max": "garbage"},
+    {"cgroup.controllers": "cpu"},                               # no cpu.max anywhere
+    {},                                                          # nothing mounted
+])
+def test_no_v2_quota(tmp_path, files):
+    from collab_app.online.cpushare import cgroup_cpu_limit
+
+    root, proc = _cgroups(tmp_path, "0::/a\n", files)
+    assert cgroup_cpu_limit(root, proc) is None
+
+
+def test_missing_proc_cgroup_means_no_quota(tmp_path):
+    from collab_app.online.cpushare import cgroup_cpu_limit
+
+    assert cgroup_cpu_limit(str(tmp_path), str(tmp_path / "absent")) is None
+
+
+def test_v1_quota_and_a_container_without_cgroup_namespace(tmp_path):
+    """v1: cpu.cfs_quota_us / cpu.cfs_period_us (-1 = none). A container without a cgroup
+    namespace sees the host's path in /proc/self/cgroup but its own cgroup at the mount root."""
+    from collab_app.online.cpushare import cgroup_cpu_limit
+
+    root, proc = _cgroups(tmp_path, "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "200000", "cpu,cpuacct/cpu.cfs_period_us": "100000"})
+    assert cgroup_cpu_limit(root, proc) == (2.0, os.path.join(root, "cpu,cpuacct", "cpu.cfs_quota_us"))
+    root2, proc2 = _cgroups(tmp_path / "unlimited", "4:cpu:/x\n", {
+        "cpu/x/cpu.cfs_quota_us": "-1", "cpu/x/cpu.cfs_period_us": "100000"})
+    assert cgroup_cpu_limit(root2, proc2) is None
+
+
+def test_hybrid_layout_takes_the_tighter_of_v1_and_v2(tmp_path):
+    from collab_app.online.cpushare import cgroup_cpu_limit
+
+    root, proc = _cgroups(tmp_path, "1:cpu:/s\n0::/s\n", {
+        "cpu/s/cpu.cfs_quota_us": "300000", "cpu/s/cpu.cfs_period_us": "100000",
+        "unified/s/cpu.max": "50000 100000"})
+    assert cgroup_cpu_limit(root, proc)[0] == 0.5
+
+
+@pytest.mark.parametrize("quota, budget", [(None, 8), ("200000 100000", 2), ("150000 100000", 2),
+                                           ("50000 100000", 1), ("1600000 100000", 8)])
+def test_cpu_budget_is_affinity_within_the_quota_rounded_up(fake_box, quota, budget):
+    from collab_app.online.cpushare import cpu_budget
+
+    fake_box(range(8), "0::/c\n", {"cgroup.controllers": "cpu", **({"c/cpu.max": quota} if quota else {})})
+    assert cpu_budget() == budget
+
+
+def test_split_under_a_quota_pins_to_the_first_budget_cores(fake_box):
+    """16 cores of affinity, a quota of 2 CPUs: one core each, the first two, not 8 + 8."""
+    fake_box(range(4, 20), "0::/c\n", {"cgroup.controllers": "cpu", "c/cpu.max": "200000 100000"})
+    assert plan(0, on_gpu=False) == CpuSplit(engine=(4,), trainer=(5,))
+
+
+def test_sandbox_cap_follows_the_quota(fake_box, monkeypatch):
+    from tasks import sandbox
+
+    fake_box(range(16), "0::/c\n", {"cgroup.controllers": "cpu", "c/cpu.max": "200000 100000"})
+    monkeypatch.delenv(sandbox.MAX_CONCURRENT_ENV, raising=False)
+    sandbox.set_max_concurrent(None)
+    try:
+        assert sandbox.max_concurrent() == 2
+    finally:
+        sandbox.set_max_concurrent(None)
+
+
+@pytest.fixture
+def restore_serving():
+    """Undo apply_to_serving: affinity, thread variables, torch threads, the remembered cores."""
+    import torch
+
+    import collab_app.online.cpushare as cs
+
+    before, setaffinity = os.sched_getaffinity(0), os.sched_setaffinity   # the test may patch them away
+    threads = torch.get_num_threads()
+    saved = {v: os.environ.get(v) for v in (*cs.THREAD_VARS, "VLLM_CPU_OMP_THREADS_BIND")}
+    yield
+    setaffinity(0, before)
+    cs._BEFORE_SPLIT = None
+    torch.set_num_threads(threads)
+    for v, val in saved.items():
+        os.environ.pop(v, None) if val is None else os.environ.__setitem__(v, val)
+
+
+def test_macos_without_affinity_api_splits_thread_counts_only(monkeypatch, restore_serving):
+    """No os.sched_getaffinity / sched_setaffinity (macOS): os.cpu_count() cores, thread counts
+    set, nothing pinned, vLLM told not to bind."""
+    import collab_app.online.cpushare as cs
+
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.delattr(os, "sched_setaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(cs, "PROC_CGROUP", "/nonexistent/proc/self/cgroup")   # no cgroups on macOS
+    assert cs.cpu_budget() == 4
+    split = cs.plan(0, on_gpu=False)
+    assert split == CpuSplit(engine=(0, 1), trainer=(2, 3))
+    cs.apply_to_serving(split)
+    assert os.environ["OMP_NUM_THREADS"] == "2" and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert cs.plan(0, on_gpu=False) == split
+
+
+def test_pin_without_affinity_api_still_execs_with_thread_counts():
+    code = ("import os, sys; del os.sched_setaffinity, os.sched_getaffinity; "
+            "from collab_app.online.cpushare import main; "
+            "main(['pin', '0,1', '--', sys.executable, '-c', 'import os; print(os.environ[\"OMP_NUM_THREADS\"])'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
+
+
+def test_affinity_errors_are_logged_not_raised(monkeypatch, caplog, restore_serving):
+    import collab_app.online.cpushare as cs
+
+    def refuse(*_):
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    with caplog.at_level("WARNING", logger=cs.__name__):
+        cs.apply_to_serving(CpuSplit(engine=(0,), trainer=(1,)))
+    assert "could not pin this process to cores 0" in caplog.text and "--engine-cores -1" in caplog.text
+    assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    monkeypatch.setattr(os, "sched_getaffinity", refuse)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(cs, "PROC_CGROUP", "/nonexistent/proc/self/cgroup")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=cs.__name__):
+        assert cs.cpu_budget() == 3
+    assert "cannot read this process's CPU affinity" in caplog.text
+
+
+# ----------------------------------------------------------------------------- a real cpu-limited cgroup
+
+def _real_cpu_cgroup(name: str):
+    """(dir to create, quota file writer) for a CPU-limited cgroup on this machine, or a reason
+    why there is none. Only ever creates a child cgroup of a hierarchy root; enables nothing."""
+    if os.geteuid() != 0:
+        return None, "needs root to create a cgroup"
+    mounts = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fstype, _, opts = right.split(" ")[:3]
+                mounts.setdefault(fstype, []).append((left.split(" ")[4], opts.strip().split(",")))
+    except OSError as e:
+        return None, f"cannot read mountinfo ({e})"
+    for mnt, _ in mounts.get("cgroup2", []):
+        try:
+            with open(os.path.join(mnt, "cgroup.subtree_control")) as f:
+                ok = "cpu" in f.read().split()
+        except OSError:
+            ok = False
+        if ok and os.access(mnt, os.W_OK):
+            return (os.path.join(mnt, name), lambda d: open(os.path.join(d, "cpu.max"), "w").write("100000 100000")), ""
+    for mnt, opts in mounts.get("cgroup", []):
+        if "cpu" in opts and os.access(mnt, os.W_OK):
+            return (os.path.join(mnt, name),
+                    lambda d: open(os.path.join(d, "cpu.cfs_quota_us"), "w").write(
+                        open(os.path.join(d, "cpu.cfs_period_us")).read().strip())), ""
+    return None, "no writable cgroup v2 root with the cpu controller enabled, nor a writable v1 cpu hierarchy"
+
+
+def test_split_in_a_real_cpu_limited_cgroup():
+    """A child moved into a cgroup with a quota of one CPU (cpu.max, or cfs_quota_us on v1) sees a
+    budget of 1: no split, one core; the same child outside it sees every core of its affinity."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 usable cores for a quota below the affinity")
+    made, why = _real_cpu_cgroup(f"collab-test-{os.getpid()}")
+    if made is None:
+        pytest.skip(why)
+    path, set_one_cpu = made
+    probe = ("import json, os, sys\n"
+             "if sys.argv[1]: open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
+             "from collab_app.online import cpushare as c\n"
+             "s = c.plan(0, on_gpu=False)\n"
+             "print(json.dumps([c.cpu_budget(), c.usable_cores(), s and [s.engine, s.trainer]]))\n")
+    os.mkdir(path)
+    try:
+        set_one_cpu(path)
+        inside = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True, timeout=120)
+        outside = subprocess.run([sys.executable, "-c", probe, ""], capture_output=True, text=True, timeout=120)
+    finally:
+        for _ in range(100):   # the exited child may linger as a zombie for a moment
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                import time
+                time.sleep(0.05)
+    import json
+    assert inside.returncode == 0, inside.stderr
+    assert json.loads(inside.stdout) == [1, cores[:1], None]
+    assert json.loads(outside.stdout)[:2] == [len(cores), cores]

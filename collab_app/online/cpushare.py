@@ -27,6 +27,12 @@ cores and every OpenMP barrier waits for the other process (issue 10: a 16 s ste
 a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only the
 spread is clear: one thread per process is far less sensitive to neighbours than two).
 
+The core count is `cpu_budget()`: this process's affinity mask, cut down to its cgroup's CPU
+quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us; the tightest along its cgroup path), or
+os.cpu_count() where the OS has no affinity API (macOS). A container limited by quota still lists
+every core of the node in its affinity; counting those would give each side of the split, and the
+sandbox's concurrency cap (tasks/sandbox.py), far more threads than the CPU time it gets.
+
 Also here: `training_load()`, a real MAGRPO update loop in a child process on the trainer
 child's cores (fake groups on the embedded model), for benches that measure "a round beside a
 training step" (`collab bench generate`).
@@ -40,6 +46,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -67,13 +74,121 @@ def _fmt(cores) -> str:
     return ",".join(str(c) for c in cores)
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"          # where the cgroup hierarchies are mounted
+PROC_CGROUP = "/proc/self/cgroup"       # this process's cgroup path in each hierarchy
 _BEFORE_SPLIT: set[int] | None = None   # this process's cores before apply_to_serving narrowed them
 
 
+def affinity_cores() -> list[int] | None:
+    """The cores this process's affinity mask allows; None where the OS has no affinity API
+    (macOS) or the mask cannot be read (logged)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except OSError as e:
+        log.warning("cannot read this process's CPU affinity (%s): counting os.cpu_count() = %s cores instead",
+                     e, os.cpu_count())
+        return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _limit_v2(d: str) -> float | None:
+    """CPUs allowed by `d`/cpu.max ("max 100000" = none, "200000 100000" = 2.0)."""
+    raw = _read(os.path.join(d, "cpu.max"))
+    parts = raw.split() if raw else []
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _limit_v1(d: str) -> float | None:
+    """CPUs allowed by `d`/cpu.cfs_quota_us over cpu.cfs_period_us (quota -1 = none)."""
+    quota, period = _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
+    try:
+        q, p = int(quota), int(period)   # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def cgroup_cpu_limit(root: str | None = None, proc_cgroup: str | None = None) -> tuple[float, str] | None:
+    """The tightest CPU quota on this process, in CPUs, and the file that sets it; None = no quota.
+
+    Reads `proc_cgroup` (default PROC_CGROUP; "0::/path" for cgroup v2, "N:cpu,cpuacct:/path"
+    for v1), then the quota files of that cgroup and of every ancestor up to the hierarchy's
+    root: a parent's quota binds all of its children. Under `root` (default CGROUP_ROOT) v2 is
+    looked for at the root itself or at unified/ (hybrid layout), v1's cpu controller at
+    <its controller list>/ or cpu/. A cgroup dir that is not there is skipped, not an error: in
+    a container without a cgroup namespace the path names the host's hierarchy, while the
+    container's own cgroup is what is mounted at the root."""
+    root = root or CGROUP_ROOT
+    text = _read(proc_cgroup or PROC_CGROUP)
+    if not text:
+        return None
+    found: list[tuple[float, str]] = []
+    for line in text.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            bases, reader, name = [root, os.path.join(root, "unified")], _limit_v2, "cpu.max"
+        elif "cpu" in controllers.split(","):
+            bases = [os.path.join(root, controllers), os.path.join(root, "cpu")]
+            reader, name = _limit_v1, "cpu.cfs_quota_us"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        for base in dict.fromkeys(bases):
+            if not os.path.isdir(base):
+                continue
+            for k in range(len(parts), -1, -1):
+                d = os.path.join(base, *parts[:k])
+                cpus = reader(d)
+                if cpus is not None:
+                    found.append((cpus, os.path.join(d, name)))
+    return min(found) if found else None
+
+
+def _within_quota(n: int) -> int:
+    """min(n, ceil(this process's cgroup CPU quota)), at least 1."""
+    limit = cgroup_cpu_limit()
+    return max(1, min(n, math.ceil(limit[0])) if limit is not None else n)
+
+
+def cpu_budget() -> int:
+    """How many CPUs this process can keep busy: its affinity cores (os.cpu_count() where the OS
+    has no affinity API) within its cgroup's CPU quota (rounded up), at least 1."""
+    cores = affinity_cores()
+    return _within_quota(len(cores) if cores is not None else (os.cpu_count() or 1))
+
+
 def usable_cores() -> list[int]:
-    """The cores this process may run on (its affinity mask, not the machine's count), as they
-    were before `apply_to_serving` confined it (so a second plan() sees the same box)."""
-    return sorted(_BEFORE_SPLIT or os.sched_getaffinity(0))
+    """The cores the split gives out: this process's affinity mask as it was before
+    `apply_to_serving` confined it (so a second plan() sees the same box), cut to the first
+    ceil(cgroup CPU quota) of them. Without an affinity API (macOS) they are 0..n-1: labels
+    that set thread counts; nothing is pinned there.
+
+    Why cut: under a quota of k CPUs all the cgroup's runnable threads share k CPUs' time,
+    whatever cores they run on. Spread over every core of the node, the engine and the trainer
+    child would run far more threads than k (OpenMP barriers then wait on throttled threads)
+    and compete for the same quota; on k distinct cores, with thread counts to match, each side
+    gets the share the split gives it. Which k cores does not matter (a quota is time, not
+    cores); the first ones keep plan() repeatable."""
+    cores = sorted(_BEFORE_SPLIT) if _BEFORE_SPLIT else affinity_cores()
+    if cores is None:
+        cores = list(range(os.cpu_count() or 1))
+    return cores[:_within_quota(len(cores))]
 
 
 def _on_gpu() -> bool:
@@ -94,9 +209,24 @@ def plan(engine_cores: int = 0, cores: list[int] | None = None, on_gpu: bool | N
         return None
     e = engine_cores or max(1, len(cores) // 2)
     if e >= len(cores):
-        raise ValueError(f"engine_cores={e} leaves no core for the trainer child ({len(cores)} usable: "
+        raise ValueError(f"engine_cores={e} leaves no core for the trainer child ({len(cores)} usable, affinity "
+                         f"within the CPU quota: "
                          f"{_fmt(cores)}): use at most {len(cores) - 1}, 0 for auto, or -1 for no split")
     return CpuSplit(engine=tuple(cores[:e]), trainer=tuple(cores[e:]))
+
+
+def _confine(cores) -> bool:
+    """Set this process's affinity to `cores`; False (logged) where that cannot be done."""
+    if not hasattr(os, "sched_setaffinity"):
+        log.info("no CPU affinity on this OS: the split sets thread counts (%d here) but pins nothing", len(cores))
+        return False
+    try:
+        os.sched_setaffinity(0, cores)
+        return True
+    except OSError as e:
+        log.warning("could not pin this process to cores %s (%s): it and its neighbour may share cores; thread "
+                    "counts still follow the split (use --engine-cores -1 to turn the split off)", _fmt(cores), e)
+        return False
 
 
 def apply_to_serving(split: CpuSplit) -> None:
@@ -106,12 +236,14 @@ def apply_to_serving(split: CpuSplit) -> None:
     bound to those cores (its own default binding would take every core)."""
     global _BEFORE_SPLIT
     if _BEFORE_SPLIT is None:
-        _BEFORE_SPLIT = set(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, split.engine)
+        before = affinity_cores()
+        _BEFORE_SPLIT = set(before) if before is not None else None
+    pinned = _confine(split.engine)
     n = str(len(split.engine))
     for var in THREAD_VARS:
         os.environ[var] = n
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _fmt(split.engine)
+    # unpinned, vLLM's binding to these cores would fail the same way (or, on "auto", take every core)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _fmt(split.engine) if pinned else "nobind"
     try:
         import torch
 
@@ -127,7 +259,7 @@ def pinned_command(cores, argv: list[str]) -> list[str]:
 
 
 def _pin_and_exec(cores: list[int], argv: list[str]) -> None:
-    os.sched_setaffinity(0, cores)
+    _confine(cores)
     for var in THREAD_VARS:
         os.environ[var] = str(len(cores))   # torch reads OMP_NUM_THREADS when it starts
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)   # the serving process's cores, not ours
@@ -184,7 +316,7 @@ def _load_loop(args) -> None:
         os.replace(args.status + ".tmp", args.status)
 
     write({"ready": True, "steps": 0, "pid": os.getpid(), "threads": torch.get_num_threads(),
-           "cores": sorted(os.sched_getaffinity(0))})
+           "cores": affinity_cores()})
     steps = 0
     while not stop:
         for g in groups:   # keep them within max_staleness: the load is about compute, not data
@@ -195,7 +327,7 @@ def _load_loop(args) -> None:
         trainer.update(groups)
         steps += 1
         write({"ready": True, "steps": steps, "last_s": time.perf_counter() - t0, "pid": os.getpid(),
-               "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0))})
+               "threads": torch.get_num_threads(), "cores": affinity_cores()})
 
 
 class TrainingLoad:
@@ -243,7 +375,7 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
     argv = [sys.executable, "-m", "collab_app.online.cpushare", "load", "--status", status,
             "--adapters-dir", os.path.join(tmp, "adapters"), "--groups", str(groups),
             "--num-generations", str(num_generations), "--new-tokens", str(new_tokens), "--dtype", dtype]
-    old_aff = os.sched_getaffinity(0)
+    old_aff = affinity_cores()
     old_env = {v: os.environ.get(v) for v in (*THREAD_VARS, "VLLM_CPU_OMP_THREADS_BIND")}
     import torch
     old_threads = torch.get_num_threads()
@@ -268,7 +400,8 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        os.sched_setaffinity(0, old_aff)
+        if old_aff is not None:
+            _confine(old_aff)
         for v, val in old_env.items():
             if val is None:
                 os.environ.pop(v, None)
