@@ -17,6 +17,7 @@ COMMANDS = {
     "trainer": ("collab_app.online.service:cli_main", "background trainer service: trains on ready groups from the store"),
     "serve": ("collab_app.web.serve:cli_main", "engine + Gradio app + trainer service"),
     "export": ("collab_app.online.export:cli_main", "export collected groups, samples and rewards (JSONL, datasets, Parquet)"),
+    "doctor": ("collab_app.commands.doctor:cli_main", "what this machine gives the app (CPU budget, sandbox, engine per agent) and whether training advances"),
 }
 
 
