@@ -531,12 +531,20 @@ class RemoteVLLMEngine:
 
 
 
+class ServerURL(str):
+    """A local server's URL, with the id of its process (local_server)."""
+
+    pid: int
+
+
 @contextlib.contextmanager
 def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1024, max_lora_rank: int = 8,
                  max_loras: int = 4, log_path: str | None = None, nice: int = 0, kv_cache_gib: int = 1,
-                 timeout_s: float = 300.0):
-    """Start vLLM's OpenAI-compatible server for `model_path` on a free loopback port with runtime
-    LoRA loading, wait until /health answers, yield its URL; stop its process group on exit.
+                 timeout_s: float = 300.0, port: int | None = None):
+    """Start vLLM's OpenAI-compatible server for `model_path` on loopback `port` (default: a free
+    one) with runtime LoRA loading, wait until /health answers, yield its URL; stop its process
+    group on exit. The URL is a `ServerURL`: a str whose `.pid` leads the server's process group
+    (a test kills it there to simulate a crash; starting again on the same port is a restart).
 
     For tests and `collab bench generate --engines remote` on this machine (a real deployment
     starts the server itself, docs/SCALING.md). Uses `python -m vllm.entrypoints.openai.api_server`
@@ -551,9 +559,10 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
     import tempfile
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib))
     cmd = ([*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model_path, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
@@ -562,7 +571,8 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
     log_path = log_path or tempfile.mkstemp(prefix="collab-vllm-server-", suffix=".log")[1]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    url = ServerURL(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
 
     def tail() -> str:
         with open(log_path, errors="replace") as f:
