@@ -292,5 +292,82 @@ def test_watcher_loads_from_its_own_mount_and_waits_for_dirs_not_visible_yet(hf_
     store.close()
 
 
-if __name__ == "__main__":   # a torchrun rank (see the `torchrun` fixture)
-    worker(*sys.argv[1:5])
+# ------------------------------------------------------------------------------- a store fault on rank 0
+STORE_FAULT_STEPS = 2
+
+
+def store_fault_worker(out: str, model_path: str, db: str, adapters_dir: str) -> None:
+    """A torchrun rank of `test_store_error_on_rank_0_outside_a_step_keeps_the_ranks_in_step`:
+    the service for two steps of SERVICE_GROUPS groups, rank 0's store failing one poll between
+    them; each rank saves its final adapter weights."""
+    from datetime import timedelta
+
+    from safetensors.torch import save_file
+
+    from collab_app.online.store import Store, StoreError
+    from trainer import distributed
+
+    class FlakyStore(Store):
+        """Fails its second ready-groups read: after step 1, outside any step."""
+        reads = 0
+
+        def ready_groups(self, *args, **kwargs):
+            self.reads += 1
+            if self.reads == 2:
+                raise StoreError("injected: the database went away for one poll")
+            return super().ready_groups(*args, **kwargs)
+
+    distributed.TIMEOUT = timedelta(seconds=120)   # a desynchronised collective fails in minutes, not an hour
+    assert distributed.init() == 2
+    r = distributed.rank()
+    svc = service(db, adapters_dir, model_path, store=FlakyStore(db) if r == 0 else None)
+    svc.cfg.max_steps = STORE_FAULT_STEPS
+    svc.cfg.max_groups_per_step = SERVICE_GROUPS
+    steps = svc.run()
+    trainer = svc.trainers["tldr"]
+    for agent in trainer.agents:
+        save_file(adapter_state(trainer, agent), os.path.join(out, f"fault-rank{r}-{agent}.safetensors"))
+    with open(os.path.join(out, f"fault-rank{r}.json"), "w") as f:
+        json.dump({"steps": steps, "versions": trainer.versions}, f)
+    distributed.close()
+
+
+@pytest.mark.slow
+def test_store_error_on_rank_0_outside_a_step_keeps_the_ranks_in_step(model_path, tmp_path):
+    """Rank 0's store fails one poll between two steps (no collective is running): the service
+    retries, no rank hangs or meets a mismatched collective, both steps run on both ranks, and
+    the ranks end with the same weights, which rank 0 published."""
+    from safetensors.torch import load_file
+
+    from collab_app.online.store import Store
+
+    db = f"sqlite:///{tmp_path / 'fault.db'}"
+    store = Store(db)
+    add_ready_groups(store, STORE_FAULT_STEPS * SERVICE_GROUPS)
+    store.close()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           os.path.abspath(__file__), "--store-fault", str(tmp_path), model_path, db, str(tmp_path / "adapters")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    ranks = "\n".join(line for line in done.stderr.splitlines() if line.startswith("[rank"))
+    assert done.returncode == 0, (ranks or done.stderr)[-6000:]
+    assert "injected: the database went away" in done.stderr          # the fault did happen
+    meta = [json.load(open(tmp_path / f"fault-rank{r}.json")) for r in (0, 1)]
+    assert [m["steps"] for m in meta] == [STORE_FAULT_STEPS] * 2
+    assert meta[0]["versions"] == meta[1]["versions"] == {"summary": STORE_FAULT_STEPS, "detail": STORE_FAULT_STEPS}
+    for agent in ("summary", "detail"):
+        final = [load_file(tmp_path / f"fault-rank{r}-{agent}.safetensors") for r in (0, 1)]
+        assert all(torch.equal(final[0][n], final[1][n]) for n in final[0]), "the ranks' adapters differ"
+        assert torch.equal(torch.cat([final[0][n].reshape(-1) for n in sorted(final[0])]),
+                           load_version(tmp_path / "adapters", agent, STORE_FAULT_STEPS))
+    store = Store(db)
+    assert [s["step"] for s in store.train_steps()] == list(range(1, STORE_FAULT_STEPS + 1))
+    assert store.stats()["groups"]["trained"] == STORE_FAULT_STEPS * SERVICE_GROUPS
+    store.close()
+
+
+if __name__ == "__main__":   # a torchrun rank (the `torchrun` fixture, or the store-fault test)
+    if sys.argv[1] == "--store-fault":
+        store_fault_worker(*sys.argv[2:6])
+    else:
+        worker(*sys.argv[1:5])

@@ -365,7 +365,66 @@ def test_mark_trained_train_steps_and_expiry(store):
     assert store.group(h).status == "expired"
     store.add_rating(store.group(h).joints[0].id, "late", 5)   # still stored, group stays expired
     assert store.group(h).status == "expired" and len(store.ratings_for(group_id=h)) == 1
-    assert store.stats()["groups"] == {"open": 0, "ready": 0, "trained": 2, "expired": 1}
+    assert store.stats()["groups"] == {"open": 0, "ready": 0, "trained": 2, "expired": 1, "untrainable": 0}
+
+
+def test_single_sample_groups_never_become_ready(store):
+    """A group of one answer per agent (an API call with n=1) is stored but never ready: its
+    advantage would raise "a group needs >= 2 returns" in every step that picked it."""
+    single, (jid,), *_ = make_group(store, seed=1, G=1)
+    human_single, (hjid,), *_ = make_group(store, seed=2, G=1, rewards=None)
+    normal, *_ = make_group(store, seed=3)
+    assert store.group(single).status == store.group(human_single).status == "untrainable"
+    store.add_rating(hjid, "person", 5)                     # a rating does not make it ready either
+    assert store.group(human_single).status == "untrainable"
+    for rule in (ReturnRule(mode="auto"), ReturnRule(mode="human_first", human_timeout_s=0)):
+        assert [g.group_id for g in store.ready_groups(rule)] == [normal]
+    stats = store.stats()
+    assert stats["single_sample_groups"] == 2 and stats["groups"]["untrainable"] == 2
+    # a store written before such groups were refused may hold one as "ready": never picked, and
+    # the service's expiry pass (every poll) marks it untrainable
+    legacy, *_ = make_group(store, seed=4, G=1)
+    with store.engine.begin() as c:
+        c.execute(sa.text("UPDATE groups SET status = 'ready' WHERE id = :g"), {"g": legacy})
+    assert [g.group_id for g in store.ready_groups(ReturnRule(mode="auto"))] == [normal]
+    assert store.expire_groups(ReturnRule(mode="auto", human_timeout_s=float("inf"))) == []
+    assert store.group(legacy).status == "untrainable"
+
+
+def test_set_aside_leaves_trained_groups_alone(store):
+    a, *_ = make_group(store, seed=1)
+    b, *_ = make_group(store, seed=2)
+    store.record_train_step(1, {}, [b])
+    assert store.set_aside([a, b]) == 1
+    assert store.group(a).status == "untrainable" and store.group(b).status == "trained"
+    assert store.ready_groups(ReturnRule(mode="auto")) == []
+
+
+def test_a_rating_during_a_step_keeps_the_group_ready(store):
+    """The step read the groups, a rating arrived, then the step was recorded: the re-rated group
+    went into the gradient with its old return, so it is not marked trained."""
+    rule = ReturnRule(mode="human_first", human_timeout_s=0)
+    a, (ja, _), *_ = make_group(store, seed=1)
+    b, *_ = make_group(store, seed=2)
+    read = store.ready_groups(rule)
+    assert [(g.group_id, g.ratings_seen) for g in read] == [(a, 0), (b, 0)]
+    store.add_rating(ja, "person", 5)
+    kept = store.record_train_step(1, {"loss": 0.5}, [a, b], ratings_seen={g.group_id: g.ratings_seen for g in read})
+    assert kept == [a]
+    assert store.group(a).status == "ready" and store.group(b).status == "trained"
+    assert store.train_steps()[0]["metrics"] == {"loss": 0.5, "groups_rerated": 1}
+    assert store.train_steps()[0]["group_ids"] == [a, b]   # both went into the gradient
+    (again,) = store.ready_groups(rule)
+    assert again.group_id == a and again.ratings_seen == 1 and again.returns[0] == scale_rating(5, 4.0)
+    assert store.record_train_step(2, {}, [a], ratings_seen={a: again.ratings_seen}) == []
+    assert store.group(a).status == "trained"
+    # under mode "auto" ratings do not change a return: nothing to wait for
+    c, (jc, _), *_ = make_group(store, seed=3)
+    (auto,) = store.ready_groups(ReturnRule(mode="auto"))
+    assert auto.ratings_seen is None
+    store.add_rating(jc, "person", 1)
+    assert store.record_train_step(3, {}, [c], ratings_seen={c: auto.ratings_seen}) == []
+    assert store.group(c).status == "trained"
 
 
 # ----------------------------------------------------------------------------- adapters, state

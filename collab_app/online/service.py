@@ -9,10 +9,27 @@ ready one has waited `max_wait_s` (T). One step, in this order:
                                                to a temp dir and renames it into place; says which
                                                groups went into the step and which were too late
     3. store.record_adapter_version(...)       only after the rename: a row names a complete dir
-    4. store.record_train_step(step, metrics, used ids, stale ids)   marks the used groups trained
-                                               and retires (expires) the too-late ones, one transaction;
-                                               any other group stays ready for the next step
+    4. store.record_train_step(step, metrics, used ids, stale ids, ratings seen)   marks the used
+                                               groups trained and retires (expires) the too-late ones,
+                                               one transaction; any other group stays ready for the
+                                               next step, and so does a used group that got a rating
+                                               while the step ran (its gradient had the old return)
     5. status "idle"
+
+Groups that cannot train: a group of one answer per agent (an API call with n=1) never becomes
+ready (store.MIN_GENERATIONS; counted in `Store.stats()["single_sample_groups"]`). A group that
+makes `update` raise for any other reason is found and set aside, so it cannot stop every later
+step (and, since `due` serves tasks by their oldest group, every other task too):
+- a step whose update raised makes its groups suspects (`SUSPECTS_KEY` in app_state, so a
+  restart, e.g. torchrun's after a failed data-parallel step, keeps them);
+- while a task has suspects, its steps take one suspect at a time, the oldest first;
+- a suspect that raises again, alone in its step, is set aside: status "untrainable", its id and
+  the error in the status row's "set_aside" list and the log. A suspect that trains alone is
+  cleared, so the innocent groups of the failed step still train (one step each).
+Only errors of `update` count against groups (not store writes after it), and never an OSError
+(a full disk or a lost network mount is this machine's fault; those steps back off and retry).
+Left out: bisecting a failed step (fewer one-group steps after a failure, more state), and a way
+to put a set-aside group back (it stays in the store with its ratings; `collab export` has it).
 
 Late groups (rated while the trainer moved on, or served by a pinned older version) are trained
 under the clipped importance ratio against the engine's behaviour log-probs (trainer/magrpo.py);
@@ -51,6 +68,12 @@ rank 0 is the service above (store, status, rows, self-play); ranks > 0 only fol
 over all ranks. Only rank 0 opens the store and publishes versions. A failure during a step is
 fatal under torchrun (the ranks' in-memory adapters could differ): the process exits, torchrun
 (`--max-restarts`) restarts every rank, and they resume from rank 0's adapters dir as after a crash.
+A failure outside a step (a store read, self-play) leaves every trainer as it was on every rank,
+so rank 0 keeps its trainers, backs off, sends "idle" and polls again: it never drops a trainer
+that the followers keep, which would make its next "load" rebuild (and broadcast the start-up
+state) alone while the followers wait for a command: a collective mismatch or an hour's hang.
+Without torchrun, a failed step drops only that task's trainer (its weights may be half-stepped,
+or stepped without their store rows): the next step rebuilds it from disk and reconciles the rows.
 
 The trainer on its own machine(s): the serving side finds new versions through the store rows
 (same `--db` URL, PostgreSQL across hosts: SQLite must not sit on a network filesystem) and
@@ -60,9 +83,8 @@ watcher also looks under its own `adapters_dir` when the share is mounted elsewh
 for display. Lateness and the UI's "alive" check compare times from different hosts: keep their
 clocks in sync (NTP).
 
-Left out: several trainer services on one store (no claims on groups), a shared base model
-across task trainers (each loads its own: fine for the embedded 135M model), and putting
-poisoned groups aside (a step that raises is retried with back-off; the error is in the status).
+Left out: several trainer services on one store (no claims on groups), and a shared base model
+across task trainers (each loads its own: fine for the embedded 135M model).
 """
 from __future__ import annotations
 
@@ -86,6 +108,11 @@ STATUS_KEY = "trainer_status"
 PAUSE_KEY = "trainer_control"
 """app_state key: {"paused": bool, "by": str, "at": unix time}, written by the UI (handlers.py
 set_training_paused) or `set_paused`; the service checks it before every step."""
+SUSPECTS_KEY = "trainer_suspects"
+"""app_state key: {"groups": {group id: failed steps}}: groups whose step raised, each retried
+alone until it trains (cleared) or raises again (set aside). Module doc: "Groups that cannot train"."""
+SET_ASIDE_SHOWN = 20
+"""the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 TASK_ALIASES = {"custom-coding": "humaneval"}
 """store task name -> the task whose team answered it (a person's own coding problem: the coding team)."""
 
@@ -275,6 +302,10 @@ class TrainerService:
         self._sampler = None              # self-play engine, built on first use
         self._self_play_round = 0
         self._in_step = False             # data parallel: inside a step the ranks' collectives are running
+        self._suspects: dict[int, int] = {}   # group id -> failed steps (SUSPECTS_KEY)
+        if self.store is not None:
+            saved = (self.store.get_state(SUSPECTS_KEY) or {}).get("groups", {})
+            self._suspects = {int(g): int(n) for g, n in saved.items()}
 
     # -- pieces ------------------------------------------------------------------------------
     def next_step(self) -> int:
@@ -309,12 +340,16 @@ class TrainerService:
         return tuple(t for t in PRIVATE_TASKS if not may_train_shared(t, allowed))
 
     def due(self, ready) -> tuple[str, list] | None:
-        """(task, groups) of the first task that has K ready groups or waited T, else None."""
+        """(task, groups) of the first task that has K ready groups or waited T, else None. A task
+        with suspects (groups of a step that raised) is due at once with its oldest suspect alone."""
         by_task: dict[str, list] = {}
         for g in ready:
             by_task.setdefault(TASK_ALIASES.get(g.task, g.task), []).append(g)
         now = time.time()
         for task, groups in by_task.items():
+            suspects = [g for g in groups if g.group_id in self._suspects]
+            if suspects:
+                return task, suspects[:1]
             waited = now - min(g.created_at.timestamp() for g in groups)
             if len(groups) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
                 return task, groups[:self.cfg.max_groups_per_step]
@@ -333,15 +368,30 @@ class TrainerService:
         t0 = time.time()
         groups = [to_trainer_group(g) for g in ready]
         self._command("train", task_name, groups)   # data parallel: the followers join this update
-        metrics = trainer.update(groups)
-        used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
-        metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
-                       oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
-        for agent in trainer.agents:   # rows only now: update() renamed the dirs into place
-            if trainer.versions[agent] != before[agent]:
-                self.store.record_adapter_version(agent, trainer.versions[agent], trainer.adapter_path(agent),
-                                                  step=step, metrics=metrics)
-        self.store.record_train_step(step, metrics, used, stale_group_ids=stale)
+        try:
+            try:
+                metrics = trainer.update(groups)
+            except Exception as e:
+                self._blame(task_name, ids, e)
+                raise
+            used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
+            metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
+                           oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
+            for agent in trainer.agents:   # rows only now: update() renamed the dirs into place
+                if trainer.versions[agent] != before[agent]:
+                    self.store.record_adapter_version(agent, trainer.versions[agent], trainer.adapter_path(agent),
+                                                      step=step, metrics=metrics)
+            rerated = self.store.record_train_step(step, metrics, used, stale_group_ids=stale,
+                                                   ratings_seen={g.group_id: g.ratings_seen for g in ready})
+        except Exception:
+            if _dist().world_size() == 1:   # torchrun: fatal instead (run), on every rank
+                self.trainers.pop(task_name, None)   # half-stepped, or stepped without rows: rebuild from disk
+            raise
+        if any(g in self._suspects for g in ids):   # trained (or retired) alone: it was not the culprit
+            self._save_suspects({g: n for g, n in self._suspects.items() if g not in ids})
+        if rerated:
+            log.info("step %d: %d groups were rated while it ran; they stay ready for the next step: %s",
+                     step, len(rerated), rerated)
         if stale:
             log.warning("step %d: %d groups waited too long (> %d versions) and were retired: %s",
                         step, len(stale), self.cfg.max_staleness, stale)
@@ -353,6 +403,33 @@ class TrainerService:
                                    "versions": dict(trainer.versions), "at": time.time(),
                                    "return_mean": metrics.get("return_mean")})
         return metrics
+
+    def _blame(self, task_name: str, ids: list[int], error: Exception) -> None:
+        """`update` raised on the groups `ids`: make them suspects; a suspect that raised alone is
+        set aside (module doc). Never raises itself: the step's own error is the one to report."""
+        if isinstance(error, OSError) or self.store is None:   # the machine's fault, not the groups'
+            return
+        try:
+            suspects = dict(self._suspects)
+            for g in ids:
+                suspects[g] = suspects.get(g, 0) + 1
+            if len(ids) == 1 and suspects[ids[0]] >= 2:
+                gid = ids[0]
+                self.store.set_aside([gid])
+                del suspects[gid]
+                message = f"{type(error).__name__}: {error}"[:500]
+                log.error("group #%d (%s) raised in its own step after raising in an earlier one: set aside "
+                          "(status 'untrainable') so the other groups train: %s", gid, task_name, message)
+                shown = list(self.status.value.get("set_aside") or [])
+                shown.append({"group": gid, "task": task_name, "error": message, "at": time.time()})
+                self.status.set("error", message=f"set aside group #{gid}: {message}", set_aside=shown[-SET_ASIDE_SHOWN:])
+            self._save_suspects(suspects)
+        except Exception:  # noqa: BLE001 - e.g. the store is down too; the groups stay as they were
+            log.exception("could not record the groups of the failed step as suspects")
+
+    def _save_suspects(self, suspects: dict[int, int]) -> None:
+        self._suspects = suspects
+        self.store.set_state(SUSPECTS_KEY, {"groups": {str(g): n for g, n in suspects.items()}})
 
     def self_play_round(self) -> list[int]:
         """Sample `self_play_prompts` train prompts of cfg.task with the current adapters and store
@@ -455,10 +532,12 @@ class TrainerService:
                         self.status.set("error", message=f"{type(e).__name__}: {e} (data-parallel step failed: "
                                                          f"exiting for torchrun to restart every rank)")
                         raise
-                    self.trainers.clear()   # in-memory weights may be half-stepped: reload from disk
+                    # outside a step every rank's trainers are as they were: keep them (module doc);
+                    # a failed step without torchrun already dropped its own (train_step)
                     self._backoff = min(max(2 * self._backoff, self.cfg.poll_s), 300.0)
                     self.status.set("error", message=f"{type(e).__name__}: {e} (retrying in {self._backoff:.0f}s)")
                     self.stop_event.wait(self._backoff)
+                    self._command("idle")   # followers: rank 0 is alive, however long the store stays down
                     continue
                 if did in ("idle", "paused"):
                     self._command("idle")   # followers wait in a collective: keep it well within its timeout

@@ -32,7 +32,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy import JSON, ForeignKey, String, Text, UniqueConstraint, event, func, select
@@ -47,9 +47,15 @@ from tasks.base import Reward
 MAX_RATER_CHARS = 200
 MAX_COMMENT_CHARS = 2_000
 BUSY_TIMEOUT_MS = 30_000
-STATUSES = ("open", "ready", "trained", "expired")
+STATUSES = ("open", "ready", "trained", "expired", "untrainable")
 """open: collecting ratings; ready: every joint sample has an automatic reward or a rating (a
-hint for the UI; which groups train is decided by `ready_groups(rule)`); trained; expired."""
+hint for the UI; which groups train is decided by `ready_groups(rule)`); trained; expired;
+untrainable: the trainer can never use it, kept with its ratings: fewer than MIN_GENERATIONS
+answers per agent (`stats()["single_sample_groups"]` counts those), or set aside by the trainer
+service after its update raised on the group alone (`set_aside`; the service's status says why)."""
+MIN_GENERATIONS = 2
+"""answers per agent a group needs to train: MAGRPO's advantage compares a sample with its siblings
+(trainer/magrpo.py `advantages`). A group of one (an API call with n=1) is stored but never ready."""
 
 
 class StoreError(ValueError):
@@ -423,6 +429,7 @@ class ReadyGroup:
     joint_sample_ids: list[int]
     max_reward: float
     created_at: datetime
+    ratings_seen: int | None = None   # ratings of the group when read; None: the rule ignores ratings
 
 
 @dataclass(frozen=True)
@@ -581,7 +588,9 @@ class Store:
                     auto_details=None if r is None else jsonable(dict(r.details)),
                     auto_error=None if auto_errors is None else auto_errors[k]))
             grp.joints = joints
-            if all(r is not None for r in auto_rewards):
+            if G < MIN_GENERATIONS:
+                grp.status = "untrainable"
+            elif all(r is not None for r in auto_rewards):
                 grp.status = "ready"
             s.flush()
             return grp.id, [j.id for j in joints]
@@ -718,7 +727,10 @@ class Store:
 
     @staticmethod
     def _maybe_ready(s: Session, grp: GroupRow) -> None:
-        """open -> ready once every joint sample has an automatic reward or a rating."""
+        """open -> ready once every joint sample has an automatic reward or a rating (never for a
+        group of fewer than MIN_GENERATIONS answers: add_group makes those untrainable)."""
+        if grp.num_generations < MIN_GENERATIONS:
+            return
         pending = s.scalar(select(func.count()).select_from(JointRow).where(
             JointRow.group_id == grp.id, JointRow.auto_total.is_(None),
             ~sa.exists().where(RatingRow.joint_sample_id == JointRow.id)))
@@ -748,13 +760,19 @@ class Store:
         oldest first (so nothing waits forever behind newer data); groups of `exclude_tasks` are
         left out of the scan (they stay in the store, untouched). Cost: it reads open groups
         (with their ratings) in id order until it has `limit`, so call `expire_groups` first to
-        keep groups that can never become ready out of the scan."""
+        keep groups that can never become ready out of the scan.
+
+        Groups of fewer than MIN_GENERATIONS answers are never returned (their advantage would
+        raise and stop every step). Each group carries `ratings_seen`, the number of its ratings
+        at this read (None under mode "auto", where ratings do not change the return), for
+        `record_train_step` to see whether a rating arrived while the step ran."""
         now = now or utcnow()
         out: list[ReadyGroup] = []
         last_id = 0
         with self._read() as s:
             while len(out) < limit:
-                q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.id > last_id)
+                q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.id > last_id,
+                                            GroupRow.num_generations >= MIN_GENERATIONS)
                      .order_by(GroupRow.id).limit(200)
                      .options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
                 if task is not None:
@@ -773,7 +791,8 @@ class Store:
                     out.append(ReadyGroup(grp.id, grp.task, grp.example_id, grp.example, grp.turn,
                                           list(grp.prompts), rec.samples, [j.joint for j in rec.joints],
                                           got[0], [j.auto_levels or {} for j in rec.joints], got[1],
-                                          [j.id for j in rec.joints], grp.max_reward, grp.created_at))
+                                          [j.id for j in rec.joints], grp.max_reward, grp.created_at,
+                                          None if rule.mode == "auto" else sum(len(j.ratings) for j in grp.joints)))
                     if len(out) >= limit:
                         break
         return out
@@ -801,20 +820,50 @@ class Store:
         return res.rowcount
 
     def record_train_step(self, step: int, metrics: dict, group_ids: Sequence[int],
-                          stale_group_ids: Sequence[int] = ()) -> None:
+                          stale_group_ids: Sequence[int] = (),
+                          ratings_seen: Mapping[int, int | None] | None = None) -> list[int]:
         """One trainer step in one transaction: its metrics, the groups that went into its gradient
         (`group_ids`) marked trained, and the groups the trainer dropped as too late
-        (`stale_group_ids`) marked expired, so they are not retried forever (their ratings stay)."""
+        (`stale_group_ids`) marked expired, so they are not retried forever (their ratings stay).
+
+        `ratings_seen` (group id -> `ReadyGroup.ratings_seen` of the read the step trained on): a
+        group that has more ratings now was re-rated while the step ran, so its gradient used an
+        old return; it stays ready (trained again, on the new return, by a later step) and the
+        step's metrics get "groups_rerated". Ratings are append-only, so a count that is the same
+        means the same ratings (a last-rating id would miss a PostgreSQL transaction that took a
+        lower id and committed after the read). Returns the ids kept ready."""
+        used = [int(g) for g in group_ids]
         with self._write() as s:
             if s.scalar(select(TrainStepRow.id).where(TrainStepRow.step == int(step))):
                 raise StoreError(f"train step {step} is already recorded: steps are numbered once")
-            s.add(TrainStepRow(step=int(step), metrics=jsonable(metrics), created_at=utcnow(),
-                               group_ids=[int(g) for g in group_ids]))
-            self._mark(s, group_ids, step)
+            seen = {int(g): n for g, n in (ratings_seen or {}).items() if n is not None and int(g) in used}
+            rerated = []
+            if seen:
+                now = dict(s.execute(select(JointRow.group_id, func.count(RatingRow.id))
+                                     .join(RatingRow, RatingRow.joint_sample_id == JointRow.id)
+                                     .where(JointRow.group_id.in_(list(seen))).group_by(JointRow.group_id)).all())
+                rerated = [g for g in used if g in seen and now.get(g, 0) != seen[g]]
+            if rerated:
+                metrics = {**metrics, "groups_rerated": len(rerated)}
+            s.add(TrainStepRow(step=int(step), metrics=jsonable(metrics), created_at=utcnow(), group_ids=used))
+            self._mark(s, [g for g in used if g not in rerated], step)
             if stale_group_ids:
                 s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in stale_group_ids]),
                                                     GroupRow.status.in_(("open", "ready")))
                           .values(status="expired"))
+            return rerated
+
+    def set_aside(self, group_ids: Sequence[int]) -> int:
+        """Mark untrained groups "untrainable" (the trainer service does it to a group whose
+        update raised on the group alone, so it cannot stop every later step). Ratings stay;
+        returns how many changed."""
+        if not group_ids:
+            return 0
+        with self._write() as s:
+            res = s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in group_ids]),
+                                                      GroupRow.status.in_(("open", "ready")))
+                            .values(status="untrainable"))
+            return res.rowcount
 
     def train_steps(self, last: int | None = None) -> list[dict]:
         """Recorded steps, oldest first (the `last` n when given): {step, metrics, created_at, group_ids}."""
@@ -829,12 +878,17 @@ class Store:
     def expire_groups(self, rule: ReturnRule, now: datetime | None = None) -> list[int]:
         """Mark `expired` the untrained groups older than `rule.human_timeout_s` that are still not
         ready under `rule` (e.g. human-only groups nobody rated). Their ratings stay; a late
-        rating is still stored but does not revive the group. Returns the expired ids."""
-        if math.isinf(rule.human_timeout_s):
-            return []
+        rating is still stored but does not revive the group. Returns the expired ids.
+        Also marks "untrainable" the open/ready groups of fewer than MIN_GENERATIONS answers that a
+        store written before such groups were refused may still hold (not in the returned ids)."""
         now = now or utcnow()
-        cutoff = now - timedelta(seconds=rule.human_timeout_s)
         with self._write() as s:
+            s.execute(sa.update(GroupRow).where(GroupRow.status.in_(("open", "ready")),
+                                                GroupRow.num_generations < MIN_GENERATIONS)
+                      .values(status="untrainable"))
+            if math.isinf(rule.human_timeout_s):
+                return []
+            cutoff = now - timedelta(seconds=rule.human_timeout_s)
             q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.created_at <= cutoff)
                  .options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
             expired = [g for g in s.scalars(q) if group_state(rule, *self._inputs(g, now)) == "expired"]
@@ -902,13 +956,16 @@ class Store:
     # -- overview --------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Counts for the UI / logs: groups per status, joint samples, samples, ratings, raters,
+        """Counts for the UI / logs: groups per status, single-sample groups (fewer than
+        MIN_GENERATIONS answers: stored, never trainable), joint samples, samples, ratings, raters,
         adapter versions, train steps, schema version."""
         with self._read() as s:
             by_status = dict(s.execute(select(GroupRow.status, func.count()).group_by(GroupRow.status)).all())
             count = lambda model: s.scalar(select(func.count()).select_from(model))   # noqa: E731
             return {
                 "groups": {st: by_status.get(st, 0) for st in STATUSES},
+                "single_sample_groups": s.scalar(select(func.count()).select_from(GroupRow).where(
+                    GroupRow.num_generations < MIN_GENERATIONS)),
                 "joint_samples": count(JointRow), "samples": count(SampleRow), "ratings": count(RatingRow),
                 "raters": s.scalar(select(func.count(sa.distinct(RatingRow.rater)))),
                 "adapter_versions": count(AdapterVersionRow), "train_steps": count(TrainStepRow),
