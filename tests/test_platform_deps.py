@@ -124,9 +124,12 @@ def test_this_host_gets_its_row():
 def make_n(tmp_path, system: str, machine: str) -> str:
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    r = subprocess.run(["make", "-n", "-B", "install", f"VENV={tmp_path / 'venv'}", "ENGINE=cpu",
-                        f"UNAME_S={system}", f"UNAME_M={machine}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # CI runs this suite from `make test`: a sub-make inherits MAKEFLAGS/MAKELEVEL and would print
+    # "make[1]: Entering directory ..." first. Run it as a top-level make.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    r = subprocess.run(["make", "--no-print-directory", "-n", "-B", "install", f"VENV={tmp_path / 'venv'}",
+                        "ENGINE=cpu", f"UNAME_S={system}", f"UNAME_M={machine}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
