@@ -1,0 +1,169 @@
+"""TeamLoRA (collab_app/engines/vllm_team.py) without a vLLM engine: a fake worker whose model
+has one fused q|k|v layer and one plain layer, each computing through `cpu_linear` as vLLM's
+CPU layers do. Every row of a mixed batch must get exactly peft's forward for ITS key
+(base + scale·B·A per shard of the fused layer), base rows nothing, whatever the row order.
+The engine-level check (greedy equal to transformers+peft) is in tests/test_engine.py."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from collab_app.engines.vllm_team import TeamLoRA, read_adapter
+
+IN, Q, KV, R = 16, 8, 4, 2
+
+
+class FakeLinear(torch.nn.Module):
+    def __init__(self, out_sizes):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(sum(out_sizes), IN), requires_grad=False)
+        self.input_size_per_partition, self.output_size_per_partition = IN, sum(out_sizes)
+        self.output_partition_sizes = list(out_sizes)
+        self.cpu_linear = lambda x, w, b: F.linear(x, w, b)   # vLLM's fallback when oneDNN is absent
+
+    def forward(self, x):
+        return self.cpu_linear(x, self.weight, None)
+
+
+class FakeModel(torch.nn.Module):
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        layer = torch.nn.Module()
+        layer.self_attn = torch.nn.Module()
+        layer.self_attn.qkv_proj = FakeLinear([Q, KV, KV])
+        layer.self_attn.o_proj = FakeLinear([IN])
+        self.model.layers = torch.nn.ModuleList([layer])
+
+
+class FakeWorker(TeamLoRA):
+    """What TeamLoRA reads of vLLM's CPU worker: model_runner.{get_model, _model_forward,
+    input_batch.req_ids, requests[rid].sampling_params.extra_args, query_start_loc.np}."""
+
+    def __init__(self):
+        model = FakeModel()
+        self.outputs = {}
+
+        def model_forward(x):
+            attn = model.model.layers[0].self_attn
+            self.outputs = {"qkv": attn.qkv_proj(x), "o": attn.o_proj(x)}
+
+        self.model_runner = SimpleNamespace(get_model=lambda: model, _model_forward=model_forward, requests={},
+                                            input_batch=SimpleNamespace(req_ids=[], num_reqs=0),
+                                            query_start_loc=SimpleNamespace(np=np.zeros(1, dtype=np.int32)))
+
+    def run(self, batch):
+        """batch: [(request id, key or None, n tokens)] in the worker's batch order -> outputs, x."""
+        r = self.model_runner
+        r.requests = {rid: SimpleNamespace(sampling_params=SimpleNamespace(
+            extra_args=None if key is None else {"collab_key": key})) for rid, key, _ in batch}
+        r.input_batch.req_ids = [rid for rid, _, _ in batch] + ["stale-slot"]   # vLLM keeps spare slots
+        r.input_batch.num_reqs = len(batch)
+        r.query_start_loc.np = np.cumsum([0] + [n for _, _, n in batch] + [0, 0]).astype(np.int32)
+        x = torch.randn(sum(n for _, _, n in batch), IN)
+        r._model_forward(x)
+        return self.outputs, x
+
+
+def save_adapter(path, modules, seed, alpha=16):
+    """A peft LoRA directory on `modules` (hf names) with random A and B."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    outs = {"q_proj": Q, "k_proj": KV, "v_proj": KV, "o_proj": IN}
+    tensors = {}
+    for m in modules:
+        name = f"base_model.model.model.layers.0.self_attn.{m}"
+        tensors[f"{name}.lora_A.weight"] = torch.randn(R, IN, generator=g)
+        tensors[f"{name}.lora_B.weight"] = torch.randn(outs[m], R, generator=g)
+    path.mkdir()
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({"r": R, "lora_alpha": alpha, "peft_type": "LORA"}))
+    return str(path)
+
+
+def expected(worker, x, adapter):
+    """peft's forward: base(x) + scale · B(A(x)) per shard, shards in the fused order."""
+    attn = worker.model_runner.get_model().model.layers[0].self_attn
+    qkv, o = F.linear(x, attn.qkv_proj.weight), F.linear(x, attn.o_proj.weight)
+    if adapter is None:
+        return qkv, o
+    lora = read_adapter(adapter)
+    parts = []
+    for name, base in zip(("q_proj", "k_proj", "v_proj"), qkv.split([Q, KV, KV], dim=1)):
+        d = lora.get(f"model.layers.0.self_attn.{name}")
+        parts.append(base if d is None else base + d[2] * (x @ d[0].t()) @ d[1].t())
+    d = lora.get("model.layers.0.self_attn.o_proj")
+    return torch.cat(parts, 1), (o if d is None else o + d[2] * (x @ d[0].t()) @ d[1].t())
+
+
+@pytest.mark.parametrize("order", ["contiguous", "interleaved"])
+def test_every_row_gets_its_own_adapter_in_one_forward(tmp_path, order):
+    torch.manual_seed(0)
+    w = FakeWorker()
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)   # k_proj left out: zero block
+    a2 = save_adapter(tmp_path / "a2", ["q_proj", "k_proj", "v_proj"], seed=2, alpha=8)
+    assert w.collab_load("x1-v1-1", a1) == {"key": "x1-v1-1", "layers": 2}
+    assert w.collab_load("x2-v1-2", a2)["layers"] == 1
+    if order == "contiguous":
+        batch = [("r1", "x1-v1-1", 3), ("r2", "x1-v1-1", 1), ("r3", None, 2), ("r4", "x2-v1-2", 4)]
+    else:   # a key's requests apart in the batch: the index-tensor path
+        batch = [("r1", "x1-v1-1", 3), ("r3", None, 2), ("r4", "x2-v1-2", 1), ("r2", "x1-v1-1", 2)]
+    out, x = w.run(batch)
+    start = 0
+    adapters = {"x1-v1-1": a1, "x2-v1-2": a2, None: None}
+    for rid, key, n in batch:
+        rows = slice(start, start + n)
+        want_qkv, want_o = expected(w, x[rows], adapters[key])
+        torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
+        start += n
+    # the deltas are not noise-sized: an adapter row differs from its base forward
+    base_qkv, _ = expected(w, x[:3], None)
+    assert (out["qkv"][:3] - base_qkv).abs().max() > 0.1
+    assert w.collab_check() == {"wrapped": 2, "keys": ["x1-v1-1", "x2-v1-2"]}
+
+
+def test_weights_are_never_modified_and_a_dropped_key_is_refused(tmp_path):
+    torch.manual_seed(0)
+    w = FakeWorker()
+    attn = w.model_runner.get_model().model.layers[0].self_attn
+    before = attn.qkv_proj.weight.clone()
+    w.collab_load("x1-v1-1", save_adapter(tmp_path / "a1", ["q_proj", "k_proj", "v_proj"], seed=1))
+    w.collab_load("x1-v2-2", save_adapter(tmp_path / "a2", ["q_proj", "k_proj", "v_proj"], seed=2))
+    w.run([("r1", "x1-v1-1", 2), ("r2", "x1-v2-2", 2)])
+    assert torch.equal(attn.qkv_proj.weight, before)   # deltas only: no merge, nothing to leak
+    w.collab_drop("x1-v1-1")
+    out, x = w.run([("r1", None, 2)])                  # base rows after a drop: the base forward
+    torch.testing.assert_close(out["qkv"], F.linear(x, before))
+    with pytest.raises(KeyError, match="x1-v1-1.*not loaded"):
+        w.run([("r1", "x1-v1-1", 2)])
+    assert w.collab_check()["keys"] == ["x1-v2-2"]
+
+
+def test_adapters_the_engine_cannot_serve_are_refused(tmp_path):
+    w = FakeWorker()
+    bad = save_adapter(tmp_path / "bad", ["q_proj"], seed=1)
+    cfg = json.loads((tmp_path / "bad" / "adapter_config.json").read_text())
+    (tmp_path / "bad" / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
+    with pytest.raises(ValueError, match="DoRA"):
+        w.collab_load("k", bad)
+    with pytest.raises(ValueError, match="not a peft adapter"):
+        w.collab_load("k", str(tmp_path))
+    from safetensors.torch import save_file
+    d = tmp_path / "emb"
+    d.mkdir()
+    save_file({"base_model.model.model.embed_tokens.lora_A.weight": torch.zeros(R, IN),
+               "base_model.model.model.embed_tokens.lora_B.weight": torch.zeros(IN, R)},
+              str(d / "adapter_model.safetensors"))
+    (d / "adapter_config.json").write_text(json.dumps({"r": R, "lora_alpha": R}))
+    with pytest.raises(ValueError, match="not a packed linear layer"):
+        w.collab_load("k", str(d))
+    assert w.collab_check()["keys"] == []
