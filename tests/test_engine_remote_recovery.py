@@ -241,3 +241,50 @@ def test_a_stream_dropped_mid_way_starts_its_row_over(fake, model_path):
         assert fake.drop_streams == 0
     finally:
         eng.close()
+
+
+# -- wiring: make_engine and `collab serve` pass retry_s through --------------------------------
+
+def test_remote_kw_are_the_engines_keywords():
+    """make_engine passes exactly RemoteVLLMEngine's keywords through: a new one cannot be dropped."""
+    import inspect
+
+    from collab_app.engines import REMOTE_KW
+
+    params = set(inspect.signature(RemoteVLLMEngine.__init__).parameters) - {"self", "model_path"}
+    assert set(REMOTE_KW) == params
+
+
+def test_make_engine_passes_retry_s(fake, model_path):
+    from collab_app.engines import make_engine
+
+    eng = make_engine(fake.url, model_path, retry_s=0.5, num_agents=3, dtype="auto")   # in-process-only keys dropped
+    try:
+        assert isinstance(eng, RemoteVLLMEngine) and eng.retry_s == 0.5
+        eng.load_adapter("a1", "/adapters/a1/v000001", 1)
+        fake.stop()
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match="did not come back within"):
+            eng.generate([Request("a1", "Hi")], 1, SAMPLING)
+        assert time.monotonic() - t0 < 4
+        fake.start()
+        assert _served(eng.generate([Request("a1", "Hi")], 1, SAMPLING))[0][2] == 1
+    finally:
+        eng.close()
+
+
+def test_serve_sets_retry_s_only_for_a_remote_engine(monkeypatch):
+    from collab_app.web.serve import ServeConfig, engine_kwargs
+    from trainer.configcli import parse_config
+
+    monkeypatch.delenv("COLLAB_ENGINE", raising=False)
+    cfg, _ = parse_config(ServeConfig, ["--engine-url", "http://127.0.0.1:8000", "--engine-retry-s", "2.5"],
+                          description="x")
+    assert cfg.engine_retry_s == 2.5 and engine_kwargs(cfg) == {"retry_s": 2.5}
+    assert engine_kwargs(ServeConfig()) == {}                        # in-process engines: no such keyword
+    assert engine_kwargs(ServeConfig(engine="transformers")) == {}
+    monkeypatch.setenv("COLLAB_ENGINE", "http://127.0.0.1:8000")      # auto -> the URL, as make_engine reads it
+    assert engine_kwargs(ServeConfig(engine_retry_s=0)) == {"retry_s": 0}
+    assert engine_kwargs(ServeConfig(engine="vllm")) == {}
+    with pytest.raises(ValueError, match="engine_retry_s must be >= 0"):
+        ServeConfig(engine_retry_s=-1)

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 CPU_LORA_FASTER = "vllm"
 
 KINDS = ("auto", "vllm", "transformers", "remote")
-REMOTE_KW = ("url", "served_model", "separate_base_rows", "send_seeds", "timeout_s", "connect_timeout_s", "max_streams")
+# RemoteVLLMEngine's keywords (tests/test_engine_remote_recovery.py checks them against its signature)
+REMOTE_KW = ("url", "served_model", "separate_base_rows", "send_seeds", "timeout_s", "connect_timeout_s", "max_streams",
+             "retry_s")
 
 
 def chat_prompt_ids(tokenizer, request: Request) -> list[int]:

@@ -60,6 +60,8 @@ class ServeConfig:
     """serving engine: auto (see collab_app/engines/__init__.py), vllm or transformers."""
     engine_url: str = ""
     """generate on a running vLLM OpenAI-compatible server instead, e.g. http://127.0.0.1:8000 (overrides --engine; it must read the adapters dir at the same path: collab_app/engines/engine_remote.py)."""
+    engine_retry_s: float = 15.0
+    """with --engine-url: seconds a lost server is retried (with back-off) before a round or an adapter load fails (0 = at once)."""
     model: str = ""
     """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
     db: str = ""
@@ -113,6 +115,8 @@ class ServeConfig:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
             raise ValueError(f"engine_url must start with http:// or https://, e.g. http://127.0.0.1:8000; got {self.engine_url!r}")
+        if self.engine_retry_s < 0:
+            raise ValueError(f"engine_retry_s must be >= 0 (0 = no retry), got {self.engine_retry_s}")
         if self.api_max_rounds_per_minute < 0 or self.api_max_ratings_per_minute < 0:
             raise ValueError("api_max_rounds_per_minute and api_max_ratings_per_minute must be >= 0 (0 = no limit)")
         if self.engine_cores < -1:
@@ -180,6 +184,14 @@ def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) 
     return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
 
 
+def engine_kwargs(cfg: ServeConfig) -> dict:
+    """make_engine's keywords from cfg beyond kind and model: the retry window where the engine is a
+    vLLM server (--engine-url, or COLLAB_ENGINE=URL with --engine auto, as make_engine reads it);
+    the in-process engines take no such keyword."""
+    target = cfg.engine_url or (os.environ.get("COLLAB_ENGINE", "") if cfg.engine == "auto" else "")
+    return {"retry_s": cfg.engine_retry_s} if target.startswith(("http://", "https://")) else {}
+
+
 PRIVATE_UMASK = 0o077
 
 
@@ -225,7 +237,8 @@ def serve(cfg: ServeConfig) -> None:
                             limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
-                                    "loopback_admin": cfg.loopback_admin})
+                                    "loopback_admin": cfg.loopback_admin},
+                            **engine_kwargs(cfg))
         # the context's own watcher (handlers.sync_adapters polls it before each round), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two
         watcher = ctx.adapter_watcher()
