@@ -1,4 +1,4 @@
-"""The Task contract (DESIGN §3) shared by every task file, the trainer and the app.
+"""The Task contract (docs/ARCHITECTURE.md "Contracts") shared by every task file, the trainer and the app.
 
 A task owns its data and its scoring. It knows nothing of engines, stores or UIs: it turns an
 example (+ the conversation so far) into one prompt per agent, combines the agents' outputs

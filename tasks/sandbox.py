@@ -1,6 +1,7 @@
 """Run untrusted Python (model-written code, and tests a person typed) against unit tests.
 
-DESIGN §7. `run_tests(code, tests)` never executes anything in the calling process. Per check:
+Security model: docs/ARCHITECTURE.md. `run_tests(code, tests)` never executes anything in the
+calling process. Per check:
 
 - a fresh `python -I -B -u tasks/_sandbox_harness.py` (sys.executable) in a fresh temp dir
   (its cwd, removed afterwards), with a minimal environment built from scratch (PATH, HOME and

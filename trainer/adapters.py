@@ -1,4 +1,4 @@
-"""Adapter versions on disk (DESIGN §3 "Adapters"): one directory per agent per version.
+"""Adapter versions on disk (docs/ARCHITECTURE.md "Contracts"): one directory per agent per version.
 
     {adapters_dir}/{agent}/v000003/
         adapter_config.json, adapter_model.safetensors   peft LoRA format (engines load this)
@@ -16,13 +16,14 @@ Versions are immutable: saving an existing version is an error. One writer per a
 trainer) is assumed; concurrent writers are not arbitrated (left out deliberately). Under
 torchrun that writer is rank 0 (trainer/distributed.py).
 
-Shared storage (the trainer on its own machine, DESIGN §6): the same guarantees hold on a POSIX
-network filesystem (NFS, Lustre, CephFS, EFS/Filestore): a rename inside one directory is atomic
-on the server, and nothing here takes a file lock or records a pid. Another host may see a fresh
-version dir a few seconds after its store row (attribute caching); the serving side's watcher
-retries it (collab_app/online/hotswap.py). Object-store mounts (s3fs, gcsfuse) rename a
-directory by copying its objects one by one: a reader can see half a version there, so do not
-publish onto them. A Hugging Face Hub repo revision as the target is not implemented.
+Shared storage (the trainer on its own machine, docs/ARCHITECTURE.md "Beyond one machine"): the
+same guarantees hold on a POSIX network filesystem (NFS, Lustre, CephFS, EFS/Filestore): a rename
+inside one directory is atomic on the server, and nothing here takes a file lock or records a
+pid. Another host may see a fresh version dir a few seconds after its store row (attribute
+caching); the serving side's watcher retries it (collab_app/online/hotswap.py). Object-store
+mounts (s3fs, gcsfuse) rename a directory by copying its objects one by one: a reader can see
+half a version there, so do not publish onto them. A Hugging Face Hub repo revision as the target
+is not implemented.
 """
 from __future__ import annotations
 

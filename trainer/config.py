@@ -1,9 +1,9 @@
 """`MAGRPOConfig`: every knob of a MAGRPO run, one flat dataclass (the CLI is generated from it).
 
-Names follow the paper (arXiv 2508.04652) and DESIGN §4. Each field's one-line doc after it is
-its `--help` text (trainer/configcli.py). `__post_init__` rejects settings that cannot work and
-says how to fix them; it checks nothing that needs the task or the model (the trainer does:
-num_agents vs the task's roles, the model folder).
+Names follow the paper (arXiv 2508.04652); docs/ARCHITECTURE.md "MAGRPO as implemented" says how
+they are used. Each field's one-line doc after it is its `--help` text (trainer/configcli.py).
+`__post_init__` rejects settings that cannot work and says how to fix them; it checks nothing that
+needs the task or the model (the trainer does: num_agents vs the task's roles, the model folder).
 """
 from __future__ import annotations
 

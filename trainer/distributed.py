@@ -1,5 +1,5 @@
-"""Data-parallel MAGRPO updates under `torchrun` (DESIGN §6): the few torch.distributed calls the
-trainer makes, all through torch.distributed's own collectives.
+"""Data-parallel MAGRPO updates under `torchrun` (docs/ARCHITECTURE.md "Beyond one machine"): the
+few torch.distributed calls the trainer makes, all through torch.distributed's own collectives.
 
 torchrun starts one process per GPU (or per CPU share) and sets RANK / WORLD_SIZE / LOCAL_RANK /
 MASTER_ADDR / MASTER_PORT; `init()` joins that group (nccl on GPUs, gloo on CPU). Without those

@@ -4,11 +4,11 @@ fastest in, and the device (cuda > mps > cpu) their models go on.
 Lives in trainer/ (not collab_app/) because the trainer must not import collab_app, while
 collab_app may import trainer: `collab_app.engines.resolve_dtype` re-exports this one.
 
-Why it matters (measured, NOTES-vllm-cpu.md): on a CPU with AVX-512-BF16 or AMX, bf16 is the
-faster dtype (bf16 HF generate 112-125 vs fp32 79-95 tok/s); on an AVX2-only CPU torch's bf16
-matmul runs at 1.4 GFLOP/s against 51 in fp32 (36x slower), so there fp32 is the right one.
-torch 2.13 reports "AVX512" from `get_cpu_capability()` on an AVX-512-BF16 CPU, so the bf16 / AMX
-features are read from torch.cpu's own probes as well.
+Why it matters (measured, docs/ENGINES.md "dtype on CPU"): on a CPU with AVX-512-BF16 or AMX,
+bf16 is the faster dtype (bf16 HF generate 112-125 vs fp32 79-95 tok/s); on an AVX2-only CPU
+torch's bf16 matmul runs at 1.4 GFLOP/s against 51 in fp32 (36x slower), so there fp32 is the
+right one. torch 2.13 reports "AVX512" from `get_cpu_capability()` on an AVX-512-BF16 CPU, so the
+bf16 / AMX features are read from torch.cpu's own probes as well.
 """
 from __future__ import annotations
 
