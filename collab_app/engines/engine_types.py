@@ -1,4 +1,4 @@
-"""Types shared by the inference engines (DESIGN §3 "Engine").
+"""Types shared by the inference engines (docs/ARCHITECTURE.md "Contracts", Engine).
 
 Kept apart from the backends so that importing them costs nothing (no torch, no vllm).
 

@@ -12,10 +12,11 @@ waits for the running batch, which finishes on the versions it started with (bot
 document this); the next batch runs on the new version. `lock` (the app's `engine_lock`)
 additionally orders the watcher with the UI's own `sync_adapters` check before a generation.
 
-The trainer on another machine (DESIGN §6): rows come through the shared store (same `--db`
-URL), directories through shared storage. A row names the directory as the trainer saw it; when
-that path does not exist here (the share is mounted elsewhere on this host), the watcher takes the
-same layout under its own `adapters_dir` ({adapters_dir}/{agent}/v000007, trainer/adapters.py).
+The trainer on another machine (docs/ARCHITECTURE.md "Beyond one machine"): rows come through
+the shared store (same `--db` URL), directories through shared storage. A row names the directory
+as the trainer saw it; when that path does not exist here (the share is mounted elsewhere on this
+host), the watcher takes the same layout under its own `adapters_dir`
+({adapters_dir}/{agent}/v000007, trainer/adapters.py).
 A version whose directory is not visible here yet (a network filesystem's attribute cache can
 hide a fresh rename for a few seconds, after the row already arrived) is retried on the next
 polls, not given up: the row is the promise that the directory is complete. When neither path

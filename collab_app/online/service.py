@@ -1,4 +1,5 @@
-"""`collab trainer`: the background trainer service (DESIGN §1, the loop's last arrow).
+"""`collab trainer`: the background trainer service (docs/ARCHITECTURE.md, "From a rating to a
+gradient and back").
 
 A separate process that polls the store and runs one MAGRPO step (`MAGRPOTrainer.update`) on the
 ready groups of a task whenever `min_groups` (K) of them are waiting, or as soon as the oldest

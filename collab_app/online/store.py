@@ -1,5 +1,6 @@
-"""The episode store (DESIGN §3 "Store"): groups, samples, rewards, ratings, adapter versions and
-training steps, over any SQLAlchemy URL (SQLite file by default, PostgreSQL at scale).
+"""The episode store (docs/ARCHITECTURE.md "Contracts"): groups, samples, rewards, ratings,
+adapter versions and training steps, over any SQLAlchemy URL (SQLite file by default, PostgreSQL
+at scale).
 
 Every public method is one transaction and returns plain dataclasses (never live ORM objects),
 so callers in other threads / processes cannot trigger lazy loads or stale writes. A method
@@ -901,7 +902,7 @@ class Store:
     def record_adapter_version(self, agent: str, version: int, path: str, step: int | None = None,
                                metrics: dict | None = None) -> None:
         """Add a version row. Call only after the adapter directory was renamed into place
-        (DESIGN §3 Adapters): a row always names a complete adapter."""
+        (docs/ARCHITECTURE.md "Contracts"): a row always names a complete adapter."""
         if not agent or not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise StoreError("record_adapter_version needs an agent name and an integer version >= 0")
         with self._write() as s:

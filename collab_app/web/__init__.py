@@ -1,1 +1,2 @@
-"""The Gradio app: UI wiring (ui.py), plain handlers (handlers.py), shared context, `collab serve` (DESIGN §2)."""
+"""The Gradio app: UI wiring (ui.py), plain handlers (handlers.py), shared context, `collab serve`
+(docs/ARCHITECTURE.md "Rooms")."""

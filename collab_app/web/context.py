@@ -333,9 +333,9 @@ class GenerationBatcher:
     sampling) for all of them, under `ctx.engine_lock`, after loading the current adapter
     versions; every snapshot is cut into each request's slice and put into its ticket, so each
     session sees its own candidates grow. Batched decoding is where an engine's throughput comes
-    from (NOTES-vllm-cpu.md: one prompt ~20-40 tok/s, a batch of 16 ~100-350), so with several
-    people waiting the last one waits about one batch, not N. A request that arrives while a
-    batch runs waits for the next one (continuous batching would need the engine's own
+    from (docs/ENGINES.md "Batching": one prompt ~20-40 tok/s, a batch of 16 ~100-350), so with
+    several people waiting the last one waits about one batch, not N. A request that arrives while
+    a batch runs waits for the next one (continuous batching would need the engine's own
     scheduler). If a batch fails with EngineError (one bad prompt), its requests are retried one
     by one so that only the bad one fails (the others' streams start again from empty text)."""
 
