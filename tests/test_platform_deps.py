@@ -194,6 +194,22 @@ def test_uv_resolves_the_whole_tree_without_cuda(target, tmp_path):
 
 # -- auto's engine on "this" machine, with the platform and the GPU monkeypatched -----------------
 
+def pretend(monkeypatch, platform: str, cuda: bool, vllm: bool) -> None:
+    """This machine is `platform`, torch sees a CUDA GPU iff `cuda`, a vllm module is there iff `vllm`."""
+    import importlib.util
+    import platform as host
+
+    import torch
+
+    system, machine, _ = PLATFORMS[platform]
+    monkeypatch.setattr(host, "system", lambda: system)
+    monkeypatch.setattr(host, "machine", lambda: machine)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if vllm else None) if name == "vllm" else real_find_spec(name, *a))
+
+
 @pytest.mark.parametrize("platform, cuda, vllm, want", [
     ("linux-x86_64", False, True, ["vllm", "transformers"]),
     ("linux-aarch64", False, True, ["vllm", "transformers"]),
@@ -204,20 +220,9 @@ def test_uv_resolves_the_whole_tree_without_cuda(target, tmp_path):
     ("windows-amd64", True, True, ["transformers"]),
 ])
 def test_auto_candidates_on_this_machine(monkeypatch, platform, cuda, vllm, want):
-    import importlib.util
-    import platform as host
-
-    import torch
-
     from collab_app.engines import platform as engines_platform
 
-    system, machine, _ = PLATFORMS[platform]
-    monkeypatch.setattr(host, "system", lambda: system)
-    monkeypatch.setattr(host, "machine", lambda: machine)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: (object() if vllm else None) if name == "vllm" else real_find_spec(name, *a))
+    pretend(monkeypatch, platform, cuda, vllm)
     assert engines_platform.auto_candidates() == want
     # the CPU rule's measured preference: transformers skips vLLM on CPU, never on CUDA
     assert engines_platform.auto_candidates(cpu_prefer="transformers") == (want if cuda else ["transformers"])
@@ -226,3 +231,46 @@ def test_auto_candidates_on_this_machine(monkeypatch, platform, cuda, vllm, want
 def test_engine_candidates_refuses_an_unknown_preference():
     with pytest.raises(ValueError, match="cpu_prefer must be"):
         engine_candidates("Linux", "x86_64", cuda=False, vllm_importable=True, cpu_prefer="fastest")
+
+
+# -- make_engine("auto") (and `collab doctor`) try exactly those candidates, in that order ----------
+
+@pytest.mark.parametrize("platform, cuda, vllm, cpu_prefer, vllm_starts, tried, why", [
+    ("linux-x86_64", False, True, "vllm", True, ["vllm"], "vllm was faster"),
+    ("linux-x86_64", False, True, "vllm", False, ["vllm", "transformers"], "vllm was faster"),
+    ("linux-x86_64", True, True, "vllm", True, ["vllm"], "a CUDA GPU is present"),
+    ("linux-x86_64", True, True, "transformers", True, ["vllm"], "a CUDA GPU is present"),
+    ("linux-x86_64", False, True, "transformers", True, ["transformers"], "transformers was faster"),
+    ("linux-x86_64", False, False, "vllm", True, ["transformers"], "vllm is not installed"),
+    ("linux-aarch64", False, True, "vllm", False, ["vllm", "transformers"], "vllm was faster"),
+    ("macos-arm64", False, True, "vllm", True, ["transformers"], "no vLLM wheel for Darwin arm64"),
+    ("windows-amd64", True, True, "vllm", True, ["transformers"], "no vLLM wheel for Windows AMD64 with CUDA"),
+])
+def test_make_engine_auto_tries_the_platform_candidates(monkeypatch, platform, cuda, vllm, cpu_prefer,
+                                                         vllm_starts, tried, why):
+    import collab_app.engines as engines
+    from collab_app.commands.doctor import engine_choice
+    from collab_app.engines import model as engines_model
+
+    pretend(monkeypatch, platform, cuda, vllm)
+    monkeypatch.delenv("COLLAB_ENGINE", raising=False)
+    monkeypatch.setattr(engines, "CPU_LORA_FASTER", cpu_prefer)
+    monkeypatch.setattr(engines_model, "ensure_model", lambda model: "/models/m")
+    calls = []
+
+    def build(kind, path, kw):
+        calls.append((kind, path, kw))
+        if kind == "vllm" and not vllm_starts:
+            raise ImportError("vllm did not import")
+        return kind
+
+    monkeypatch.setattr(engines, "_build", build)
+    assert engines.make_engine("auto", seed=3) == tried[-1]
+    assert calls == [(k, "/models/m", {"seed": 3}) for k in tried]
+    order, reason = engines.auto_choice()
+    assert order[0] == tried[0] and why in reason, reason
+    assert engine_choice("auto")["kind"] == tried[0]
+    # an explicit kind is built as asked, whatever the platform (a hand-built vllm on macOS)
+    if vllm_starts:
+        calls.clear()
+        assert engines.make_engine("vllm") == "vllm" and [c[0] for c in calls] == ["vllm"]

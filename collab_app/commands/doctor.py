@@ -160,7 +160,7 @@ def agent_names(tasks: list[str]) -> list[str]:
 
 def engine_choice(kind: str) -> dict:
     """The engine `make_engine(kind)` would build, without starting it (collab_app/engines/__init__.py)."""
-    from collab_app.engines import CPU_LORA_FASTER, cuda_available
+    from collab_app.engines import auto_choice
 
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
     vllm = importlib.util.find_spec("vllm") is not None
@@ -168,12 +168,10 @@ def engine_choice(kind: str) -> dict:
         return {"kind": "remote", "why": f"COLLAB_ENGINE={kind}", "vllm_installed": vllm}
     if kind != "auto":
         return {"kind": kind, "why": "asked for", "vllm_installed": vllm}
-    if not vllm:
-        return {"kind": "transformers", "why": "auto: vllm is not installed", "vllm_installed": False}
-    why = "a CUDA GPU is present" if cuda_available() else \
-        f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster in `collab bench generate`"
-    return {"kind": "vllm" if cuda_available() else CPU_LORA_FASTER, "vllm_installed": True,
-            "why": f"auto: {why}; transformers if vllm does not start (--probe starts it)"}
+    order, why = auto_choice()
+    then = "".join(f"; {b} if {a} does not start" for a, b in zip(order, order[1:]))
+    return {"kind": order[0], "vllm_installed": vllm,
+            "why": f"auto: {why}{then}" + (" (--probe starts it)" if then else "")}
 
 
 def open_store(url: str):

