@@ -199,8 +199,8 @@ def _worker(args) -> None:
 # -- parent: run each engine's worker, poll RSS, print -------------------------------------------
 def _tree_memory(proc, pss: bool) -> tuple[int, int]:
     """(RSS, PSS) summed over `proc` and its descendants. RSS counts pages shared between vLLM's
-    processes once per process (as NOTES does); PSS splits them (reading smaps is slower, so the
-    caller asks for it about once a second). PSS is 0 where the OS has none."""
+    processes once per process (as docs/ENGINES.md's RSS figures do); PSS splits them (reading
+    smaps is slower, so the caller asks for it about once a second). PSS is 0 where the OS has none."""
     import psutil
 
     rss = pss_total = 0

