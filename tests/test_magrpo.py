@@ -438,3 +438,64 @@ def test_cuda_device_without_gpu_says_how_to_fix(tmp_path):
     with pytest.raises(ValueError, match="--device cpu"):
         MAGRPOTrainer(MAGRPOConfig(task="tldr", model=str(tmp_path), device="cuda"), load_task("tldr"),
                       str(tmp_path / "adapters"))
+
+
+class _Loaded(Exception):
+    """Raised by a fake base model's .to(): the trainer got as far as placing it."""
+
+
+@pytest.mark.parametrize("cuda, mps, device, want", [
+    (False, True, "auto", "mps"), (False, False, "auto", "cpu"), (True, True, "auto", "cuda"),
+    (True, True, "cpu", "cpu"), (False, True, "mps", "mps"),
+])
+def test_trainer_device_follows_resolve_device(monkeypatch, cuda, mps, device, want):
+    """auto: cuda > mps > cpu (trainer/dtypes.resolve_device, the transformers engine's rule too)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    placed = []
+
+    class Base:
+        def to(self, dev):
+            placed.append(dev)
+            raise _Loaded
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Base())
+    task = SimpleNamespace(name="t", num_agents=2, roles=["a", "b"])
+    with pytest.raises(_Loaded):
+        MAGRPOTrainer(MAGRPOConfig(model="unused", device=device), task, "unused")
+    assert placed == [want]
+
+
+def test_mps_device_without_mps_says_how_to_fix(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="MPS backend is not available.*--device cpu"):
+        MAGRPOTrainer(MAGRPOConfig(model="unused", device="mps"), SimpleNamespace(name="t", num_agents=2, roles=["a", "b"]),
+                      "unused")
+
+
+def test_reward_threads_count_the_cores_this_process_may_use(monkeypatch):
+    """A container's cpuset or `collab serve`'s core split shows in the affinity mask, not in os.cpu_count()."""
+    import os
+
+    from trainer import magrpo
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    assert magrpo.usable_cpus() == 2
+
+    def unreadable(pid):
+        raise OSError("no")
+
+    monkeypatch.setattr(os, "sched_getaffinity", unreadable)
+    assert magrpo.usable_cpus() == 64
+    monkeypatch.delattr(os, "sched_getaffinity")           # macOS, Windows
+    assert magrpo.usable_cpus() == 64
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert magrpo.usable_cpus() == 1

@@ -67,7 +67,7 @@ from tasks.base import Turn, check_prompts, check_reward
 from trainer import adapters as store
 from trainer import distributed
 from trainer.config import MAGRPOConfig
-from trainer.dtypes import resolve_dtype
+from trainer.dtypes import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,17 @@ def turn_weights(groups: list[Group]) -> dict[int, float]:
 # ---------------------------------------------------------------------------------------------
 # rollout
 # ---------------------------------------------------------------------------------------------
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (a container's cpuset, `collab serve`'s core
+    split for its trainer child), os.cpu_count() where the OS has no affinity API (macOS, Windows).
+    collab_app.online.cpushare.cpu_budget also applies a cgroup CPU quota, but trainer/ must not
+    import collab_app (collab_app imports trainer)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _score(task, example, outputs: list[str]):
     try:
         return check_reward(task, task.reward(example, outputs))
@@ -281,7 +292,8 @@ def rollout(engine: Sampler, task, examples: list[dict], cfg: MAGRPOConfig,
         outputs = [[[s[a][action[a]].text for a in range(N)] for action in joint] for s in samples]  # (P, J, N)
         # Reward calls of the whole turn at once, at most one per core: code rewards spend their
         # time in sandbox subprocesses, so threads overlap them (writing rewards gain nothing).
-        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(nodes) * len(joint)))) as pool:
+        # Cores are usable_cpus(), not os.cpu_count(): in a container or a core split that counts the host's.
+        with ThreadPoolExecutor(max(1, min(usable_cpus(), len(nodes) * len(joint)))) as pool:
             scored = list(pool.map(lambda e_o: _score(task, *e_o),
                                    [(ex, o) for (ex, _, _), outs in zip(nodes, outputs) for o in outs]))
         children = []
@@ -441,9 +453,7 @@ class MAGRPOTrainer:
         self.cfg, self.task, self.adapters_dir = cfg, task, adapters_dir
         self.agents = list(task.roles)
         torch.manual_seed(cfg.seed)  # the LoRA A matrices, so version 0 is reproducible
-        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' but torch sees no CUDA GPU: use --device cpu (or auto)")
+        self.device = resolve_device(cfg.device)   # auto: cuda > mps > cpu; a device torch lacks is refused with the fix
         self.dtype = resolve_dtype(cfg.dtype, self.device)  # "auto" -> bf16 only where the hardware has it natively
         base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, self.dtype)).to(self.device)
         eos = base.generation_config.eos_token_id
