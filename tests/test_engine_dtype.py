@@ -143,3 +143,20 @@ def test_transformers_engine_picks_the_trainers_device(monkeypatch, gpus, cuda, 
     assert (eng.device, eng.dtype, eng.model.device, eng.model.dtype) == (
         want_device, want_dtype, want_device, getattr(torch, want_dtype))
     assert engine_hf.TransformersEngine("unused-model-path", device="cpu").device == "cpu"   # explicit wins
+
+
+@pytest.mark.parametrize("cuda, mps, want_device, want_dtype", [
+    (False, False, "cpu", "float32"), (False, True, "mps", "float32"), (True, True, "cuda", "bfloat16"),
+])
+def test_collab_models_reports_the_engines_device(monkeypatch, gpus, cuda, mps, want_device, want_dtype):
+    """`collab models` shows dtype auto on the device the transformers engine and trainer pick."""
+    import torch
+
+    from collab_app.engines import model
+
+    gpus(cuda, mps)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(dtypes, "cpu_capability", lambda: "AVX2")
+    info = model._dtype_info()
+    assert (info["device"], info["dtype"]) == (want_device, want_dtype)
+    assert isinstance(info["cpu_capability"], str)

@@ -205,12 +205,12 @@ def _engines_available() -> dict[str, str]:
 
 
 def _dtype_info() -> dict:
-    """What dtype "auto" resolves to here, and the CPU capability it was resolved from."""
-    import torch
-
+    """What dtype "auto" resolves to here, on the device "auto" resolves to (cuda > mps > cpu: the
+    trainer's and the transformers engine's, trainer/dtypes.py), and the CPU capability."""
     from collab_app.engines import cpu_capability, resolve_dtype
+    from trainer.dtypes import resolve_device
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device("auto")
     return {"device": device, "dtype": resolve_dtype("auto", device), "cpu_capability": cpu_capability()}
 
 
