@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+# dtype "auto" on a CPU measures this machine once per COLLAB_HOME (engines/calibrate.py, ~15 s);
+# tests that start `collab serve` in a fresh COLLAB_HOME would pay it every time. They get the
+# CPU-flags rule instead (the same answer wherever int8 loses); tests/test_calibrate.py tests the
+# calibration and its wiring.
+os.environ.setdefault("COLLAB_CALIBRATE", "0")
 
 @pytest.fixture(scope="session")
 def model_path() -> str:

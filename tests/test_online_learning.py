@@ -105,19 +105,28 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, model_
     assert out.stdout.strip() == "", f"trainer child still running: {out.stdout}"
 
 
-LEARN_DEADLINE_S = 1500   # a stuck loop fails here; on the 2-core AVX-512 box the run takes ~5 min
-LEARN_VERSION = 20        # stop once a version this far along has been served
+LEARN_DEADLINE_S = 1200   # a stuck or non-learning loop fails here
+LEARN_WINDOW = 8          # rounds judged together (32 ratings)
+LEARN_MIN_VERSION = 4     # ... all served by versions this far along
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LEARN_DEADLINE_S + 300)
 def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
     """Issue 11's promise, end to end: a scripted rater with a preference the automatic reward does
     not hold ("short": 5 at <= 30 words of combined text, 1 at >= 90, collab bench online) rates
-    every candidate through the public API of a real `collab serve` (engine auto: vLLM with merged
-    weights on CPU), started as `collab bench online` starts it; the trainer learns from the ratings
-    alone (human_first). The mean rating of the last rounds beats that of the untrained rounds
-    (version 0) by >= 1.0 of 5. Calibration (docs/results): in the bench the version-0 rounds
-    averaged ~1.5-1.8 and the rounds served by versions >= 17 ~4.5; one test run: 1.2 -> 3.75."""
+    every candidate through the public API of a real `collab serve` (engine auto), started as
+    `collab bench online` starts it; the trainer learns from the ratings alone (human_first).
+
+    Claim: the mean rating of LEARN_WINDOW consecutive rounds, all served by versions >=
+    LEARN_MIN_VERSION, beats that of the untrained rounds (version 0) by >= 1.0 of 5, before the
+    deadline. The test stops at the first window that shows it, so its length follows the
+    machine's speed, not a version count fixed on one CPU. Calibration (docs/results): in the bench
+    the version-0 rounds averaged ~1.5-1.8 and the rounds served by versions >= 17 ~4.5; on an
+    AVX2-only CPU a scripted rater went 1.55 (first 5 rounds) -> 3.70 (last 5) in 13 steps.
+    Early stopping makes a lucky window more likely than one fixed look would; a window is 32
+    ratings from trained versions only, and the untrained team's round means stayed within
+    1.2-1.8 in the runs above, so a gain of 1.0 is not sampling noise."""
     from collab_app.commands.bench_online import (BenchOnlineConfig, connect, preference, start_server,
                                                   stop_server)
 
@@ -128,10 +137,18 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
     port = free_port()
     proc = start_server(cfg, str(tmp_path), port)
     rounds: list[tuple[int, float]] = []          # (served version, mean rating of the round)
+
+    def learned() -> float | None:
+        untrained = [m for v, m in rounds if v == 0]
+        window = rounds[-LEARN_WINDOW:]
+        if not untrained or len(window) < LEARN_WINDOW or min(v for v, _ in window) < LEARN_MIN_VERSION:
+            return None
+        return sum(m for _, m in window) / LEARN_WINDOW - sum(untrained) / len(untrained)
+
     try:
         client = connect(f"http://127.0.0.1:{port}/", proc, timeout=300)
         end = time.monotonic() + LEARN_DEADLINE_S
-        while time.monotonic() < end and (not rounds or rounds[-1][0] < LEARN_VERSION):
+        while time.monotonic() < end and (learned() or 0.0) < 1.0:
             cands = client.predict(task="tldr", text=TEXT, api_name="/generate")["candidates"]
             ratings = [rate(c["combined"]) for c in cands]
             for c, r in zip(cands, ratings):
@@ -140,13 +157,12 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
             rounds.append((version, sum(ratings) / len(ratings)))
     finally:
         stop_server(proc)
-    untrained = [m for v, m in rounds if v == 0]
-    last = [m for _, m in rounds[-8:]]
     curve = [(v, round(m, 2)) for v, m in rounds]
-    assert rounds and rounds[-1][0] >= LEARN_VERSION, f"the loop did not reach version {LEARN_VERSION}: {curve}"
-    assert untrained, f"no round came from the untrained team: {curve}"
-    gain = sum(last) / len(last) - sum(untrained) / len(untrained)
-    assert gain >= 1.0, f"mean rating rose by only {gain:.2f} (untrained {untrained}, last {last}); curve {curve}"
+    assert any(v == 0 for v, _ in rounds), f"no round came from the untrained team: {curve}"
+    gain = learned()
+    assert gain is not None, f"no {LEARN_WINDOW} rounds from versions >= {LEARN_MIN_VERSION} in {LEARN_DEADLINE_S} s: {curve}"
+    assert gain >= 1.0, f"mean rating rose by only {gain:.2f} over the untrained rounds; curve {curve}"
+    print(f"\nlearned in {len(rounds)} rounds: gain {gain:.2f}; curve {curve}")
 
 
 # ----------------------------------------------------------------------------- collab bench online: its pieces

@@ -59,7 +59,7 @@ class FakeWorker(TeamLoRA):
                                             input_batch=SimpleNamespace(req_ids=[], num_reqs=0),
                                             query_start_loc=SimpleNamespace(np=np.zeros(1, dtype=np.int32)))
 
-    def run(self, batch):
+    def run(self, batch, x=None):
         """batch: [(request id, key or None, n tokens)] in the worker's batch order -> outputs, x."""
         r = self.model_runner
         r.requests = {rid: SimpleNamespace(sampling_params=SimpleNamespace(
@@ -67,7 +67,7 @@ class FakeWorker(TeamLoRA):
         r.input_batch.req_ids = [rid for rid, _, _ in batch] + ["stale-slot"]   # vLLM keeps spare slots
         r.input_batch.num_reqs = len(batch)
         r.query_start_loc.np = np.cumsum([0] + [n for _, _, n in batch] + [0, 0]).astype(np.int32)
-        x = torch.randn(sum(n for _, _, n in batch), IN)
+        x = torch.randn(sum(n for _, _, n in batch), IN) if x is None else x
         r._model_forward(x)
         return self.outputs, x
 
@@ -167,3 +167,25 @@ def test_adapters_the_engine_cannot_serve_are_refused(tmp_path):
     with pytest.raises(ValueError, match="not a packed linear layer"):
         w.collab_load("k", str(d))
     assert w.collab_check()["keys"] == []
+
+
+
+def test_int8_base_gemms_stay_close_and_deltas_stay_exact(tmp_path):
+    """collab_int8: every packed layer's GEMM through fbgemm's int8 kernel (weights per output
+    channel). The base output moves by quantization noise only (a few % of its scale), and an
+    adapter row's delta on top of it is still exactly peft's scale·B·A·x."""
+    torch.manual_seed(0)
+    w = FakeWorker()
+    assert w.collab_int8(str(tmp_path)) == {"layers": 2, "int8_mb": 0.0}   # weights kept: no checkpoint read
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "k_proj", "v_proj", "o_proj"], seed=1)
+    w.collab_load("x1-v1-1", a1)
+    x = torch.randn(3, IN)
+    out, _ = w.run([("r1", None, 3), ("r2", "x1-v1-1", 3)], x=torch.cat([x, x]))   # same rows, base then adapter
+    fp32_qkv, _ = expected(w, x, None)
+    rel = (out["qkv"][:3] - fp32_qkv).abs().max() / fp32_qkv.abs().max()
+    assert 0 < rel < 0.03, rel.item()          # int8, not fp32: it moved, but only by noise
+    for name, (base, with_lora) in {"qkv": expected(w, x, None)[0:1] + expected(w, x, a1)[0:1],
+                                    "o": expected(w, x, None)[1:2] + expected(w, x, a1)[1:2]}.items():
+        torch.testing.assert_close(out[name][3:] - out[name][:3], with_lora - base, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="before any adapter"):
+        w.collab_int8(str(tmp_path))

@@ -114,6 +114,9 @@ def _worker(args) -> None:
         split = plan(0)
         if split is not None:
             apply_to_serving(split)
+    if args.engine == "plain":   # on the same cores as the engines' quiet rounds
+        Path(args.out).write_text(json.dumps(_plain(args, status)))
+        return
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
@@ -129,10 +132,12 @@ def _worker(args) -> None:
             max_lora_rank=max(8, args.lora_rank), max_loras=4, log_path=args.status + ".server.log"))
         engine = RemoteVLLMEngine(args.model_path, url)
         server_dtype = resolve_dtype(args.dtype, "cpu")   # the server's (the engine holds no weights)
-    elif args.engine == "vllm":
+    elif args.engine in ("vllm", "vllm-int8"):
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len, num_agents=2)
+        int8 = args.engine == "vllm-int8"   # int8 base GEMMs run fp32 activations
+        engine = VLLMEngine(args.model_path, dtype="float32" if int8 else args.dtype, max_model_len=args.max_model_len,
+                            num_agents=2, quantize="int8" if int8 else None)
     else:
         from collab_app.engines.engine_hf import TransformersEngine
 
@@ -194,6 +199,89 @@ def _worker(args) -> None:
     Path(args.out).write_text(json.dumps(result))
     engine.close()
     server.close()
+
+
+def _plain(args, status: Path) -> dict:
+    """The baseline a reader knows: plain eager transformers at its default dtype (fp32), no
+    adapters, no streaming, `model.generate` on the interactive round's rows (2 agents x G rows
+    of one prompt) for exactly max_new_tokens each (EOS suppressed, as the bench's adapters
+    never stop early): the same tokens as one interactive round of the engines."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    status.write_text("loading")
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(args.model_path)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32).eval()
+    startup = time.perf_counter() - t0
+    rows = 2 * args.num_generations
+    ids = tok.apply_chat_template([{"role": "user", "content": f"Task: {TASKS[0]}."}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"].repeat(rows, 1)
+    full = []
+    for k in range(args.rounds):
+        status.write_text(f"round {k + 1}/{args.rounds}")
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=args.temperature,
+                                 max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
+                                 pad_token_id=tok.eos_token_id)
+        full.append(time.perf_counter() - t)
+        assert out.shape == (rows, ids.shape[1] + args.max_new_tokens)
+    return {"startup_s": round(startup, 1), "dtype": "float32", "threads": torch.get_num_threads(),
+            "interactive": {"round_s": round(statistics.median(full), 2), "rounds_s": [round(x, 2) for x in full],
+                            "tokens_per_round": rows * args.max_new_tokens, "load_avg_1m": round(os.getloadavg()[0], 2),
+                            "streamed": False}}
+
+
+def read_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
+    """Memory read bandwidth of one core as torch sees it: the best of `repeats` sums over an
+    fp32 buffer far larger than the caches (GB/s)."""
+    import torch
+
+    x = torch.ones(mb * 2**20 // 4)
+    best = float("inf")
+    with _threads(1):
+        for _ in range(repeats):
+            t = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t)
+    return round(x.numel() * 4 / best / 1e9, 1)
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def floor(model_path: str, max_new_tokens: int, bandwidth_gbs: float) -> dict:
+    """The round time no engine can beat on this memory: every decode step reads every weight
+    once (one batch for the whole team), at the measured read bandwidth. fp32 and int8 (linear
+    layers and LM head in int8, the rest fp32) weights. Attention and KV reads are left out: at
+    128 tokens of a 135M model they are small next to the weights."""
+    from safetensors import safe_open
+
+    params = linear = 0
+    for f in Path(model_path).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                n = h.get_slice(k).get_shape()
+                size = 1
+                for d in n:
+                    size *= d
+                params += size
+                linear += size if len(n) == 2 and "norm" not in k else 0
+    fp32 = params * 4
+    int8 = linear * 1 + (params - linear) * 4
+    return {"bandwidth_gbs": bandwidth_gbs, "weight_gb_fp32": round(fp32 / 1e9, 3), "weight_gb_int8": round(int8 / 1e9, 3),
+            "round_s_fp32": round(fp32 * max_new_tokens / (bandwidth_gbs * 1e9), 2),
+            "round_s_int8": round(int8 * max_new_tokens / (bandwidth_gbs * 1e9), 2)}
 
 
 # -- parent: run each engine's worker, poll RSS, print -------------------------------------------
@@ -261,6 +349,7 @@ def _generate(args) -> int:
             make_random_lora(model_path, tmp / f"lora-{k}", seed=k, r=args.lora_rank, scale=args.lora_scale)
             for k in (1, 2)]
         res = {e: _run_engine(e, args, model_path, adapters, tmp) for e in args.engines}
+        limit = floor(model_path, args.max_new_tokens, read_bandwidth_gbs())   # nothing else running now
     report = {
         "workload": {"num_agents": 2, "prompts": args.prompts, "num_generations": args.num_generations,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
@@ -270,11 +359,16 @@ def _generate(args) -> int:
         "machine": {"cpus": os.cpu_count(), "cpu_capability": cpu_capability(),
                     "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "engines": res,
+        "floor": limit,
     }
     ok = {e: r for e, r in res.items() if "error" not in r}
     if "vllm" in ok and "transformers" in ok:
         report["ratio_round_s_vllm_over_transformers"] = round(
             ok["vllm"]["interactive"]["round_s"] / ok["transformers"]["interactive"]["round_s"], 2)
+    for e in ("vllm", "vllm-int8", "transformers"):
+        if e in ok and "plain" in ok:
+            report[f"ratio_round_s_{e}_over_plain"] = round(
+                ok[e]["interactive"]["round_s"] / ok["plain"]["interactive"]["round_s"], 2)
     if "vllm" in ok and "remote" in ok:
         report["ratio_round_s_remote_over_vllm"] = round(
             ok["remote"]["interactive"]["round_s"] / ok["vllm"]["interactive"]["round_s"], 2)
@@ -308,7 +402,13 @@ def _table(report: dict) -> str:
         lines.append(f"{label:<22}" + "".join(f"{str(res[n].get(key, '-')):>14}" for n in names))
     if any("base" in r for r in res.values()):
         lines.append(f"{'tokens/s (base)':<22}" + "".join(f"{str(res[n].get('base', {}).get('tokens_per_s', '-')):>14}" for n in names))
-    for key in ("ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers", "ratio_base_vllm_over_transformers",
+    f = report.get("floor")
+    if f:
+        lines.append(f"{'floor round s':<22}fp32 {f['round_s_fp32']} / int8 {f['round_s_int8']} "
+                     f"({f['weight_gb_fp32']} / {f['weight_gb_int8']} GB of weights x {report['workload']['max_new_tokens']} "
+                     f"steps at {f['bandwidth_gbs']} GB/s, one core's measured read bandwidth)")
+    for key in (*(k for k in report if k.startswith("ratio_round_s_") and k.endswith("_over_plain")),
+                "ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers", "ratio_base_vllm_over_transformers",
                 "ratio_round_s_remote_over_vllm", "ratio_tokens_per_s_remote_over_vllm"):
         if key in report:
             lines.append(f"{key}: {report[key]}")
@@ -338,8 +438,11 @@ def cli_main(argv: list[str]) -> int:
                                 "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
-    g.add_argument("--engines", nargs="+", default=["vllm", "transformers"], choices=["vllm", "transformers", "remote"],
-                   help="remote = a vLLM OpenAI-compatible server started here, used over HTTP (--engine-url)")
+    g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
+                   choices=["vllm", "vllm-int8", "transformers", "plain", "remote"],
+                   help="vllm-int8 = the CPU engine with int8 base GEMMs (VLLMEngine quantize='int8'); plain = eager "
+                        "transformers fp32 model.generate on the interactive round's rows, no adapters (the baseline); "
+                        "remote = a vLLM OpenAI-compatible server started here, used over HTTP (--engine-url)")
     g.add_argument("--model", default=None, help="HF id / folder (default: embedded SmolLM2)")
     g.add_argument("--prompts", type=int, default=16, help="rollout workload prompts (0 = interactive only)")
     g.add_argument("--num-generations", type=int, default=4)

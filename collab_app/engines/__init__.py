@@ -141,6 +141,25 @@ def auto_choice() -> tuple[list[str], str]:
     return order, why
 
 
+def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
+    """dtype "auto" on a CPU: what this machine's calibration chose (engines/calibrate.py, cached
+    in COLLAB_HOME): {"dtype": ...} plus {"quantize": "int8"} for vLLM where int8 won. A folder
+    the calibration cannot read (an HF id) or a failed measurement: the CPU-flags rule."""
+    from collab_app.engines.calibrate import calibrate
+
+    try:
+        entry = calibrate(path, threads=threads)
+    except Exception as e:  # noqa: BLE001 - calibration is an optimisation, never a reason not to start
+        log.warning("calibration failed (%s: %s); dtype from the CPU flags (%s)", type(e).__name__, e,
+                    resolve_dtype("auto", "cpu"))
+        return {}
+    log.info("dtype on this CPU (calibrated %s): %s", entry["measured_at"], entry["why"])
+    out = {"dtype": entry["dtype"]}
+    if kind == "vllm" and entry.get("quantize"):
+        out["quantize"] = entry["quantize"]
+    return out
+
+
 def _build(kind: str, path: str, kw: dict) -> Engine:
     if kind == "remote":
         from collab_app.engines.engine_remote import RemoteVLLMEngine
@@ -149,6 +168,8 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
             raise EngineError('engine "remote" needs url= (the vLLM server, e.g. http://127.0.0.1:8000)')
         # dtype, max_model_len, seed, num_agents, threads: the server's own start-up flags decide them
         return RemoteVLLMEngine(path, **{k: v for k, v in kw.items() if k in REMOTE_KW})
+    if kw.get("dtype", "auto") == "auto" and not cuda_available() and os.environ.get("COLLAB_CALIBRATE", "1") != "0":
+        kw = {**kw, **cpu_precision(path, kind, kw.get("num_threads"))}
     if kind == "vllm":
         from collab_app.engines.engine_vllm import VLLMEngine
 

