@@ -114,8 +114,8 @@ def hf_engine_fp32(model_path):
 def test_logprobs_match_teacher_forced_forward(request, kind, mean_tol, max_tol, adapters, teacher):
     """Behaviour log-probs = log softmax of the UNTEMPERED logits at the sampled tokens, so a
     teacher-forced fp32 forward of the same adapter must give the same numbers. Both engines run
-    fp32 here (vLLM on CPU from merged weights W + scale*B@A, which differ from peft's unmerged
-    forward only by fp32 rounding), so only batching/kernel noise remains: mean < 0.01 / 0.02, max
+    fp32 here (vLLM on CPU adds each row's delta scale*B@A@x after its own GEMM, as peft does), so
+    only batching/kernel noise remains: mean < 0.01 / 0.02, max
     0.05 / 0.1 per sequence. The tempered log-probs (T=0.5, the wrong convention) must be outside
     the band, so the check can fail."""
     import torch
@@ -138,9 +138,9 @@ def test_logprobs_match_teacher_forced_forward(request, kind, mean_tol, max_tol,
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_greedy_equal_between_engines_after_version_swaps(hf_engine_fp32, vllm_engine, adapters):
-    """The CPU vLLM path serves merged weights (W + scale*B@A): in fp32 its greedy tokens must equal
-    transformers+peft's token for token, for the base and for two agents, after several version
-    swaps in ONE engine (each swap merges the new version and drops the old one, and the prefix
+    """The CPU vLLM path adds each row's LoRA delta in one batch (vllm_team.TeamLoRA): in fp32 its
+    greedy tokens must equal transformers+peft's token for token, for the base and for two agents, after several version
+    swaps in ONE engine (each swap loads the new version and drops the old one, and the prefix
     cache must never serve KV computed under other weights). On GPU the same holds via LoRA ids."""
     swaps = [(adapters[1], adapters[2]), (adapters[2], adapters[1]), (adapters[1], adapters[1]), (adapters[2], adapters[1])]
     for version, (p1, p2) in enumerate(swaps, start=1):

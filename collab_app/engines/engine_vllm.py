@@ -61,7 +61,7 @@ class VLLMEngine:
             raise EngineError("quantize='int8' is the CPU engine's option and re-reads the checkpoint: "
                               "it needs a CPU and a local model folder")
         if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; 4.5 GB RSS total at 2 (NOTES)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; 4.5 GB RSS total at 2 (docs/ENGINES.md, vLLM on CPU)
         from transformers import AutoTokenizer
         from vllm import LLM
 

@@ -21,8 +21,8 @@
     store.record_adapter_version, then record_train_step: the groups that went into the gradient
         │                      are marked trained (too-late ones expired), in one transaction
         ▼
-    hotswap.AdapterWatcher     sees the new version row, engine.load_adapter (vLLM on CPU: merged
-                               weights swapped into the running engine) -> the next round uses it
+    hotswap.AdapterWatcher     sees the new version row, engine.load_adapter (vLLM on CPU: the version's
+                               LoRA matrices loaded into the running engine) -> the next round uses it
 
 `cpushare.py` keeps the serving engine and the trainer child on separate cores so that both
 sides of this loop keep moving on a 2-core machine; `export.py` writes everything out.

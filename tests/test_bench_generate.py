@@ -1,0 +1,35 @@
+"""`collab bench generate`'s own arithmetic: the floor (weights x steps / bandwidth) and the
+table that puts ours, the plain baseline and the floor side by side. The engines' runs are the
+benchmark itself (not a test)."""
+from __future__ import annotations
+
+from collab_app.commands import bench
+
+
+def test_floor_is_the_weights_read_once_per_step(model_path):
+    f = bench.floor(model_path, max_new_tokens=128, bandwidth_gbs=10.0)
+    assert 0.5 < f["weight_gb_fp32"] < 0.6                    # SmolLM2-135M: ~135M params x 4 bytes
+    assert f["weight_gb_int8"] < f["weight_gb_fp32"] / 3       # nearly all weights are 2-D (int8)
+    assert abs(f["round_s_fp32"] - f["weight_gb_fp32"] * 128 / 10.0) < 0.01
+    assert bench.floor(model_path, 128, 20.0)["round_s_fp32"] < f["round_s_fp32"]
+
+
+def test_read_bandwidth_is_plausible():
+    assert 0.5 < bench.read_bandwidth_gbs(mb=64, repeats=2) < 500
+
+
+def test_table_shows_ours_the_baseline_and_the_floor():
+    report = {
+        "workload": {"adapters": True, "interactive": "1 prompt x 2 agents x G=4", "prompts": 0, "num_generations": 4,
+                     "max_new_tokens": 128, "temperature": 0.8, "dtype": "auto", "lora_rank": 8, "lora_scale": 2.0},
+        "machine": {"cpu_capability": "AVX2", "load_avg_1m_at_end": 0.5},
+        "engines": {"vllm": {"dtype": "float32", "interactive": {"round_s": 25.5, "first_text_s": 0.36}},
+                    "plain": {"dtype": "float32", "interactive": {"round_s": 30.0}}},
+        "floor": {"bandwidth_gbs": 20.0, "weight_gb_fp32": 0.54, "weight_gb_int8": 0.14, "round_s_fp32": 3.46,
+                  "round_s_int8": 0.9},
+        "ratio_round_s_vllm_over_plain": 0.85,
+    }
+    table = bench._table(report)
+    assert "round s" in table and "25.5" in table and "30.0" in table
+    assert "floor round s" in table and "3.46" in table and "20.0 GB/s" in table
+    assert "ratio_round_s_vllm_over_plain: 0.85" in table
