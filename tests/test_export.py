@@ -63,7 +63,8 @@ def _check_rows(rows: list[dict], st: Store, code, write, human):
     assert json.loads(c0["auto_levels"]) == {"structure": 1.0, "tests": 0.0}
     assert json.loads(c0["auto_details"]) == {"err": "boom"} and c0["combined"] == "c0"
     assert [(x["rater"], x["value"], x["comment"]) for x in c0["ratings"]] == \
-        [("ann", 1.0, ""), ("ann", 5.0, "re-rated"), ("bob", 3.0, "")]
+        [("ann", 5.0, "re-rated"), ("bob", 3.0, "")]                 # re-rating replaced ann's 1
+    assert [(x["revision"], x["late"]) for x in c0["ratings"]] == [(1, False), (0, False)]
     assert {x["kind"] for x in c0["ratings"]} == {"stars"}      # the feedback form travels with the rating
     assert c0["human_score"] == scale_rating(4.0, 4.0)        # ann's latest 5 and bob's 3
     c1 = by_jid[code[1][1]]   # unrated and the group is young: human_first still waits for a rating,

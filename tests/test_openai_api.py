@@ -161,22 +161,23 @@ def test_ratings_through_the_api(ctx, api_round):
     assert r.status_code == 200, r.text
     stars = r.json()
     assert stars["form"] == "stars" and stars["rater"] == me and stars["values"] == [4.0]
+    (first,) = ctx.store.ratings_for(joint_sample_id=j0)
+    assert (first.id, first.comment, first.session_id, first.kind) == (stars["rating_ids"][0], "good", me, "stars")
     r = client.post("/v1/feedback", json={"joint_sample_id": j1, "reward": 0.75}, headers=AUTH_A)
     assert r.status_code == 200 and r.json()["values"] == [4.0]
+    (fb,) = ctx.store.ratings_for(joint_sample_id=j1)
+    assert (fb.kind, fb.value, fb.detail) == ("stars", 4.0, {"form": "reward", "reward": 0.75})
     ranks = client.post("/v1/ratings", json={"group_id": gid, "ranks": [2, 1]}, headers=AUTH_A).json()
     assert ranks["form"] == "rank" and ranks["values"] == [1.0, 5.0] and ranks["joint_sample_ids"] == [j0, j1]
     best = client.post("/v1/ratings", json={"group_id": gid, "best": 1}, headers=AUTH_A).json()
     assert best["values"] == [5.0, 1.0]
+    # each form re-rated both candidates: the key's one row per candidate was replaced (issue 21)
+    assert ranks["rating_ids"] == best["rating_ids"] == [stars["rating_ids"][0], fb.id]
     rows = ctx.store.ratings_for(group_id=gid)
-    got = [(r.id, r.joint_sample_id, r.rater, r.session_id, r.kind, r.value, r.detail) for r in rows]
+    got = [(r.id, r.joint_sample_id, r.rater, r.session_id, r.kind, r.value, r.detail, r.revision) for r in rows]
     assert got == [
-        (stars["rating_ids"][0], j0, me, me, "stars", 4.0, None),
-        (rows[1].id, j1, me, me, "stars", 4.0, {"form": "reward", "reward": 0.75}),
-        (ranks["rating_ids"][0], j0, me, me, "rank", 1.0, {"rank": 2, "of": 2}),
-        (ranks["rating_ids"][1], j1, me, me, "rank", 5.0, {"rank": 1, "of": 2}),
-        (best["rating_ids"][0], j0, me, me, "pick_best", 5.0, {"best": True, "of": 2}),
-        (best["rating_ids"][1], j1, me, me, "pick_best", 1.0, {"best": False, "of": 2})]
-    assert rows[0].comment == "good"
+        (stars["rating_ids"][0], j0, me, me, "pick_best", 5.0, {"best": True, "of": 2}, 2),
+        (fb.id, j1, me, me, "pick_best", 1.0, {"best": False, "of": 2}, 2)]
 
     # nobody else may rate this group: another key, an app session; and key A not an app session's group
     before = counts(ctx)
@@ -301,7 +302,8 @@ def test_limits(ctx):
     assert int(r.headers["Retry-After"]) >= 1
     # another key has its own budget (and still may not rate A's group)
     check_error(client.post("/v1/ratings", json={"joint_sample_id": jid, "rating": 4}, headers=AUTH_B), 403, "another")
-    assert counts(ctx) == (groups + 1, ratings + 3)
+    assert counts(ctx) == (groups + 1, ratings + 1)    # three writes by one key: its one row, replaced
+    assert ctx.store.ratings_for(joint_sample_id=jid)[0].revision == 2
     # every API round slot taken: 429 "server_busy" (B's round budget untouched)
     held = ApiCaller("api:held-slot")
     api.start_round(held)
@@ -310,7 +312,7 @@ def test_limits(ctx):
                     "server_busy")
     finally:
         api.end_round(held)
-    assert api.running_rounds == 0 and counts(ctx) == (groups + 1, ratings + 3)
+    assert api.running_rounds == 0 and counts(ctx) == (groups + 1, ratings + 1)
 
 
 def test_rounds_in_flight_per_key(ctx):

@@ -253,13 +253,13 @@ def test_rerating_and_several_raters(store):
     assert store.group(gid).status == "open"
     r1 = store.add_rating(jids[0], "ann", 1, "meh")
     r2 = store.add_rating(jids[0], "bob", 5)
-    r3 = store.add_rating(jids[0], "ann", 5, "changed my mind")      # re-rating: a new row
-    assert r1 < r2 < r3
+    r3 = store.add_rating(jids[0], "ann", 5, "changed my mind")      # re-rating: replaces ann's row
+    assert r1 < r2 and r3 == r1
     rows = store.ratings_for(joint_sample_id=jids[0])
-    assert [(r.rater, r.value, r.comment) for r in rows] == [("ann", 1, "meh"), ("bob", 5, ""),
-                                                             ("ann", 5, "changed my mind")]
-    assert [r.id for r in store.ratings_for(rater="ann")] == [r1, r3]
-    assert len(store.ratings_for(group_id=gid)) == 3
+    assert [(r.rater, r.value, r.comment, r.revision) for r in rows] == [("ann", 5, "changed my mind", 1),
+                                                                         ("bob", 5, "", 0)]
+    assert [r.id for r in store.ratings_for(rater="ann")] == [r1]
+    assert len(store.ratings_for(group_id=gid)) == 2
     assert store.group(gid).status == "open"                 # candidate 2 not rated yet
     store.add_rating(jids[1], "bob", 3.5)
     assert store.group(gid).status == "ready"
@@ -269,8 +269,10 @@ def test_rerating_and_several_raters(store):
 
 
 def test_ratings_append_only(store, url):
-    """No code path updates or deletes a rating: not the API (every statement it sends is
-    watched), not the ORM, and (schema v2) not even raw SQL."""
+    """Nothing deletes a rating, and the only update is a rater's re-rating replacing their own
+    row (issue 21): not the API (every statement it sends is watched), not the ORM, and (schema
+    v2, narrowed in v4) not even raw SQL; a raw update that keeps the revision, or moves a rating
+    to another rater, is refused."""
     gid, jids, *_ = make_group(store)
     seen: list[str] = []
     sa.event.listen(store.engine, "before_cursor_execute", lambda c, cur, stmt, *a: seen.append(stmt))
@@ -282,8 +284,10 @@ def test_ratings_append_only(store, url):
     store.record_train_step(2, {"loss": 0.1}, [gid])
     store.expire_groups(ReturnRule(human_timeout_s=0))
     writes = [s for s in seen if s.lstrip().upper().startswith(("UPDATE", "DELETE"))]
-    assert writes and not [s for s in writes if "ratings" in s.split("WHERE")[0].lower()]
-    assert len(store.ratings_for()) == 3
+    on_ratings = [s for s in writes if "ratings" in s.split("WHERE")[0].lower()]
+    assert len(on_ratings) == 1 and on_ratings[0].lstrip().upper().startswith("UPDATE")   # ann's re-rating
+    assert "revision" in on_ratings[0]
+    assert [(r.rater, r.value, r.revision) for r in store.ratings_for()] == [("ann", 4.0, 1), ("bob", 1.0, 0)]
 
     from collab_app.online.store import RatingRow
     from sqlalchemy.orm import Session
@@ -296,11 +300,13 @@ def test_ratings_append_only(store, url):
         s.delete(s.scalars(sa.select(RatingRow)).first())
         with pytest.raises(StoreError, match="append-only"):
             s.commit()
-    for stmt in ("UPDATE ratings SET value = 5", "DELETE FROM ratings"):
+    for stmt in ("UPDATE ratings SET value = 5", "DELETE FROM ratings",
+                 "UPDATE ratings SET rater = 'eve', revision = revision + 1",
+                 "UPDATE ratings SET late = true, revision = revision + 1"):
         with pytest.raises(sa.exc.DBAPIError, match="append-only"):
             with store._writer.begin() as c:
                 c.execute(sa.text(stmt))
-    assert [r.value for r in store.ratings_for()] == [2.0, 4.0, 1.0]
+    assert [r.value for r in store.ratings_for()] == [4.0, 1.0]
 
 
 # ----------------------------------------------------------------------------- ready groups

@@ -3,8 +3,10 @@
 
 A row holds the group (task, example, turn, prompts, session, status), the joint action (per-agent
 texts, prompt/generated token ids, behaviour log-probs, adapter versions), the automatic reward
-and its levels, every rating (append-only history, oldest first), the human score and the return
-assembled under a `ReturnRule` (None when the group is not ready under it).
+and its levels, every rating (one per rater, oldest first: its `revision` says how often its rater
+replaced it, `late` that it came after the group was trained / expired / set aside and so never
+trained it), the human score and the return assembled under a `ReturnRule` (None when the group is
+not ready under it).
 
 All formats share one column set. Free-form dicts whose keys differ between tasks (`example`,
 `auto_levels`, `auto_details`) are JSON strings in every format, so a Parquet file or a dataset
@@ -36,7 +38,8 @@ FILE_NAMES = {"jsonl": "joint_samples.jsonl", "parquet": "joint_samples.parquet"
 
 RATING = pa.struct([("id", pa.int64()), ("rater", pa.string()), ("value", pa.float64()),
                     ("comment", pa.string()), ("created_at", pa.string()),
-                    ("kind", pa.string()), ("detail", pa.string()), ("session_id", pa.string())])
+                    ("kind", pa.string()), ("detail", pa.string()), ("session_id", pa.string()),
+                    ("revision", pa.int64()), ("late", pa.bool_())])
 SCHEMA = pa.schema([
     ("group_id", pa.int64()), ("task", pa.string()), ("example_id", pa.string()), ("example", pa.string()),
     ("turn", pa.int64()), ("prompts", pa.list_(pa.string())), ("session_id", pa.string()),
@@ -81,7 +84,8 @@ def group_rows(g: GroupRecord, rule: ReturnRule, now: datetime) -> list[dict]:
             # (value is already that answer on the 1..5 scale, collab_app/online/returns.py)
             "ratings": [{"id": r.id, "rater": r.rater, "value": r.value, "comment": r.comment,
                          "created_at": r.created_at.isoformat(), "kind": r.kind,
-                         "detail": None if r.detail is None else json.dumps(r.detail), "session_id": r.session_id}
+                         "detail": None if r.detail is None else json.dumps(r.detail), "session_id": r.session_id,
+                         "revision": r.revision, "late": r.late}
                         for r in j.ratings],
             "human_score": human_score(ratings[k], g.max_reward),
             "return": None if got is None else got[0][k],

@@ -4,9 +4,9 @@ The rule is a small flat dataclass (`ReturnRule`) so the trainer service and the
 it as flags (trainer/configcli.py). Everything here is a pure function of plain values (no
 store, no clock) so every rule and edge case is unit-tested directly.
 
-Human ratings: a person gives a joint sample 1-5 (`RATING_MIN`..`RATING_MAX`). Ratings are
-append-only in the store; a rater's *latest* rating counts (re-rating replaces their earlier
-one), the human score is the mean over raters, mapped linearly from 1..5 onto the task's
+Human ratings: a person gives a joint sample 1-5 (`RATING_MIN`..`RATING_MAX`). A rater's
+*latest* rating counts (re-rating replaces their earlier one; the store keeps one row per rater
+and joint sample from schema v4 on, older stores may hold several), the human score is the mean over raters, mapped linearly from 1..5 onto the task's
 [0, max_reward] range (1 -> 0, 5 -> max_reward), so it is on the automatic reward's scale.
 
 Modes (the return R of one joint sample; h = human score, a = automatic total):
@@ -119,6 +119,27 @@ def human_score(ratings: Iterable[tuple[str, float]], max_reward: float) -> floa
     if not latest:
         return None
     return scale_rating(sum(latest.values()) / len(latest), max_reward)
+
+
+def deciding_rater(ratings: Sequence[Sequence[tuple[str, float]]], sources: Sequence[str]) -> str | None:
+    """A group's rater, for the trainer's cap on one rater's share of a step (issue 21): among
+    the joint samples whose return a rating decides (source "human" or "weighted"), the rater
+    whose latest rating is in force on the most of them; a tie goes to the rater met first
+    (joint samples in order, each one's ratings oldest first). None when no rating decides any return (automatic
+    returns only, or mode "auto")."""
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    seq = 0
+    for per_joint, source in zip(ratings, sources):
+        for rater, _ in per_joint:
+            first.setdefault(rater, seq)
+            seq += 1
+        if source in ("human", "weighted"):
+            for rater in latest_per_rater(per_joint):
+                counts[rater] = counts.get(rater, 0) + 1
+    if not counts:
+        return None
+    return min(counts, key=lambda r: (-counts[r], first[r]))
 
 
 def joint_return(rule: ReturnRule, auto_total: float | None, human: float | None,

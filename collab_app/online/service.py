@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -114,6 +115,8 @@ SUSPECTS_KEY = "trainer_suspects"
 alone until it trains (cleared) or raises again (set aside). Module doc: "Groups that cannot train"."""
 SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
+PUBLIC_RATER_SHARE = 0.25
+"""max_rater_share that `collab serve` gives its trainer child when the app is public (issue 21)."""
 TASK_ALIASES = {"custom-coding": "humaneval"}
 """store task name -> the task whose team answered it (a person's own coding problem: the coding team)."""
 
@@ -150,6 +153,8 @@ class ServiceConfig(MAGRPOConfig):
     """pid of the process that started this one: stop once re-parented, i.e. it died (`collab serve` passes its own); 0 = off."""
     keep_versions: int = 0
     """keep all versions (0): store rows name every version and an admin may pin (roll back to) any of them."""
+    max_rater_share: float = 1.0
+    """most of a step's K groups one rater may decide: max(1, floor(share*K)), the rest wait (1 = off, for one person's local app; `collab serve` passes 0.25 when public)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -158,6 +163,8 @@ class ServiceConfig(MAGRPOConfig):
                              f"{self.max_groups_per_step}")
         if self.max_wait_s < 0 or self.poll_s <= 0 or self.heartbeat_s <= 0:
             raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0")
+        if not 0.0 < self.max_rater_share <= 1.0:
+            raise ValueError(f"max_rater_share must be in (0, 1] (1 = no cap), got {self.max_rater_share}")
         if self.self_play_prompts < 1 or self.max_steps < 0:
             raise ValueError("self_play_prompts must be >= 1 and max_steps >= 0")
         if self.num_turns > 1:
@@ -175,6 +182,42 @@ class ServiceConfig(MAGRPOConfig):
 
     def rule(self) -> ReturnRule:
         return ReturnRule(self.return_mode, self.human_weight, self.human_timeout_s)
+
+
+def rater_cap(k: int, share: float) -> int:
+    """Most groups of one rater in a step of `k` groups: max(1, floor(share * k)); k when share >= 1.
+    floor, not ceil: ceil(0.25 * 5) = 2 would let one rater decide 40% of a 5-group step."""
+    if share >= 1.0:
+        return k
+    return max(1, math.floor(share * k + 1e-9))
+
+
+def take_capped(groups: list, share: float, max_k: int) -> tuple[list, list]:
+    """The groups of one step under the rater cap, and those held back by it. `groups` (oldest
+    first, each with a `rater`, None = no rating decides its returns) are taken oldest first,
+    skipping a rater's groups once that rater has `rater_cap(K, share)` in the step, for the
+    largest K <= max_k that can be filled that way. Held: the groups left out whose rater
+    reached the cap (they stay ready and come first in a later step, oldest first); groups
+    without a rater are never held. share >= 1: the oldest max_k, nothing held."""
+    if share >= 1.0 or not groups:
+        return list(groups[:max_k]), []
+    for k in range(min(len(groups), max_k), 0, -1):
+        cap = rater_cap(k, share)
+        taken, per = [], {}
+        for g in groups:
+            if len(taken) == k:
+                break
+            r = getattr(g, "rater", None)
+            if r is not None:
+                if per.get(r, 0) >= cap:
+                    continue
+                per[r] = per.get(r, 0) + 1
+            taken.append(g)
+        if len(taken) == k:
+            full = {r for r, n in per.items() if n >= cap}
+            ids = {id(g) for g in taken}
+            return taken, [g for g in groups if id(g) not in ids and getattr(g, "rater", None) in full]
+    return [], []   # not reached: k = 1 always fills
 
 
 def _dist():
@@ -304,6 +347,8 @@ class TrainerService:
         self._self_play_round = 0
         self._in_step = False             # data parallel: inside a step the ranks' collectives are running
         self._suspects: dict[int, int] = {}   # group id -> failed steps (SUSPECTS_KEY)
+        self.held: list[tuple[int, str]] = []   # (group id, rater) the rater cap kept out at the last `due`
+        self._held_shown: dict | None = None     # last RATER_CAP_KEY value written
         if self.store is not None:
             saved = (self.store.get_state(SUSPECTS_KEY) or {}).get("groups", {})
             self._suspects = {int(g): int(n) for g, n in saved.items()}
@@ -342,19 +387,29 @@ class TrainerService:
 
     def due(self, ready) -> tuple[str, list] | None:
         """(task, groups) of the first task that has K ready groups or waited T, else None. A task
-        with suspects (groups of a step that raised) is due at once with its oldest suspect alone."""
+        with suspects (groups of a step that raised) is due at once with its oldest suspect alone.
+
+        Rater cap (issue 21, `max_rater_share` < 1): a step's groups are `take_capped`: at most
+        max(1, floor(share * size)) of them decided by one rater, the rest of that rater's wait
+        (ready, oldest first; `self.held` lists them as (group id, rater), for every task). K and
+        T count the capped step: a rater alone (no other rater's and no automatic-return groups
+        ready) trains one group per step, once it waited T (max_wait_s = 0: waits for others)."""
         by_task: dict[str, list] = {}
         for g in ready:
             by_task.setdefault(TASK_ALIASES.get(g.task, g.task), []).append(g)
         now = time.time()
+        picked, self.held = None, []
         for task, groups in by_task.items():
             suspects = [g for g in groups if g.group_id in self._suspects]
             if suspects:
-                return task, suspects[:1]
-            waited = now - min(g.created_at.timestamp() for g in groups)
-            if len(groups) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
-                return task, groups[:self.cfg.max_groups_per_step]
-        return None
+                picked = picked or (task, suspects[:1])
+                continue
+            step, held = take_capped(groups, self.cfg.max_rater_share, self.cfg.max_groups_per_step)
+            self.held += [(g.group_id, g.rater) for g in held]
+            waited = now - min(g.created_at.timestamp() for g in step)
+            if len(step) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
+                picked = picked or (task, step)
+        return picked
 
     def train_step(self, task_name: str, ready) -> dict:
         """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
@@ -428,6 +483,19 @@ class TrainerService:
         except Exception:  # noqa: BLE001 - e.g. the store is down too; the groups stay as they were
             log.exception("could not record the groups of the failed step as suspects")
 
+    def _publish_held(self, held: list[tuple[int, str]]) -> None:
+        """RATER_CAP_KEY for `Store.stats()`: the share and the groups the cap keeps waiting now
+        (written only when it changed, not every poll)."""
+        from collab_app.online.store import RATER_CAP_KEY
+
+        value = {"share": self.cfg.max_rater_share, "held": len(held), "raters": len({r for _, r in held})}
+        if value != self._held_shown:
+            if held:
+                log.info("rater cap %.2f: %d ready groups of %d raters wait for other raters' groups",
+                         value["share"], value["held"], value["raters"])
+            self.store.set_state(RATER_CAP_KEY, {**value, "at": time.time()})
+            self._held_shown = value
+
     def _save_suspects(self, suspects: dict[int, int]) -> None:
         self._suspects = suspects
         self.store.set_state(SUSPECTS_KEY, {"groups": {str(g): n for g, n in suspects.items()}})
@@ -490,8 +558,12 @@ class TrainerService:
             self.status.set("paused", message="paused by an admin; resume in the Training tab")
             return "paused"
         self.store.expire_groups(self.rule)
+        share, scan_held = self.cfg.max_rater_share, []
+        per_rater = None if share >= 1.0 else rater_cap(self.cfg.max_groups_per_step, share)
         due = self.due(self.store.ready_groups(self.rule, limit=4 * self.cfg.max_groups_per_step,
-                                               exclude_tasks=self.private_tasks_held()))
+                                               exclude_tasks=self.private_tasks_held(),
+                                               per_rater=per_rater, held=scan_held))
+        self._publish_held(scan_held + self.held)
         if due:
             self.train_step(*due)
             return "trained"

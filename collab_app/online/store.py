@@ -12,8 +12,15 @@ machine). Write transactions start with `BEGIN IMMEDIATE`: taking the write lock
 a read-then-write transaction (add_rating checks its joint sample first) can never hit
 SQLITE_BUSY on lock upgrade, which busy_timeout cannot retry. Reads use a plain `BEGIN`.
 
-Ratings are append-only: re-rating adds a row and the latest per rater counts. No method
-updates or deletes them, the ORM refuses to, and (schema v2) database triggers refuse to.
+Ratings: one row per joint sample and rater. Re-rating replaces the rater's row in place
+(value, comment, form, time) and bumps its `revision`, so 60 re-ratings leave one row, not 60
+(issue 21); nothing else changes a rating and nothing deletes one: the ORM refuses to, and
+database triggers (schema v2, narrowed in v4 to exactly that replacement) refuse to. A rating of a
+group that is already trained, expired or set aside is stored as a `late` row (one per rater and
+joint sample, which that rater's further re-ratings replace): the export sees it, the rating in
+force when the group closed stays as it was, and the group is never made ready again by it.
+Rows written before schema v4 (when every re-rating appended) stay as they are; the latest per
+rater still counts.
 
 Schema: `schema_version` + `MIGRATIONS`, an ordered list of functions, each taking the schema
 one version up with frozen DDL (never the current ORM classes, which describe the latest
@@ -41,8 +48,8 @@ from sqlalchemy.orm import (DeclarativeBase, Mapped, Session, mapped_column, rel
                             selectinload)
 
 from collab_app.engines.engine_types import Sample
-from collab_app.online.returns import (RATING_KINDS, ReturnRule, check_rating_value, group_returns,
-                                       group_state)
+from collab_app.online.returns import (RATING_KINDS, ReturnRule, check_rating_value, deciding_rater,
+                                       group_returns, group_state)
 from tasks.base import Reward
 
 MAX_RATER_CHARS = 200
@@ -54,6 +61,10 @@ hint for the UI; which groups train is decided by `ready_groups(rule)`); trained
 untrainable: the trainer can never use it, kept with its ratings: fewer than MIN_GENERATIONS
 answers per agent (`stats()["single_sample_groups"]` counts those), or set aside by the trainer
 service after its update raised on the group alone (`set_aside`; the service's status says why)."""
+RATER_CAP_KEY = "trainer_rater_cap"
+"""app_state key the trainer service writes after each look at the ready groups (issue 21):
+{"share": its max_rater_share, "held": ready groups waiting because their rater reached the cap,
+"raters": how many raters have groups waiting so, "at": unix time}; `stats()` shows it."""
 MIN_GENERATIONS = 2
 """answers per agent a group needs to train: MAGRPO's advantage compares a sample with its siblings
 (trainer/magrpo.py `advantages`). A group of one (an API call with n=1) is stored but never ready."""
@@ -194,6 +205,8 @@ class RatingRow(Base):
     kind: Mapped[str] = mapped_column(String(16), server_default="stars")   # returns.RATING_KINDS
     detail: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))   # the form's answer (rank, pick)
     session_id: Mapped[str | None] = mapped_column(String(200))            # the session that sent it
+    revision: Mapped[int] = mapped_column(server_default="0")   # times its rater replaced it (schema v4)
+    late: Mapped[bool] = mapped_column(server_default=sa.false())   # written after its group closed (v4)
 
 
 class AdapterVersionRow(Base):
@@ -229,7 +242,8 @@ class AppStateRow(Base):
 @event.listens_for(RatingRow, "before_update")
 @event.listens_for(RatingRow, "before_delete")
 def _ratings_append_only(mapper, connection, target):
-    raise StoreError("ratings are append-only: add a new rating instead of changing one")
+    raise StoreError("ratings are append-only: only Store.add_ratings replaces a rater's own rating "
+                     "(revision + 1); add a rating instead of changing one")
 
 
 # ----------------------------------------------------------------------------- migrations
@@ -339,7 +353,30 @@ def _migration_3(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN session_id VARCHAR(200)"))
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3]
+RATINGS_V4_MSG = "ratings are append-only except a re-rating by the same rater (revision + 1)"
+
+
+def _migration_4(conn: sa.Connection) -> None:
+    """Re-rating replaces (issue 21): ratings.revision (how often its rater replaced it) and
+    ratings.late (written after its group was trained / expired / set aside). The UPDATE trigger
+    now lets exactly one kind of update through: the same row, joint sample, rater and lateness
+    with a higher revision (Store.add_ratings' replacement); DELETE stays refused."""
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN revision INTEGER NOT NULL DEFAULT 0"))
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN late BOOLEAN NOT NULL DEFAULT false"))
+    same = ("NEW.id = OLD.id AND NEW.joint_sample_id = OLD.joint_sample_id AND NEW.rater = OLD.rater "
+            "AND NEW.late = OLD.late AND NEW.revision > OLD.revision")
+    if conn.dialect.name == "sqlite":
+        conn.execute(sa.text("DROP TRIGGER IF EXISTS ratings_no_update"))
+        conn.execute(sa.text(f"CREATE TRIGGER ratings_replace_only BEFORE UPDATE ON ratings WHEN NOT ({same}) "
+                             f"BEGIN SELECT RAISE(ABORT, '{RATINGS_V4_MSG}'); END"))
+    elif conn.dialect.name == "postgresql":
+        conn.execute(sa.text("CREATE OR REPLACE FUNCTION ratings_append_only() RETURNS trigger AS $$ BEGIN "
+                             f"IF TG_OP = 'UPDATE' AND {same} THEN RETURN NEW; END IF; "
+                             f"RAISE EXCEPTION '{RATINGS_V4_MSG}'; END $$ "
+                             "LANGUAGE plpgsql"))
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
 """MIGRATIONS[i] takes the schema from version i to i + 1."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -376,6 +413,8 @@ class RatingRecord:
     kind: str = "stars"               # feedback form (collab_app.online.returns.RATING_KINDS)
     detail: dict | None = None        # the form's own answer: {"rank": r, "of": G}, {"best": bool, "of": G}
     session_id: str | None = None     # the session that sent it (None: trusted caller / older rows)
+    revision: int = 0                 # how often its rater replaced it (re-rating; schema v4)
+    late: bool = False                # written after its group was trained / expired / set aside
 
 
 @dataclass(frozen=True)
@@ -430,7 +469,8 @@ class ReadyGroup:
     joint_sample_ids: list[int]
     max_reward: float
     created_at: datetime
-    ratings_seen: int | None = None   # ratings of the group when read; None: the rule ignores ratings
+    ratings_seen: int | None = None   # rating writes of the group when read; None: the rule ignores ratings
+    rater: str | None = None          # the rater whose ratings decide most of its returns (`returns.deciding_rater`)
 
 
 @dataclass(frozen=True)
@@ -446,7 +486,12 @@ class AdapterVersionRecord:
 
 def _rating(r: RatingRow) -> RatingRecord:
     return RatingRecord(r.id, r.joint_sample_id, r.rater, r.value, r.comment, r.created_at, r.kind,
-                        None if r.detail is None else dict(r.detail), r.session_id)
+                        None if r.detail is None else dict(r.detail), r.session_id, r.revision or 0, bool(r.late))
+
+
+def _writes(grp: GroupRow) -> int:
+    """Rating writes a group has had: each row once, plus once per replacement (its revision)."""
+    return sum(1 + (r.revision or 0) for j in grp.joints for r in j.ratings)
 
 
 def _sample(s: SampleRow) -> Sample:
@@ -660,24 +705,31 @@ class Store:
             yield from page
             last_id = page[-1].id
 
-    # -- ratings (append-only) -------------------------------------------------------------
+    # -- ratings (one row per joint sample and rater; re-rating replaces) ------------------
 
     def add_rating(self, joint_sample_id: int, rater: str, value: float, comment: str = "", *,
                    kind: str = "stars", detail: dict | None = None, session_id: str | None = None) -> int:
-        """Append one rating (1..5) of a joint sample by `rater`; returns its id after commit.
-        Re-rating adds a row (the latest per rater counts). See `add_ratings` for kind, detail,
-        session_id. Bad input -> StoreError, nothing stored."""
+        """Store one rating (1..5) of a joint sample by `rater`; returns its id after commit.
+        Re-rating replaces the rater's row (same id, revision + 1). See `add_ratings` for kind,
+        detail, session_id and late ratings. Bad input -> StoreError, nothing stored."""
         return self.add_ratings([(joint_sample_id, value)], rater, comment, kind=kind,
                                 details=None if detail is None else [detail], session_id=session_id)[0]
 
     def add_ratings(self, items: Sequence[tuple[int, float]], rater: str, comment: str = "", *,
                     kind: str = "stars", details: Sequence[dict | None] | None = None,
                     session_id: str | None = None) -> list[int]:
-        """Append several ratings by one rater in one transaction (all or nothing): `items` are
+        """Store several ratings by one rater in one transaction (all or nothing): `items` are
         (joint_sample_id, value 1..5); `kind` the feedback form (returns.RATING_KINDS), `details`
         one JSON dict per item with the form's own answer. With `session_id` given, every joint
         sample must belong to a group that session generated (else NotEntitled) and the id is
-        kept on the rows; None = no check (admins, scripts on the store). Returns the ids."""
+        kept on the rows; None = no check (admins, scripts on the store). Returns the ids.
+
+        A rater who already rated a joint sample replaces that row (value, comment, kind, detail,
+        session_id, created_at; revision + 1; the same id comes back), so re-rating never adds
+        rows without bound. On a group already trained, expired or set aside the rating is a
+        `late` row instead: the rating in force when the group closed is kept as it was, the late
+        row is stored for the export (and replaced by that rater's further re-ratings), and the
+        group never becomes ready again (only open groups are made ready)."""
         if not isinstance(rater, str) or not rater.strip():
             raise StoreError("rater must be a non-empty name (or a session id)")
         if len(rater) > MAX_RATER_CHARS:
@@ -703,10 +755,13 @@ class Store:
         ids = [jid for jid, _ in checked]
         if len(set(ids)) != len(ids):
             raise StoreError("the same joint sample appears twice in one submission")
+        rater = rater.strip()
         with self._write() as s:
-            rows, groups = [], {}
+            ids_out, rows, groups = [], [], {}
             for k, (jid, v) in enumerate(checked):
-                joint = s.get(JointRow, jid)
+                # FOR UPDATE (PostgreSQL): two submissions by one rater on one joint sample queue here,
+                # so the second finds the first's row and replaces it (SQLite: BEGIN IMMEDIATE already)
+                joint = s.get(JointRow, jid, with_for_update=True)
                 if joint is None:
                     raise NotFound(f"no joint sample with id {jid}: rate a candidate that was stored")
                 grp = groups.get(joint.group_id) or s.get(GroupRow, joint.group_id)
@@ -715,16 +770,27 @@ class Store:
                     raise NotEntitled(f"joint sample {jid} belongs to group #{grp.id}, which another "
                                       "session generated: only that session (or an admin) may rate it")
                 detail = None if details is None else details[k]
-                rows.append(RatingRow(joint_sample_id=jid, rater=rater.strip(), value=v, comment=comment,
-                                      created_at=utcnow(), kind=kind,
-                                      detail=None if detail is None else jsonable(dict(detail)),
-                                      session_id=session_id))
+                fields = dict(value=v, comment=comment, created_at=utcnow(), kind=kind,
+                              detail=None if detail is None else jsonable(dict(detail)), session_id=session_id)
+                closed = grp.status in ("trained", "expired", "untrainable")
+                mine = s.execute(select(RatingRow.id, RatingRow.revision, RatingRow.late)
+                                 .where(RatingRow.joint_sample_id == jid, RatingRow.rater == rater)
+                                 .order_by(RatingRow.id.desc()).limit(1)).first()
+                if mine is not None and (mine.late or not closed):   # replace it (ORM events bypassed: Core)
+                    s.execute(sa.update(RatingRow).where(RatingRow.id == mine.id)
+                              .values(revision=(mine.revision or 0) + 1, **fields)
+                              .execution_options(synchronize_session=False))
+                    ids_out.append(mine.id)
+                else:                                                 # first rating, or first late one
+                    row = RatingRow(joint_sample_id=jid, rater=rater, revision=0, late=closed, **fields)
+                    rows.append(row)
+                    ids_out.append(row)
             s.add_all(rows)
             s.flush()
             for grp in groups.values():
                 if grp.status == "open":
                     self._maybe_ready(s, grp)
-            return [r.id for r in rows]
+            return [x if isinstance(x, int) else x.id for x in ids_out]
 
     @staticmethod
     def _maybe_ready(s: Session, grp: GroupRow) -> None:
@@ -756,7 +822,8 @@ class Store:
     # -- training --------------------------------------------------------------------------
 
     def ready_groups(self, rule: ReturnRule, limit: int = 64, now: datetime | None = None,
-                     task: str | None = None, exclude_tasks: Sequence[str] = ()) -> list[ReadyGroup]:
+                     task: str | None = None, exclude_tasks: Sequence[str] = (), per_rater: int | None = None,
+                     held: list[int] | None = None) -> list[ReadyGroup]:
         """Up to `limit` untrained groups whose every joint sample has a return under `rule`,
         oldest first (so nothing waits forever behind newer data); groups of `exclude_tasks` are
         left out of the scan (they stay in the store, untouched). Cost: it reads open groups
@@ -764,11 +831,19 @@ class Store:
         keep groups that can never become ready out of the scan.
 
         Groups of fewer than MIN_GENERATIONS answers are never returned (their advantage would
-        raise and stop every step). Each group carries `ratings_seen`, the number of its ratings
-        at this read (None under mode "auto", where ratings do not change the return), for
-        `record_train_step` to see whether a rating arrived while the step ran."""
+        raise and stop every step). Each group carries `ratings_seen`, the number of rating writes
+        (first ratings and replacements) it has had at this read (None under mode "auto", where
+        ratings do not change the return), for `record_train_step` to see whether a rating
+        arrived while the step ran, and `rater`, the rater whose ratings decide most of its
+        returns (`returns.deciding_rater`; None when no rating decides any).
+
+        `per_rater` (the trainer service's rater cap, issue 21): take at most this many groups
+        of one (task, rater), so a rater's backlog cannot fill `limit` and hide other raters'
+        groups; the ones left waiting are appended to `held` as (group id, rater) when given
+        (they stay ready, untouched)."""
         now = now or utcnow()
         out: list[ReadyGroup] = []
+        taken: dict[tuple[str, str], int] = {}
         last_id = 0
         with self._read() as s:
             while len(out) < limit:
@@ -785,15 +860,24 @@ class Store:
                     break
                 last_id = page[-1].id
                 for grp in page:
-                    got = self._returns(rule, grp, now)
+                    inputs = self._inputs(grp, now)
+                    got = group_returns(rule, *inputs)
                     if got is None:
                         continue
+                    rater = None if rule.mode == "auto" else deciding_rater(inputs[1], got[1])
+                    if per_rater is not None and rater is not None:
+                        n = taken.get((grp.task, rater), 0)
+                        if n >= per_rater:
+                            if held is not None:
+                                held.append((grp.id, rater))
+                            continue
+                        taken[(grp.task, rater)] = n + 1
                     rec = self._group_record(grp)   # loads its samples
                     out.append(ReadyGroup(grp.id, grp.task, grp.example_id, grp.example, grp.turn,
                                           list(grp.prompts), rec.samples, [j.joint for j in rec.joints],
                                           got[0], [j.auto_levels or {} for j in rec.joints], got[1],
                                           [j.id for j in rec.joints], grp.max_reward, grp.created_at,
-                                          None if rule.mode == "auto" else sum(len(j.ratings) for j in grp.joints)))
+                                          None if rule.mode == "auto" else _writes(grp), rater))
                     if len(out) >= limit:
                         break
         return out
@@ -801,11 +885,8 @@ class Store:
     @staticmethod
     def _inputs(grp: GroupRow, now: datetime):
         autos = [j.auto_total for j in grp.joints]
-        ratings = [[(r.rater, r.value) for r in j.ratings] for j in grp.joints]
+        ratings = [[(r.rater, r.value) for r in j.ratings if not r.late] for j in grp.joints]
         return autos, ratings, grp.max_reward, (now - grp.created_at).total_seconds()
-
-    def _returns(self, rule: ReturnRule, grp: GroupRow, now: datetime):
-        return group_returns(rule, *self._inputs(grp, now))
 
     def mark_trained(self, group_ids: Sequence[int], step: int) -> int:
         """Mark groups trained at `step`; returns how many changed (already trained ones stay)."""
@@ -830,9 +911,11 @@ class Store:
         `ratings_seen` (group id -> `ReadyGroup.ratings_seen` of the read the step trained on): a
         group that has more ratings now was re-rated while the step ran, so its gradient used an
         old return; it stays ready (trained again, on the new return, by a later step) and the
-        step's metrics get "groups_rerated". Ratings are append-only, so a count that is the same
-        means the same ratings (a last-rating id would miss a PostgreSQL transaction that took a
-        lower id and committed after the read). Returns the ids kept ready."""
+        step's metrics get "groups_rerated". The count is of rating writes (rows plus their
+        revisions: a re-rating replaces a row and bumps its revision, which the triggers only let
+        grow), so a count that is the same means the same ratings (a last-rating id would miss a
+        PostgreSQL transaction that took a lower id and committed after the read). Returns the
+        ids kept ready."""
         used = [int(g) for g in group_ids]
         with self._write() as s:
             if s.scalar(select(TrainStepRow.id).where(TrainStepRow.step == int(step))):
@@ -840,9 +923,10 @@ class Store:
             seen = {int(g): n for g, n in (ratings_seen or {}).items() if n is not None and int(g) in used}
             rerated = []
             if seen:
-                now = dict(s.execute(select(JointRow.group_id, func.count(RatingRow.id))
-                                     .join(RatingRow, RatingRow.joint_sample_id == JointRow.id)
-                                     .where(JointRow.group_id.in_(list(seen))).group_by(JointRow.group_id)).all())
+                now = {g: int(n) for g, n in s.execute(
+                    select(JointRow.group_id, func.sum(RatingRow.revision + 1))
+                    .join(RatingRow, RatingRow.joint_sample_id == JointRow.id)
+                    .where(JointRow.group_id.in_(list(seen))).group_by(JointRow.group_id)).all()}
                 rerated = [g for g in used if g in seen and now.get(g, 0) != seen[g]]
             if rerated:
                 metrics = {**metrics, "groups_rerated": len(rerated)}
@@ -959,9 +1043,17 @@ class Store:
     def stats(self) -> dict:
         """Counts for the UI / logs: groups per status, single-sample groups (fewer than
         MIN_GENERATIONS answers: stored, never trainable), joint samples, samples, ratings, raters,
-        adapter versions, train steps, schema version."""
+        adapter versions, train steps, schema version; and for the rater cap (issue 21):
+        "rating_replacements" (re-ratings that replaced a rating in place), "late_ratings"
+        (ratings stored after their group was trained / expired / set aside: exported, never
+        trained on), "rater_share" (the trainer's max share of a step per rater, None before the
+        service looked), "groups_held_by_rater_cap" and "raters_held" (ready groups waiting
+        because their rater reached the cap, and how many raters those are; the service's last
+        look, RATER_CAP_KEY)."""
         with self._read() as s:
             by_status = dict(s.execute(select(GroupRow.status, func.count()).group_by(GroupRow.status)).all())
+            row = s.get(AppStateRow, RATER_CAP_KEY)
+            cap = dict(row.value) if row is not None and isinstance(row.value, dict) else {}
             count = lambda model: s.scalar(select(func.count()).select_from(model))   # noqa: E731
             return {
                 "groups": {st: by_status.get(st, 0) for st in STATUSES},
@@ -971,6 +1063,11 @@ class Store:
                 "raters": s.scalar(select(func.count(sa.distinct(RatingRow.rater)))),
                 "adapter_versions": count(AdapterVersionRow), "train_steps": count(TrainStepRow),
                 "schema_version": s.scalar(select(schema_version.c.version)),
+                "rating_replacements": int(s.scalar(select(func.coalesce(func.sum(RatingRow.revision), 0)))),
+                "late_ratings": s.scalar(select(func.count()).select_from(RatingRow).where(RatingRow.late.is_(True))),
+                "rater_share": cap.get("share"),
+                "groups_held_by_rater_cap": int(cap.get("held") or 0),
+                "raters_held": int(cap.get("raters") or 0),
             }
 
     counts = stats
