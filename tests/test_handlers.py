@@ -106,17 +106,27 @@ def test_wrong_guesses_are_slowed_per_caller():
     now = [0.0]
     ctx = _ctx(admin_token=TOKEN)
     ctx.admin_guard = AdminGuard(free=3, max_lock_s=60, forget_s=600, clock=lambda: now[0])
-    guesser, admin = H.Caller("g1", host="198.51.100.9"), H.Caller("a", host="203.0.113.7")
+    # behind one proxy (a Space): the same host for everyone, the network from X-Forwarded-For
+    guesser = H.Caller("g1", host="10.0.0.1", network="198.51.100.9")
+    admin = H.Caller("a", host="10.0.0.1", network="203.0.113.7")
     for _ in range(2):
         with pytest.raises(H.UserError, match="admin token wrong: enter"):
             H.check_admin(ctx, "guess", guesser)
     with pytest.raises(H.UserError, match="further tries refused for 2 s"):
         H.check_admin(ctx, "guess", guesser)
-    # locked: refused at once, the right token too; a fresh session from the same address too
-    for caller, token in ((guesser, TOKEN), (H.Caller("g2", host="198.51.100.9"), TOKEN)):
-        with pytest.raises(H.UserError, match="too many wrong admin tokens from your address: try again in 2 s"):
+    # locked: refused at once, the right token too; a fresh session from the same network too
+    for caller, token in ((guesser, TOKEN), (H.Caller("g2", host="10.0.0.1", network="198.51.100.9"), TOKEN)):
+        with pytest.raises(H.UserError, match="too many wrong admin tokens from your session or network: try "
+                                              "again in 2 s"):
             H.check_admin(ctx, token, caller)
-    H.check_admin(ctx, TOKEN, admin)                 # another caller is not affected
+    H.check_admin(ctx, TOKEN, admin)                 # another network behind the same proxy is not affected
+    # the same wrong guess from many sessions and networks locks that guess, never the right token
+    for i in range(3):
+        with pytest.raises(H.UserError, match="admin token wrong"):
+            H.check_admin(ctx, "common-guess", H.Caller(f"s{i}", host="10.0.0.1", network=f"192.0.2.{i}"))
+    with pytest.raises(H.UserError, match="too many wrong admin tokens"):
+        H.check_admin(ctx, "common-guess", H.Caller("s9", host="10.0.0.1", network="192.0.2.9"))
+    H.check_admin(ctx, TOKEN, H.Caller("s9", host="10.0.0.1", network="192.0.2.9"))
     now[0] += 2.5
     with pytest.raises(H.UserError, match="refused for 4 s"):   # doubling
         H.check_admin(ctx, "guess", guesser)
@@ -126,9 +136,9 @@ def test_wrong_guesses_are_slowed_per_caller():
     with pytest.raises(H.UserError, match="missing"):            # an empty token is not a guess
         H.check_admin(ctx, "", admin)
     now[0] += 8.5
-    H.check_admin(ctx, TOKEN, guesser)               # the right token after the wait resets it
+    H.check_admin(ctx, TOKEN, guesser)               # the right token after the wait resets the caller
     with pytest.raises(H.UserError, match="admin token wrong: enter[^;]*$"):
-        H.check_admin(ctx, "guess", guesser)
+        H.check_admin(ctx, "a new guess", guesser)   # (a wrong token's own count is not reset)
 
 
 def test_is_public(monkeypatch):
@@ -229,11 +239,11 @@ def test_rating_flow(ctx, first_round):
     msg = H.rate_candidates(ctx, ep, ["5", None], A, "nice helper")
     assert msg.startswith("rating saved: #") and "candidate 1: 5/5" in msg and "as session:session-A" in msg
     assert ctx.store.stats()["ratings"] == before + 1
-    # re-rating adds a row (append-only); the same person logged in on a Space is another rater id
+    # re-rating replaces the rater's row (issue 21); the same person logged in on a Space is another rater id
     H.rate_candidates(ctx, ep, ["2", "4"], A)
     H.rate_candidates(ctx, ep, [None, "3"], H.Caller("session-A", username="bo"))
     jid0, jid1 = (c["joint_sample_id"] for c in ep["candidates"])
-    assert [r.value for r in ctx.store.ratings_for(jid0)] == [5, 2]
+    assert [(r.value, r.revision) for r in ctx.store.ratings_for(jid0)] == [(2, 1)]
     assert [(r.rater, r.value) for r in ctx.store.ratings_for(jid1)] == [("session:session-A", 4), ("hf:bo", 3)]
     n = ctx.store.stats()["ratings"]
     for values, fragment in ((["9", None], "1 to 5"), ([None, None], "at least one"), (["3", "0"], "1 to 5")):

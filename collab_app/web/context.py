@@ -180,10 +180,10 @@ class AdminGuard:
 
     Chosen over sleeping because a sleep holds one of Gradio's worker threads per guess (a
     guesser could fill the pool); over a fixed lockout because doubling keeps an honest typo
-    cheap and a guesser at a few guesses per hour. The caller is the client address (what
-    uvicorn reports: the peer, or the X-Forwarded-For of a proxy on 127.0.0.1), else the
-    session: a new session does not reset it. Behind one shared proxy address a guesser also
-    locks out the admin for the lockout's length (the admin can still use the CLI). In memory."""
+    cheap and a guesser at a few guesses per hour. Keys (handlers.check_admin): the caller's
+    server-issued session or login, its client network (identity.client_network: a new session
+    does not reset it), and the wrong token itself; never a shared proxy address alone, so
+    guesses from other visitors behind a Space's proxy do not lock the admin out. In memory."""
 
     def __init__(self, free: int = 5, max_lock_s: float = 900.0, forget_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -444,6 +444,16 @@ class AppContext:
     max_rounds_in_flight: int = 1
     """rounds one session or login may have generating at once (0 = no limit): one client cannot
     hold every generate slot."""
+    max_new_sessions_per_minute: int = 20
+    """server-issued sessions (identity.IdentityMiddleware) one client network may start per minute (0 = no limit)."""
+    max_rounds_per_minute_per_network: int = 30
+    """rounds one client network may start per minute over all its sessions (0 = no limit)."""
+    max_ratings_per_minute_per_network: int = 240
+    """ratings one client network may store per minute over all its sessions (0 = no limit)."""
+    session_secret: bytes | None = field(default=None, repr=False)
+    """the key that signs session cookies (identity.session_secret: $COLLAB_SESSION_SECRET, else random at start)."""
+    trusted_proxy_hops: int | None = None
+    """proxies in front that append to X-Forwarded-For (None: identity.trusted_proxy_hops: $COLLAB_TRUSTED_PROXY_HOPS, else 1 on a Space, else 0)."""
     isolation: dict | None = None
     """the sandbox's isolation; None = ask tasks.sandbox.isolation() each time (cached there), a dict pins it (tests)."""
     shared_ttl_s: float = 10.0
@@ -461,11 +471,17 @@ class AppContext:
     round_slots: SessionSlots = field(init=False, repr=False)
     admin_guard: AdminGuard = field(init=False, repr=False)
     shared_views: SharedViews = field(init=False, repr=False)
+    round_net_limiter: RateLimiter = field(init=False, repr=False)
+    rating_net_limiter: RateLimiter = field(init=False, repr=False)
+    identity: Any = field(init=False, repr=False)
+    """identity.SessionIdentity: signs session cookies, counts new sessions per network, binds session hashes."""
 
     def __post_init__(self):
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO needs a group of siblings")
-        for name in ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight"):
+        for name in ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight",
+                     "max_new_sessions_per_minute", "max_rounds_per_minute_per_network",
+                     "max_ratings_per_minute_per_network"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
@@ -478,6 +494,12 @@ class AppContext:
         self.round_limiter = RateLimiter(self.max_rounds_per_minute)
         self.rating_limiter = RateLimiter(self.max_ratings_per_minute)
         self.round_slots = SessionSlots(self.max_rounds_in_flight)
+        self.round_net_limiter = RateLimiter(self.max_rounds_per_minute_per_network)
+        self.rating_net_limiter = RateLimiter(self.max_ratings_per_minute_per_network)
+        from collab_app.web.identity import SessionIdentity
+        self.identity = SessionIdentity(self.session_secret, self.max_new_sessions_per_minute,
+                                        self.trusted_proxy_hops)
+        self.session_secret = None   # kept only inside the signer
         self.admin_guard = AdminGuard()
         self.shared_views = SharedViews(self.shared_ttl_s)
         self.max_generations = max(self.max_generations, self.num_generations)

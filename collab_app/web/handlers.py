@@ -116,23 +116,29 @@ def check_admin(ctx, token: str | None, caller: "Caller | None" = None) -> None:
     """Admin actions (edit team, pin / roll back adapters, pause training, export, rate any
     group). Allowed for a loopback caller when the app runs with `ctx.loopback_admin`; else the
     token must equal COLLAB_ADMIN_TOKEN (constant-time compare). Without COLLAB_ADMIN_TOKEN they
-    are off. Wrong guesses lock the caller out for a doubling time (context.AdminGuard); an
-    empty token is not a guess (a person pressed an admin button) and counts nothing."""
+    are off. Wrong guesses lock out (context.AdminGuard, a doubling time) the caller's identity
+    and client network (`Caller.guard_keys`: its server-issued session, never a shared proxy
+    address) and the wrong token itself (the same guess from many sessions); the right token's
+    own count never grows, so guesses from other sessions and networks never lock the admin out. An empty token is not a guess (a person pressed
+    an admin button) and counts nothing."""
     if getattr(ctx, "loopback_admin", False) and caller is not None and caller.is_loopback:
         return
     if not ctx.admin_token:
         raise UserError(ADMIN_OFF)
     if not token:
         raise UserError("admin token missing: enter COLLAB_ADMIN_TOKEN's value in the 'admin token' box")
-    key = caller.guard_key if caller is not None else "anonymous"
-    wait = ctx.admin_guard.locked(key)
+    import hashlib
+    keys = list(caller.guard_keys) if caller is not None else ["anonymous"]
+    attempt = "try:" + hashlib.sha256(str(token).encode()).hexdigest()[:24]
+    wait = max(ctx.admin_guard.locked(k) for k in (*keys, attempt))
     if wait > 0:
-        raise UserError(f"too many wrong admin tokens from your address: try again in {math.ceil(wait)} s")
+        raise UserError(f"too many wrong admin tokens from your session or network: try again in {math.ceil(wait)} s")
     if not hmac.compare_digest(str(token).encode(), ctx.admin_token.encode()):
-        lock = ctx.admin_guard.failed(key)
+        lock = max(ctx.admin_guard.failed(k) for k in (*keys, attempt))
         more = f"; further tries refused for {math.ceil(lock)} s" if lock else ""
         raise UserError(f"admin token wrong: enter COLLAB_ADMIN_TOKEN's value in the 'admin token' box{more}")
-    ctx.admin_guard.succeeded(key)
+    for k in keys:
+        ctx.admin_guard.succeeded(k)
 
 
 @dataclass(frozen=True)
@@ -140,11 +146,15 @@ class Caller:
     """Who acts, as the server knows it (ui.py fills it from gr.Request; never typed by a person)."""
 
     session_id: str | None
-    """the Gradio session hash (the page's, or a gradio_client's): groups are stored under it."""
+    """the server-issued session (identity.py: a signed cookie, `web:...`; the API's key id
+    `api:...`): groups are stored under it. Never Gradio's session hash, which the client picks."""
     username: str | None = None
     """the Hugging Face login on a Space with OAuth (gr.Request.username), else None."""
     host: str | None = None
     """the client's address as uvicorn reports it (gr.Request.client.host), else None."""
+    network: str | None = None
+    """the client's network (identity.client_network: X-Forwarded-For only behind a trusted
+    proxy); rounds and ratings are also counted per network. None: not counted (the API, tests)."""
 
     @property
     def is_loopback(self) -> bool:
@@ -152,14 +162,17 @@ class Caller:
         return is_loopback(self.host)
 
     @property
-    def guard_key(self) -> str:
-        """Whose wrong admin guesses count together: the address (a new session does not reset
-        it), else the session."""
-        return f"host:{self.host}" if self.host else self.key
+    def guard_keys(self) -> tuple[str, ...]:
+        """Whose wrong admin guesses count together: the caller's identity (server-issued session
+        or login) and its client network (a new session does not reset that); the address only
+        when neither is known. Never a shared proxy address alone: behind a Space's proxy every
+        visitor has the same one, and a guesser would lock out the admin."""
+        keys = tuple(k for k in (self.rater, f"net:{self.network}" if self.network else None) if k)
+        return keys or ((f"host:{self.host}",) if self.host else ("anonymous",))
 
     @property
     def rater(self) -> str | None:
-        """The rater id stored with a rating: hf:<login>, else session:<hash>, else None."""
+        """The rater id stored with a rating: hf:<login>, else session:<id>, else None."""
         if self.username:
             return f"hf:{self.username}"[:200]
         return f"session:{self.session_id}"[:200] if self.session_id else None
@@ -170,11 +183,22 @@ class Caller:
         return self.rater or "anonymous"
 
 
-def _limit(limiter, caller: Caller, what: str, per_minute: int, n: int = 1) -> None:
-    wait = limiter.take(caller.key, n)
-    if wait is not None:
-        more = "" if math.isinf(wait) else f"; try again in {max(1, math.ceil(wait))} s"
-        raise UserError(f"too many {what}: at most {per_minute} per minute per session{more}")
+NO_SESSION = ("this request carries no session of this server: reload the page (or, from a script, keep the "
+              "cookies the server sets, as gradio_client does). Too many new sessions from your network in "
+              "the last minute also end here; wait a minute.")
+
+
+def _limit(ctx, limiter, net_limiter, caller: Caller, what: str, per_minute: int, per_network: int,
+           n: int = 1) -> None:
+    """Count `n` events against the caller's network (when known), then its identity."""
+    for lim, key, scope, most in ((net_limiter, f"net:{caller.network}", "client network", per_network),
+                                  (limiter, caller.key, "session", per_minute)):
+        if lim is None or (key.startswith("net:") and not caller.network):
+            continue
+        wait = lim.take(key, n)
+        if wait is not None:
+            more = "" if math.isinf(wait) else f"; try again in {max(1, math.ceil(wait))} s"
+            raise UserError(f"too many {what}: at most {most} per minute per {scope}{more}")
 
 
 # --------------------------------------------------------------------------- episodes
@@ -353,6 +377,8 @@ def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0,
     pool of this round (sandboxed subprocesses: threads only wait on them)."""
     if not episode or not episode.get("task"):
         raise UserError("choose a task and press Generate")
+    if not caller.session_id:
+        raise UserError(NO_SESSION)           # its group could never be rated, and limits need a key
     if episode["task"] in PRIVATE_TASKS:
         _check_own_problem_allowed(ctx)      # also here: not only the page hides it
     task = task_of(ctx, episode)
@@ -366,7 +392,8 @@ def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0,
         raise UserError(f"you already have a round generating: wait for your round to finish (at most "
                         f"{ctx.max_rounds_in_flight} at once per session)")
     try:
-        _limit(ctx.round_limiter, caller, "rounds", ctx.max_rounds_per_minute)
+        _limit(ctx, ctx.round_limiter, getattr(ctx, "round_net_limiter", None), caller, "rounds",
+               ctx.max_rounds_per_minute, getattr(ctx, "max_rounds_per_minute_per_network", 0))
         yield from _round(ctx, episode, caller, task, example, history, prompts, team, G, sampling,
                           tick_s, min_update_s)
     finally:
@@ -613,7 +640,8 @@ def _rating_session(ctx, caller: Caller, token: str | None) -> str | None:
         return None
     if not caller.session_id:
         raise UserError("this request carries no session, so it cannot be matched to the group it "
-                        "generated: rate from the page or from the gradio_client that generated it")
+                        "generated: rate from the page or from the gradio_client that generated it. "
+                        + NO_SESSION)
     return caller.session_id
 
 
@@ -623,7 +651,8 @@ def _store_ratings(ctx, caller: Caller, token, items: list[tuple[int, float]], c
     comment = clean_text(comment, "comment", MAX_COMMENT_CHARS, required=False)
     session = _rating_session(ctx, caller, token)
     rater = caller.rater or "admin"        # no session only with the admin token
-    _limit(ctx.rating_limiter, caller, "ratings", ctx.max_ratings_per_minute, len(items))
+    _limit(ctx, ctx.rating_limiter, getattr(ctx, "rating_net_limiter", None), caller, "ratings",
+           ctx.max_ratings_per_minute, getattr(ctx, "max_ratings_per_minute_per_network", 0), len(items))
     from collab_app.online.store import NotEntitled
     try:
         return ctx.store.add_ratings(items, rater, comment, kind=kind, details=details, session_id=session)
@@ -846,12 +875,25 @@ def adapter_table(ctx, agent: str) -> list[list]:
 ADAPTER_HEADERS = ["version", "step", "created (UTC)", "pinned", "serving", "path"]
 
 
-def _pin(ctx, agent: str, version: int | None) -> None:
+def _pin(ctx, agent: str, version: int | None) -> str:
+    """Record the pin, then load it now unless a round is generating: a batch holds
+    `ctx.engine_lock` for its whole stream and finishes on the versions it started with, so an
+    admin would wait for it (with a full queue, for every round in it). The store's pin is what
+    counts: the next batch loads it before it starts (GenerationBatcher polls the watcher first).
+    Returns the served-version clause of the admin's message."""
     try:
         ctx.store.pin_adapter(agent, version)
     except (ValueError, LookupError) as e:
         raise UserError(str(e)) from None
-    sync_adapters(ctx)
+    lock = ctx.engine_lock
+    if not lock.acquire(blocking=False):
+        return (f"a round is generating now on {_version(ctx.engine.adapter_version(agent))}: "
+                "the next round is served by the new choice")
+    try:
+        sync_adapters(ctx)
+    finally:
+        lock.release()
+    return f"now serving {_version(ctx.engine.adapter_version(agent))}"
 
 
 def pin_adapter(ctx, token: str, agent: str, version: Any, caller: Caller | None = None) -> str:
@@ -862,8 +904,7 @@ def pin_adapter(ctx, token: str, agent: str, version: Any, caller: Caller | None
         v = int(version)
     except (TypeError, ValueError):
         raise UserError("enter the version number to pin") from None
-    _pin(ctx, agent, v)
-    return f"`{agent}` pinned to adapter v{v}; now serving {_version(ctx.engine.adapter_version(agent))}"
+    return f"`{agent}` pinned to adapter v{v}; " + _pin(ctx, agent, v)
 
 
 def roll_back(ctx, token: str, agent: str, caller: Caller | None = None) -> str:
@@ -874,15 +915,15 @@ def roll_back(ctx, token: str, agent: str, caller: Caller | None = None) -> str:
     older = [v.version for v in ctx.store.adapter_versions(agent) if served is None or v.version < served]
     if served is None or not older:
         raise UserError(f"`{agent}` serves {_version(served)}: there is no older version to roll back to")
-    _pin(ctx, agent, max(older))
-    return f"`{agent}` rolled back to adapter v{max(older)} (pinned; unpin to follow the trainer again)"
+    served_now = _pin(ctx, agent, max(older))
+    return (f"`{agent}` rolled back to adapter v{max(older)} (pinned; unpin to follow the trainer again); "
+            + served_now)
 
 
 def unpin_adapter(ctx, token: str, agent: str, caller: Caller | None = None) -> str:
     check_admin(ctx, token, caller)
     _agent(ctx, agent)
-    _pin(ctx, agent, None)
-    return f"`{agent}` follows the trainer's newest version again: {_version(ctx.engine.adapter_version(agent))}"
+    return f"`{agent}` follows the trainer's newest version again; " + _pin(ctx, agent, None)
 
 
 # --------------------------------------------------------------------------- training tab

@@ -177,10 +177,17 @@ class ChildTrainer:
 
 
 def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) -> list[str]:
+    from collab_app.online.service import PUBLIC_RATER_SHARE
+    from collab_app.web.context import is_public
+
     argv = ["--db", db, "--adapters-dir", adapters_dir, "--model", model_path,
             "--min-groups", str(cfg.min_groups), "--engine", "transformers",
             "--num-generations", str(cfg.num_generations),
             "--self-play" if cfg.self_play else "--no-self-play"]
+    # a public app: no single rater decides more than a share of a step (issue 21); a local app
+    # has one person rating everything, whose groups would otherwise train one per step
+    if is_public(cfg.host, cfg.share):
+        argv += ["--max-rater-share", str(PUBLIC_RATER_SHARE)]
     return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
 
 
@@ -201,6 +208,9 @@ def serve(cfg: ServeConfig) -> None:
     from collab_app.web.context import build_context, check_admin_token, is_public
 
     check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)   # before the model loads
+    from collab_app.web.identity import session_secret
+    # read once and dropped from the environment before any child starts (the trainer never needs it)
+    signing_key = session_secret()
     api_cfg = api_config(cfg)                                            # bad API keys too
     if cfg.loopback_admin:
         log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
@@ -237,7 +247,8 @@ def serve(cfg: ServeConfig) -> None:
                             limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
-                                    "loopback_admin": cfg.loopback_admin},
+                                    "loopback_admin": cfg.loopback_admin,
+                                    "session_secret": signing_key},
                             **engine_kwargs(cfg))
         # the context's own watcher (handlers.sync_adapters polls it before each round), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two

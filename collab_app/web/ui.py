@@ -32,6 +32,14 @@ from collab_app.web import handlers as H
 from collab_app.web.context import AppContext
 
 PRIVATE = {"api_visibility": "private"}
+ADMIN_DOOR = {"queue": False, "api_visibility": "undocumented"}
+"""Admin events (edit team, pin / roll back / unpin, pause / resume, own-problem training) run
+outside Gradio's queue: its `max_size` counts every waiting event, so a full generate queue would
+otherwise answer an admin's roll-back with "queue full" (issue 21, item 5). They are cheap (a store
+write, an adapter load the hot-swap watcher would do anyway), token-checked (handlers.check_admin),
+and callable at /gradio_api/run/<api_name> (undocumented: not listed in the API page).
+ADMIN_FOLLOW: the view refresh chained after one, outside the queue too."""
+ADMIN_FOLLOW = {"queue": False, "api_visibility": "private"}
 RATING_CHOICES = ["1", "2", "3", "4", "5"]
 INTRO = """# collab — a team of small LLM agents that learns from you
 Pick a task, press **Generate**: the team writes **{G}** joint answers side by side (each agent
@@ -191,21 +199,28 @@ class _Panel:
         self.rank_btn.click(on_rank, [state, self.comment, *self.ranks], [self.rate_msg], **rate_kw)
 
 
-def _session(request) -> str | None:
-    s = getattr(request, "session_hash", None) if request is not None else None
-    # Gradio clients choose their own session hash: one that names an API key's session
-    # (openai_api.key_session, "api:<hash>") must not act for that key in the app.
-    return None if s and str(s).startswith("api:") else s
+def _request_state(request) -> dict:
+    """The ASGI request state identity.IdentityMiddleware filled (a queued event's gr.Request
+    keeps the fastapi Request of its join call, or a copy of its state once pickled)."""
+    inner = getattr(request, "request", None)
+    if inner is not None:
+        return dict(getattr(getattr(inner, "state", None), "_state", {}) or {})
+    return dict(getattr(request, "kwargs", {}).get("request_state") or {})
 
 
 def _caller(request) -> H.Caller:
-    """Who acts, from Gradio's request: its session hash, the Hugging Face login where the
-    Space has OAuth (gr.Request.username), and the client's address (gr.Request.client.host, as
-    uvicorn reports it). Nothing a person types."""
+    """Who acts, from Gradio's request: the server-issued session identity.IdentityMiddleware
+    verified (its signed cookie; never `request.session_hash`, which the client picks), the
+    Hugging Face login where the Space has OAuth (gr.Request.username), the client's address
+    (gr.Request.client.host, as uvicorn reports it) and its network. Nothing a person types."""
     if request is None:
         return H.Caller(None)
+    from collab_app.web.identity import STATE_NETWORK, STATE_SESSION
+
+    state = _request_state(request)
     client = getattr(request, "client", None)
-    return H.Caller(_session(request), getattr(request, "username", None), getattr(client, "host", None))
+    return H.Caller(state.get(STATE_SESSION), getattr(request, "username", None), getattr(client, "host", None),
+                    state.get(STATE_NETWORK))
 
 
 def _admin(fn):
@@ -325,17 +340,19 @@ def _team_tab(ctx: AppContext, token):
     agent.change(lambda a: H.role_prompt(ctx, a), [agent], [prompt], **PRIVATE)
     ad_agent.change(lambda a: H.adapter_table(ctx, a), [ad_agent], [versions], **PRIVATE)
     save_prompt.click(_admin(lambda t, a, p, caller: H.set_role_prompt(ctx, t, a, p, caller=caller)),
-                      [token, agent, prompt], [msg], **PRIVATE
-                      ).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
+                      [token, agent, prompt], [msg], api_name="set_role_prompt", **ADMIN_DOOR
+                      ).then(lambda: H.team_overview(ctx), None, [overview], **ADMIN_FOLLOW)
     save_gen.click(_admin(lambda t, g, te, tp, mx, caller: H.set_generation_settings(ctx, t, g, te, tp, mx,
                                                                                        caller=caller)),
-                   [token, G, temp, top_p, max_new], [msg], **PRIVATE
-                   ).then(lambda: H.team_overview(ctx), None, [overview], **PRIVATE)
-    for btn, fn in ((pin, lambda t, a, v, caller: H.pin_adapter(ctx, t, a, v, caller=caller)),
-                    (back, lambda t, a, v, caller: H.roll_back(ctx, t, a, caller=caller)),
-                    (unpin, lambda t, a, v, caller: H.unpin_adapter(ctx, t, a, caller=caller))):
-        btn.click(_admin(fn), [token, ad_agent, version], [msg], concurrency_id="generate", **PRIVATE
-                  ).then(refresh, [ad_agent], [overview, versions], **PRIVATE)
+                   [token, G, temp, top_p, max_new], [msg], api_name="set_generation_settings", **ADMIN_DOOR
+                   ).then(lambda: H.team_overview(ctx), None, [overview], **ADMIN_FOLLOW)
+    for btn, name, fn in ((pin, "pin_adapter", lambda t, a, v, caller: H.pin_adapter(ctx, t, a, v, caller=caller)),
+                          (back, "roll_back", lambda t, a, v, caller: H.roll_back(ctx, t, a, caller=caller)),
+                          (unpin, "unpin_adapter", lambda t, a, v, caller: H.unpin_adapter(ctx, t, a, caller=caller))):
+        # a swap mid-round is safe: engines take adapter loads under their own lock, as they do
+        # the hot-swap watcher's (which runs on a timer beside rounds anyway)
+        btn.click(_admin(fn), [token, ad_agent, version], [msg], api_name=name, **ADMIN_DOOR
+                  ).then(refresh, [ad_agent], [overview, versions], **ADMIN_FOLLOW)
     return refresh, [ad_agent], [overview, versions]
 
 
@@ -361,12 +378,12 @@ def _training_tab(ctx: AppContext, token):
         return H.training_view(ctx, render)
     timer.tick(refresh, None, outs, concurrency_limit=4, show_progress="hidden", **PRIVATE)
     pause.click(_admin(lambda t, caller: H.set_training_paused(ctx, t, True, caller=caller)), [token], [msg],
-                **PRIVATE).then(refresh, None, outs, **PRIVATE)
+                api_name="pause_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
     resume.click(_admin(lambda t, caller: H.set_training_paused(ctx, t, False, caller=caller)), [token], [msg],
-                 **PRIVATE).then(refresh, None, outs, **PRIVATE)
+                 api_name="resume_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
     for btn, allowed in ((allow_own, True), (deny_own, False)):
         btn.click(_admin(lambda t, caller, a=allowed: H.set_custom_training(ctx, t, a, caller=caller)), [token],
-                  [msg], **PRIVATE).then(refresh, None, outs, **PRIVATE)
+                  [msg], api_name="allow_own_training" if allowed else "deny_own_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
     return refresh, outs, timer
 
 
@@ -383,7 +400,8 @@ def _data_tab(ctx: AppContext, token):
 
     @_err
     def refresh(request: gr.Request, all_, t):
-        return H.data_stats(ctx), H.recent_groups_table(ctx, _session(request), all_, t, caller=_caller(request))
+        caller = _caller(request)
+        return H.data_stats(ctx), H.recent_groups_table(ctx, caller.session_id, all_, t, caller=caller)
 
     @_err
     def export(request: gr.Request, admin_token: str, export_formats: list[str]):
@@ -456,8 +474,9 @@ def _timer(active: bool) -> gr.Timer:
 
 
 def build_app(ctx: AppContext) -> gr.Blocks:
-    # delete_cache: Gradio's copies of served files (exports hold every session's data) go after 1 h
-    with gr.Blocks(title="collab", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+    # delete_cache: Gradio's copies of served files (exports hold every session's data) are deleted
+    # once older than an hour, swept every minute (at most 61 minutes old)
+    with gr.Blocks(title="collab", analytics_enabled=False, delete_cache=(CACHE_SWEEP_S, EXPORT_MAX_AGE_S)) as demo:
         gr.Markdown(INTRO.format(G=ctx.num_generations))
         if ctx.storage_warning:
             gr.Markdown("**Warning:** " + ctx.storage_warning, elem_id="storage-warning")
@@ -491,13 +510,36 @@ def build_app(ctx: AppContext) -> gr.Blocks:
     return demo
 
 
+MAX_FILE_SIZE = "1mb"
+"""largest upload Gradio accepts (its /upload route takes files whatever the page shows; this app
+has no upload field, its inputs are text)."""
+EXPORT_MAX_AGE_S = 3600
+CACHE_SWEEP_S = 60
+"""Gradio's cache (exports included) is swept every minute for files older than an hour."""
+
+
+def identity_middleware(ctx: AppContext):
+    """The Starlette Middleware entry that gives every request its server-issued session
+    (identity.IdentityMiddleware), for FastAPI(middleware=[...]) / launch's app_kwargs."""
+    from starlette.middleware import Middleware
+
+    from collab_app.web.identity import IdentityMiddleware
+    return Middleware(IdentityMiddleware, identity=ctx.identity)
+
+
 def launch(ctx: AppContext, server_name: str = "127.0.0.1", server_port: int | None = None,
-           share: bool = False, max_size: int | None = 64, **launch_kw) -> gr.Blocks:
+           share: bool = False, max_size: int | None = 64, max_file_size: str | int | None = MAX_FILE_SIZE,
+           app_kwargs: dict | None = None, **launch_kw) -> gr.Blocks:
     """Queue and serve; returns the app (blocks until closed unless prevent_thread_lock=True).
 
     The queue holds at most `max_size` waiting events (more get "queue full"); `generate` runs
-    `ctx.generate_concurrency` events at once, merged into shared engine calls; other events 4."""
+    `ctx.generate_concurrency` events at once, merged into shared engine calls; other events 4.
+    Every request passes identity.IdentityMiddleware first (the caller's signed session);
+    uploads over `max_file_size` get 413."""
     demo = build_app(ctx)
     demo.queue(max_size=max_size, default_concurrency_limit=4)
-    demo.launch(server_name=server_name, server_port=server_port, share=share, **launch_kw)
+    app_kwargs = dict(app_kwargs or {})
+    app_kwargs["middleware"] = [identity_middleware(ctx), *app_kwargs.get("middleware", [])]
+    demo.launch(server_name=server_name, server_port=server_port, share=share, max_file_size=max_file_size,
+                app_kwargs=app_kwargs, **launch_kw)
     return demo
