@@ -100,7 +100,9 @@ def _stream_ratings(url: str, jids: list[int], ack_path: str) -> None:
     i = 0
     while True:
         i += 1
-        rid = store.add_rating(jids[i % len(jids)], "killed", 1 + i % 5, f"k#{i}")
+        # a rater per write: every acknowledgement names its own row (a rater's re-rating would
+        # replace its row, issue 21; the replacement under concurrency is the test above)
+        rid = store.add_rating(jids[i % len(jids)], f"killed-{os.getpid()}-{i}", 1 + i % 5, f"k#{i}")
         os.write(fd, f"{rid} k#{i}\n".encode())
 
 
@@ -152,9 +154,14 @@ def test_concurrent_processes_and_threads_lose_nothing(tmp_path):
     assert len(acked) > 20 and g["gids"], "writers made too little progress to test anything"
 
     stored = {(r.id, r.joint_sample_id, r.rater, r.value, r.comment) for r in store.ratings_for()}
-    want = {(rid, jid, rater, float(v), c) for rid, jid, rater, v, c in acked}
-    assert len(want) == len(acked)                     # every acknowledged id is distinct
-    assert stored == want                              # exactly the acknowledged ratings
+    # a re-rating replaces its rater's row (issue 21): each row holds the last write acknowledged
+    # for it (one rater = one thread, so its writes to a row are acknowledged in order: #n grows)
+    last: dict[int, tuple] = {}
+    for rid, jid, rater, v, c in acked:
+        if rid not in last or int(c.split("#")[1]) > int(last[rid][4].split("#")[1]):
+            last[rid] = (rid, jid, rater, float(v), c)
+    assert len({(a[1], a[2]) for a in last.values()}) == len(last)   # one row per (joint sample, rater)
+    assert stored == set(last.values())                # exactly the acknowledged ratings, latest per row
     assert set(g["gids"]) <= {gr.id for gr in store.recent_groups(10_000)}
     store.close()
     _check_file(str(path))
@@ -196,7 +203,7 @@ def test_sigkill_mid_stream_keeps_acknowledged_and_no_partial_group(tmp_path):
 
     _check_file(str(path))     # before our own code opens it: recovery is SQLite's WAL replay
     store = Store(url)
-    stored = {(r.id, r.comment) for r in store.ratings_for(rater="killed")}
+    stored = {(r.id, r.comment) for r in store.ratings_for() if r.rater.startswith("killed-")}
     acked = {(int(a), b) for a, b in (line.split() for line in open(r_ack).read().splitlines())}
     assert acked <= stored                               # every acknowledged rating survived
     assert len(stored - acked) <= 2                      # at most the one in flight per kill
@@ -221,7 +228,7 @@ def test_store_object_shared_by_threads(tmp_path):
     def work(t):
         try:
             for i in range(15):
-                ids.append(store.add_rating(jids[i % 2], f"t{t}", 3, f"{t}-{i}"))
+                ids.append(store.add_rating(jids[i % 2], f"t{t}-{i}", 3, f"{t}-{i}"))   # a row each
                 assert store.group(gid).joints[i % 2].ratings   # reads interleaved with writes
         except Exception:
             errors.append(traceback.format_exc())
