@@ -297,10 +297,12 @@ def test_rate_limits(tmp_path):
         H.run_generate(ctx, H.start_writing(ctx, "tldr", TEXT), A)
     H.run_generate(ctx, H.start_writing(ctx, "tldr", TEXT), B)          # another session has its own
     H.rank(ctx, ep["group_id"], [1, 2], A)                                # counts 2
-    H.rate(ctx, ep["candidates"][0]["joint_sample_id"], 3, A)           # 3
+    H.rate(ctx, ep["candidates"][0]["joint_sample_id"], 4, A)           # 3 (replaces its rank rating)
     with pytest.raises(H.UserError, match="too many ratings: at most 3 per minute"):
         H.rate(ctx, ep["candidates"][0]["joint_sample_id"], 3, A)
-    assert len(ctx.store.ratings_for()) == 3                            # everything accepted is kept
+    # everything accepted is kept: one row per candidate and rater, the latest write in force
+    rows = ctx.store.ratings_for()
+    assert [(r.kind, r.value, r.revision) for r in rows] == [("stars", 4.0, 1), ("rank", 1.0, 0)]
 
 
 def test_rate_limiter_window():
