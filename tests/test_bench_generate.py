@@ -33,3 +33,23 @@ def test_table_shows_ours_the_baseline_and_the_floor():
     assert "round s" in table and "25.5" in table and "30.0" in table
     assert "floor round s" in table and "3.46" in table and "20.0 GB/s" in table
     assert "ratio_round_s_vllm_over_plain: 0.85" in table
+
+
+def test_auto_dtype_is_the_one_serve_would_use(monkeypatch):
+    """The bench times what `collab serve` serves: dtype auto on a CPU is this machine's
+    calibration (engines.cpu_precision), not the CPU-flags rule (they differ where the flags claim
+    native bf16 that the kernels do not use, e.g. ATEN_CPU_CAPABILITY=avx2 on an AVX512_BF16 box)."""
+    import collab_app.engines as engines
+
+    seen = []
+    monkeypatch.setattr(engines, "cuda_available", lambda: False)
+    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: seen.append(kind) or {"dtype": "float32"})
+    monkeypatch.setenv("COLLAB_CALIBRATE", "1")
+    assert bench._auto_dtype("/m", "vllm") == "float32" and seen == ["vllm"]
+    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {})   # calibration failed
+    assert bench._auto_dtype("/m", "transformers") == "auto"
+    monkeypatch.setenv("COLLAB_CALIBRATE", "0")                                         # the test session's
+    assert bench._auto_dtype("/m", "vllm") == "auto"
+    monkeypatch.setenv("COLLAB_CALIBRATE", "1")
+    monkeypatch.setattr(engines, "cuda_available", lambda: True)                        # a GPU: the engine's own
+    assert bench._auto_dtype("/m", "vllm") == "auto"

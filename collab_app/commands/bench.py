@@ -91,6 +91,8 @@ def _worker(args) -> None:
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
+    if args.dtype == "auto" and args.engine in ("vllm", "transformers"):
+        args.dtype = _auto_dtype(args.model_path, args.engine)
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
@@ -170,6 +172,19 @@ def _worker(args) -> None:
     Path(args.out).write_text(json.dumps(result))
     engine.close()
     server.close()
+
+
+def _auto_dtype(model_path: str, kind: str) -> str:
+    """dtype "auto" as `collab serve` resolves it (engines.make_engine): on a CPU, this machine's
+    calibration (engines/calibrate.py), so the bench times the dtype the app would serve; else
+    (a GPU, COLLAB_CALIBRATE=0, a failed calibration) the engines' own "auto"."""
+    import os
+
+    from collab_app.engines import cpu_precision, cuda_available
+
+    if cuda_available() or os.environ.get("COLLAB_CALIBRATE", "1") == "0":
+        return "auto"
+    return cpu_precision(model_path, kind).get("dtype", "auto")
 
 
 def _plain(args, status: Path) -> dict:
