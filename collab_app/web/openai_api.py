@@ -47,6 +47,13 @@ rounds at once over all keys (429 "server_busy" beyond). A refused request store
 app's other checks apply unchanged (prompt length in tokens, own problems only where the
 sandbox isolates untrusted code).
 
+Bodies: over `max_body_bytes` get 413; not JSON, not an object, or nested deeper than
+`max_json_depth` (json.loads recurses: "[" * 100000 ran out of stack and answered 500) get 400
+`invalid_json`. Streams: a client that leaves ends its round (Starlette's disconnect listener); a
+client that stops reading but keeps its connection never sends a disconnect, and the server's send
+would wait for the socket to drain for ever, holding the round's slot, so a chunk not accepted
+within `stream_stall_s` ends the round and the connection (`_RoundStream`).
+
 Mounting: `openai_routes(ctx, cfg)` gives the routes for `ui.launch(..., app_kwargs={"routes":
 ...})` (Gradio passes app_kwargs to the FastAPI app it builds); `mount_openai(app, ctx, cfg)`
 adds them to any FastAPI app (e.g. one you `gr.mount_gradio_app` on).
@@ -60,6 +67,7 @@ disconnects (the group is still stored; a stream's disconnect does stop it, as a
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -112,6 +120,11 @@ class OpenAIConfig:
     """largest `max_tokens` (new tokens per agent) a request may ask for."""
     max_body_bytes: int = 1_000_000
     """largest request body; bigger ones get 413 before they are read in full."""
+    max_json_depth: int = 32
+    """deepest nesting of arrays / objects in a request body (a chat request needs about 5); deeper gets 400."""
+    stream_stall_s: float = 30.0
+    """a streamed round whose client takes longer than this to accept one chunk (stopped reading,
+    or gone without a close) is ended: its slot and the key's round in flight are given back."""
 
     def __post_init__(self):
         from collab_app.web.context import admin_token_problem   # the admin token's rule, for keys too
@@ -129,10 +142,13 @@ class OpenAIConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
-        for name in ("max_concurrent_rounds", "max_n", "max_tokens", "max_body_bytes"):
+        for name in ("max_concurrent_rounds", "max_n", "max_tokens", "max_body_bytes", "max_json_depth"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+        if isinstance(self.stream_stall_s, bool) or not (isinstance(self.stream_stall_s, (int, float))
+                                                         and 0 < self.stream_stall_s < math.inf):
+            raise ValueError(f"stream_stall_s must be a number of seconds > 0, got {self.stream_stall_s!r}")
 
 
 def load_api_keys(keys_file: str = "", environ: dict | None = None) -> tuple[str, ...]:
@@ -270,6 +286,18 @@ def _id(body: dict, name: str) -> int:
     return v
 
 
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests lists / dicts more than `limit` levels (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 # --------------------------------------------------------------------------- the API
 
 class OpenAIApi:
@@ -331,12 +359,18 @@ class OpenAIApi:
             if len(buf) > limit:
                 raise ApiError(413, f"request body is over the limit of {limit:,} bytes",
                                "invalid_request_error", "body_too_large")
+        depth = self.cfg.max_json_depth
         try:
             body = json.loads(bytes(buf))
+        except RecursionError:   # the parser's own stack ran out: "[" * 100000
+            raise _bad(f"the request body nests arrays / objects deeper than {depth} levels", None,
+                       "invalid_json") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise _bad(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
+        if _too_deep(body, depth):   # parsed, but nothing here needs it, and recursive code would choke
+            raise _bad(f"the request body nests arrays / objects deeper than {depth} levels", None, "invalid_json")
         return body
 
     # -- models --------------------------------------------------------------------------
@@ -685,7 +719,7 @@ class OpenAIApi:
             try:   # the first event before the headers: early refusals get a proper status
                 first = await run_in_threadpool(next, events, None)
                 if rnd.stream:
-                    resp = _RoundStream(self._sse(events, first, rnd, cid, created), finish)
+                    resp = _RoundStream(self._sse(events, first, rnd, cid, created), finish, self.cfg.stream_stall_s)
                     streaming = True
                     return resp
                 done = await run_in_threadpool(_last, events, first)
@@ -752,19 +786,39 @@ class OpenAIApi:
             yield f"data: {json.dumps(err.body())}\n\n"
 
 
+class _StreamStalled(Exception):
+    """The client took longer than stream_stall_s to accept one chunk."""
+
+
 class _RoundStream(StreamingResponse):
     """SSE of one round; `on_close` runs once when the response ends, however it ends (for a
     client that left mid-stream Starlette raises out of __call__, and the body generator alone
-    would be closed only when garbage-collected)."""
+    would be closed only when garbage-collected).
 
-    def __init__(self, content, on_close):
+    A client that stops reading without closing its connection never sends a disconnect: the
+    server's send then waits for the socket to drain (uvicorn's flow control), forever, and the
+    round would keep its slot and the key's round in flight. So every send must complete within
+    `stall_s`; past that the response is given up: the round ends here, and the server closes
+    the connection (the response is incomplete)."""
+
+    def __init__(self, content, on_close, stall_s: float = 30.0):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
+        self._stall_s = stall_s
 
     async def __call__(self, scope, receive, send):
+        async def bounded_send(message):
+            try:
+                await asyncio.wait_for(send(message), self._stall_s)
+            except asyncio.TimeoutError:
+                raise _StreamStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except _StreamStalled:
+            log.info("OpenAI API: a streaming client accepted nothing for %.0f s: round ended, connection closed",
+                     self._stall_s)
         finally:
             await self.body_iterator.aclose()
             self._on_close()
