@@ -69,7 +69,10 @@ def ensure_model(model: str | None = None) -> str:
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(repo_id=model)
+        from collab_app.secret_env import hf_token
+
+        # serve and the trainer pop HF_TOKEN from os.environ at start (secret_env): hand it over
+        return snapshot_download(repo_id=model, token=hf_token())
     except Exception as e:  # noqa: BLE001 - any hub failure gets the same advice
         raise ModelError(
             f"model {model!r} is not a local folder and could not be fetched from the Hugging Face hub "

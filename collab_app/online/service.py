@@ -629,6 +629,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     cfg, _ = parse_config(ServiceConfig, argv, prog="collab trainer",
                           description="Background trainer service: MAGRPO steps on the store's ready groups, "
                                       "new adapter versions published for the serving engine to hot-load.")
+    # Secrets apart (collab_app/secret_env.py): the store URL (COLLAB_DB, where `collab serve` puts
+    # it for its child: never on the command line) and any token, read once and dropped from the
+    # environment; non-dumpable before anything else starts (self-play runs model code in the
+    # sandbox, which on a Space has this process's uid)
+    from collab_app.secret_env import seal
+    held = seal()
+    if not cfg.db and held.get("COLLAB_DB"):
+        cfg = dataclasses.replace(cfg, db=held["COLLAB_DB"])
     world = distributed.init()   # torchrun: join its process group (world size 1 otherwise)
     rank = "" if world == 1 else f"[{distributed.rank()}]"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{rank} %(levelname)s %(message)s")

@@ -28,6 +28,21 @@ In public (issue 12):
   the SQLite store, adapters and anything else it writes are 0600 / 0700; COLLAB_HOME is 0700.
 - `--max-rounds-in-flight` (default 1): rounds one session may have generating at once.
 
+Secrets apart (issue 21, item 4; collab_app/secret_env.py says why):
+- COLLAB_SANDBOX_ALLOW_WEAK=1 on a public app (0.0.0.0 or any non-loopback host, `--share`,
+  SPACE_ID set: context.is_public) stops the start with exit 2 before anything is created:
+  there, code and tests typed by visitors would run with this process's uid and could read its
+  store, adapters and served files. COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC=1 as well says the operator
+  accepts that (a warning is logged and the start goes on).
+- After the start-up checks, before the model, the engine or the trainer child start:
+  COLLAB_ADMIN_TOKEN, COLLAB_API_KEYS, HF_TOKEN / HUGGING_FACE_HUB_TOKEN and COLLAB_DB are read
+  once and dropped from os.environ (COLLAB_SESSION_SECRET already is, by identity.session_secret),
+  and the process makes itself non-dumpable (prctl PR_SET_DUMPABLE 0), so a process of the same
+  uid without CAP_SYS_PTRACE (a sandboxed check in "plain" mode) cannot open
+  /proc/<pid>/environ or /mem. The trainer child gets the store URL in its environment
+  (COLLAB_DB), never on its command line (/proc/<pid>/cmdline is readable by everyone), and does
+  the same at its start; log lines show the URL with its password masked.
+
 vLLM starts its engine core with multiprocessing `spawn`, which re-imports the main module: the
 console script `collab` and `python -m collab_app.web.serve` both call `cli_main` only under
 `if __name__ == "__main__"`, so that re-import starts nothing. A script of your own that calls
@@ -123,11 +138,41 @@ class ServeConfig:
             raise ValueError(f"engine_cores must be -1 (no split), 0 (auto) or a core count, got {self.engine_cores}")
 
 
+ALLOW_WEAK_PUBLIC_ENV = "COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC"
+""""1" together with COLLAB_SANDBOX_ALLOW_WEAK=1: the operator accepts weak isolation on a public app."""
+
+
+def check_weak_sandbox(cfg: ServeConfig) -> None:
+    """ValueError when COLLAB_SANDBOX_ALLOW_WEAK=1 (as tasks/sandbox.py reads it: only "1" counts)
+    meets a public app, unless COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC=1 says the operator accepts it
+    (then a warning). Called before anything is created (module doc)."""
+    from collab_app.web.context import is_public
+    from tasks.sandbox import ALLOW_WEAK_ENV
+
+    if os.environ.get(ALLOW_WEAK_ENV, "") != "1" or not is_public(cfg.host, cfg.share):
+        return
+    where = ("SPACE_ID is set (a Hugging Face Space)" if os.environ.get("SPACE_ID")
+             else "--share opens a public link" if cfg.share else f"--host {cfg.host} is reachable from other machines")
+    risk = (f"{ALLOW_WEAK_ENV}=1 on a public app ({where}): where the sandbox is weak (\"plain\" mode, e.g. a "
+            "Space), code and tests typed by visitors run with this server's user and can read the store, "
+            "the adapters and the files it serves, and kill it (tasks/sandbox.py)")
+    if os.environ.get(ALLOW_WEAK_PUBLIC_ENV, "") == "1":
+        log.warning("%s; %s=1 says that is accepted", risk, ALLOW_WEAK_PUBLIC_ENV)
+        return
+    raise ValueError(f"{risk}. Unset {ALLOW_WEAK_ENV} (people's own coding problems are then offered only "
+                     f"where the sandbox is strong), serve on 127.0.0.1, or also set {ALLOW_WEAK_PUBLIC_ENV}=1 "
+                     "to accept that risk")
+
+
 class ChildTrainer:
     """`collab trainer` as a child process, restarted if it dies, stopped on exit."""
 
-    def __init__(self, argv: list[str], max_restarts: int = 5, cores: tuple[int, ...] | None = None):
-        """`cores`: run it on these cores only (collab_app/online/cpushare.py); None = any."""
+    def __init__(self, argv: list[str], max_restarts: int = 5, cores: tuple[int, ...] | None = None,
+                 env: dict[str, str] | None = None):
+        """`cores`: run it on these cores only (collab_app/online/cpushare.py); None = any.
+        `env`: added to this process's environment as it is at each start (trainer_env: the store
+        URL goes there, never into `argv`, which every user of the machine can read)."""
+        self.env = dict(env or {})
         self.cmd = [sys.executable, "-m", "collab_app.cli", "trainer", *argv, "--parent-pid", str(os.getpid())]
         if cores:
             from collab_app.online.cpushare import pinned_command
@@ -141,7 +186,7 @@ class ChildTrainer:
 
     def start(self) -> "ChildTrainer":
         log.info("starting trainer service: %s", " ".join(self.cmd))
-        self.proc = subprocess.Popen(self.cmd)
+        self.proc = self._popen()
         self._watch.start()
         return self
 
@@ -160,7 +205,10 @@ class ChildTrainer:
                         "and the latest complete adapters)", rc, self.restarts, delay)
             if self._stopping.wait(delay):
                 return
-            self.proc = subprocess.Popen(self.cmd)
+            self.proc = self._popen()
+
+    def _popen(self) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd, env={**os.environ, **self.env})
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (the service finishes its current step), then SIGKILL after `timeout`."""
@@ -177,10 +225,14 @@ class ChildTrainer:
 
 
 def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) -> list[str]:
+    """The child trainer's flags. `db` is not among them: a command line is readable by every user
+    of the machine (/proc/<pid>/cmdline), and a store URL may hold a password; it goes in the
+    child's environment (`trainer_env(db)`), which the trainer reads once and drops."""
     from collab_app.online.service import PUBLIC_RATER_SHARE
     from collab_app.web.context import is_public
 
-    argv = ["--db", db, "--adapters-dir", adapters_dir, "--model", model_path,
+    del db   # trainer_env(db)
+    argv = ["--adapters-dir", adapters_dir, "--model", model_path,
             "--min-groups", str(cfg.min_groups), "--engine", "transformers",
             "--num-generations", str(cfg.num_generations),
             "--self-play" if cfg.self_play else "--no-self-play"]
@@ -189,6 +241,11 @@ def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) 
     if is_public(cfg.host, cfg.share):
         argv += ["--max-rater-share", str(PUBLIC_RATER_SHARE)]
     return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
+
+
+def trainer_env(db: str) -> dict[str, str]:
+    """The child trainer's store URL, as its environment (COLLAB_DB), not its command line."""
+    return {"COLLAB_DB": db}
 
 
 def engine_kwargs(cfg: ServeConfig) -> dict:
@@ -208,10 +265,16 @@ def serve(cfg: ServeConfig) -> None:
     from collab_app.web.context import build_context, check_admin_token, is_public
 
     check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)   # before the model loads
+    check_weak_sandbox(cfg)                                              # and before anything is created
     from collab_app.web.identity import session_secret
     # read once and dropped from the environment before any child starts (the trainer never needs it)
     signing_key = session_secret()
     api_cfg = api_config(cfg)                                            # bad API keys too
+    # the other secrets: read once, dropped from os.environ, and this process non-dumpable, before
+    # any child, engine or thread pool starts (module doc; collab_app/secret_env.py)
+    from collab_app.secret_env import mask_url, seal
+    held = seal()
+    admin_token = held.get("COLLAB_ADMIN_TOKEN") or None
     if cfg.loopback_admin:
         log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
                     "reverse proxy on this machine that is every visitor")
@@ -220,9 +283,9 @@ def serve(cfg: ServeConfig) -> None:
     from collab_app.online.store import default_url
     from collab_app.web.ui import launch
 
-    db = cfg.db or default_url()
+    db = cfg.db or held.get("COLLAB_DB") or default_url()
     adapters_dir = cfg.adapters_dir or default_adapters_dir()
-    model_path = ensure_model(cfg.model or None)   # once, before the child would race for it
+    model_path = ensure_model(cfg.model or None)   # once, before the child would race for it (HF token: secret_env.hf_token)
     child = None
     if cfg.trainer == "child":
         # Cores are given out, never shared: OpenMP barriers of two torch processes on the same
@@ -235,9 +298,10 @@ def serve(cfg: ServeConfig) -> None:
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
         child = ChildTrainer(trainer_argv(cfg, db, adapters_dir, model_path),
-                             cores=split.trainer if split else None).start()
+                             cores=split.trainer if split else None, env=trainer_env(db)).start()
     elif cfg.trainer == "external":
-        log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store", db, adapters_dir)
+        log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store "
+                 "(or the URL in COLLAB_DB)", mask_url(db), adapters_dir)
     watcher = None
     ctx = None
     try:
@@ -250,6 +314,9 @@ def serve(cfg: ServeConfig) -> None:
                                     "loopback_admin": cfg.loopback_admin,
                                     "session_secret": signing_key},
                             **engine_kwargs(cfg))
+        # build_context reads the token from os.environ, where seal() took it from: set it here
+        # (checked above), before the UI is built (it shows the admin box only with a token)
+        ctx.admin_token = admin_token
         # the context's own watcher (handlers.sync_adapters polls it before each round), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two
         watcher = ctx.adapter_watcher()
@@ -291,8 +358,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     from collab_app.web.context import check_admin_token
     try:
         check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)
+        check_weak_sandbox(cfg)
         api_config(cfg)
-    except ValueError as e:   # a weak admin token or API key: say why and how to fix it, no traceback
+    except ValueError as e:   # a weak admin token or API key, weak isolation in public: say why, no traceback
         print(f"collab serve: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
