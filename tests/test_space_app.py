@@ -115,7 +115,9 @@ def test_a_space_fails_closed(model_copy):
 
 
 def test_allow_weak_turns_own_problems_back_on(model_copy):
-    out = run_app(model_copy, COLLAB_SANDBOX_ALLOW_WEAK="1")
+    # a Space is public (SPACE_ID): ALLOW_WEAK alone stops the start (exit 2, tests/test_secrets_apart.py);
+    # the second flag says the operator accepts it
+    out = run_app(model_copy, COLLAB_SANDBOX_ALLOW_WEAK="1", COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC="1")
     assert out["sources"] == ["HumanEval problem", "My own coding problem"] and not out["own_off"]
     assert "plain" in out["isolation"]
     status, body = out["own_api"]
