@@ -295,11 +295,11 @@ def test_config_and_serve_set_the_share(monkeypatch):
     from collab_app.web.serve import ServeConfig, trainer_argv
 
     def share(**kw):
-        argv = trainer_argv(ServeConfig(**kw), "sqlite:///x.db", "/a", "/m")
+        argv = trainer_argv(ServeConfig(**kw), "/a", "/m")
         return float(argv[argv.index("--max-rater-share") + 1]) if "--max-rater-share" in argv else None
 
     assert share(host="127.0.0.1") is None                    # one person's app: no cap
     assert share(host="0.0.0.0") == PUBLIC_RATER_SHARE
     assert share(host="127.0.0.1", share=True) == PUBLIC_RATER_SHARE
-    argv = trainer_argv(ServeConfig(host="0.0.0.0", trainer_args="--max-rater-share 0.5"), "u", "/a", "/m")
+    argv = trainer_argv(ServeConfig(host="0.0.0.0", trainer_args="--max-rater-share 0.5"), "/a", "/m")
     assert argv[-2:] == ["--max-rater-share", "0.5"]          # and the operator's, last, wins (argparse)

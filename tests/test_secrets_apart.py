@@ -197,7 +197,7 @@ def test_child_trainer_passes_its_env_to_the_process(monkeypatch):
             time.sleep(3600)
 
     monkeypatch.setattr(S.subprocess, "Popen", P)
-    child = S.ChildTrainer(S.trainer_argv(S.ServeConfig(), DB, "/a", "/m"), env=S.trainer_env(DB))
+    child = S.ChildTrainer(S.trainer_argv(S.ServeConfig(), "/a", "/m"), env=S.trainer_env(DB))
     child._watch.daemon = True
     child.start()
     assert got["env"]["COLLAB_DB"] == DB and not any(DB_PASSWORD in a for a in got["cmd"])

@@ -224,14 +224,13 @@ class ChildTrainer:
             self.proc.wait()
 
 
-def trainer_argv(cfg: ServeConfig, db: str, adapters_dir: str, model_path: str) -> list[str]:
+def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str) -> list[str]:
     """The child trainer's flags. `db` is not among them: a command line is readable by every user
     of the machine (/proc/<pid>/cmdline), and a store URL may hold a password; it goes in the
     child's environment (`trainer_env(db)`), which the trainer reads once and drops."""
     from collab_app.online.service import PUBLIC_RATER_SHARE
     from collab_app.web.context import is_public
 
-    del db   # trainer_env(db)
     argv = ["--adapters-dir", adapters_dir, "--model", model_path,
             "--min-groups", str(cfg.min_groups), "--engine", "transformers",
             "--num-generations", str(cfg.num_generations),
@@ -297,7 +296,7 @@ def serve(cfg: ServeConfig) -> None:
         if split is not None:
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
-        child = ChildTrainer(trainer_argv(cfg, db, adapters_dir, model_path),
+        child = ChildTrainer(trainer_argv(cfg, adapters_dir, model_path),
                              cores=split.trainer if split else None, env=trainer_env(db)).start()
     elif cfg.trainer == "external":
         log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store "
