@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from collab_app.web import core
 from collab_app.web import handlers as H
 from collab_app.web.context import AppContext, is_public, storage_warning
 from collab_app.engines.engine_types import Sampling
@@ -36,12 +37,12 @@ def test_clean_text_keeps_code_indentation():
 @pytest.mark.parametrize("value", [9, 0, -1, 4.5, "abc", None, True, float("nan"), "", [3]])
 def test_parse_rating_rejects(value):
     with pytest.raises(H.UserError, match="1 to 5"):
-        H.parse_rating(value)
+        core.parse_rating(value)
 
 
 @pytest.mark.parametrize("value, want", [(1, 1), ("5", 5), (3.0, 3), ("2", 2)])
 def test_parse_rating_accepts(value, want):
-    assert H.parse_rating(value) == want
+    assert core.parse_rating(value) == want
 
 
 def _ctx(**kw) -> AppContext:   # check_admin needs no engine, store or tasks
@@ -74,7 +75,7 @@ def test_admin_rules():
     ("Q7v-987654-mR2x_Lp", "straight run '987654'"), ("zz-QWERTY-uiop-77", "straight run 'qwerty'"),
 ])
 def test_weak_admin_tokens_are_refused_at_start(token, fragment):
-    from collab_app.web.context import admin_token_problem
+    from collab_app.web.access import admin_token_problem
     assert fragment in admin_token_problem(token)
     with pytest.raises(ValueError, match=f"too weak.*{fragment}.*secrets.token_urlsafe"):
         _ctx(admin_token=token)
@@ -83,7 +84,7 @@ def test_weak_admin_tokens_are_refused_at_start(token, fragment):
 def test_good_admin_tokens_pass():
     import secrets
 
-    from collab_app.web.context import admin_token_problem
+    from collab_app.web.access import admin_token_problem
     assert admin_token_problem(TOKEN) is None and admin_token_problem(None) is None
     assert all(admin_token_problem(secrets.token_urlsafe(32)) is None for _ in range(200))
 
@@ -101,7 +102,7 @@ def test_serve_refuses_a_weak_token_before_loading_anything(tmp_path):
 
 
 def test_wrong_guesses_are_slowed_per_caller():
-    from collab_app.web.context import AdminGuard
+    from collab_app.web.access import AdminGuard
 
     now = [0.0]
     ctx = _ctx(admin_token=TOKEN)

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from collab_app.web import handlers as H
-from collab_app.web.context import RateLimiter, open_store, prepare_home
+from collab_app.web.access import Quota
+from collab_app.web.context import open_store, prepare_home
 from test_web_stream import TEXT, ScriptedStreamEngine, make_ctx
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -60,7 +61,7 @@ def test_a_replayed_session_hash_cannot_rate_read_or_exhaust_another_session(app
     from gradio_client.exceptions import AppError
 
     url, ctx = app
-    ctx.round_limiter = RateLimiter(2)          # the victim's budget: 2 rounds a minute
+    ctx.limits.set_quota("web", Quota(rounds_per_minute=2, ratings_per_minute=0, rounds_in_flight=0))   # the victim's budget: 2 rounds a minute
     victim = client(url)
     out = victim.predict("tldr", "", "eval", TEXT, "", "", api_name="/generate")
     jid = out["candidates"][0]["joint_sample_id"]

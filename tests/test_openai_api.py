@@ -16,7 +16,8 @@ from fastapi.testclient import TestClient
 
 from collab_app.engines.engine_types import Sampling
 from collab_app.web import handlers as H
-from collab_app.web.openai_api import (ApiCaller, OpenAIApi, OpenAIConfig, key_id, load_api_keys,
+from collab_app.web.access import api_caller
+from collab_app.web.openai_api import (OpenAIApi, OpenAIConfig, key_id, load_api_keys,
                                        mount_openai, openai_routes)
 from test_handlers import TEXT, engine, make_ctx  # noqa: F401 - engine is a fixture
 from test_store import make_group
@@ -75,7 +76,7 @@ def test_config_and_keys(tmp_path):
         load_api_keys(str(tmp_path / "missing"), {})
     kid = key_id(KEY_A)
     assert kid.startswith("api:") and len(kid) == 20 and KEY_A not in kid and kid != key_id(KEY_B)
-    assert ApiCaller(kid).rater == ApiCaller(kid).key == kid
+    assert api_caller(kid).rater == api_caller(kid).key == kid
 
 
 def test_serve_refuses_bad_api_settings_before_loading(tmp_path, monkeypatch, capsys):
@@ -305,26 +306,26 @@ def test_limits(ctx):
     assert counts(ctx) == (groups + 1, ratings + 1)    # three writes by one key: its one row, replaced
     assert ctx.store.ratings_for(joint_sample_id=jid)[0].revision == 2
     # every API round slot taken: 429 "server_busy" (B's round budget untouched)
-    held = ApiCaller("api:held-slot")
-    api.start_round(held)
+    held = api_caller("api:held-slot")
+    ctx.limits.begin_round(held)
     try:
-        check_error(client.post("/v1/chat/completions", json=chat(n=1), headers=AUTH_B), 429, "running 1 API",
-                    "server_busy")
+        check_error(client.post("/v1/chat/completions", json=chat(n=1), headers=AUTH_B), 429,
+                    "as many rounds as it takes at once (1)", "server_busy")
     finally:
-        api.end_round(held)
+        ctx.limits.end_round(held)
     assert api.running_rounds == 0 and counts(ctx) == (groups + 1, ratings + 1)
 
 
 def test_rounds_in_flight_per_key(ctx):
     client, api = make_client(ctx, max_rounds_in_flight=1, max_rounds_per_minute=0)
-    b = ApiCaller(key_id(KEY_B))
-    api.start_round(b)                                   # B has a round generating
+    b = api_caller(key_id(KEY_B))
+    ctx.limits.begin_round(b)                            # B has a round generating
     try:
         r = client.post("/v1/chat/completions", json=chat(n=1), headers=AUTH_B)
-        check_error(r, 429, "already has 1 round(s) generating", "rounds_in_flight")
+        check_error(r, 429, "you already have a round generating", "rounds_in_flight")
         assert r.headers["Retry-After"]
     finally:
-        api.end_round(b)
+        ctx.limits.end_round(b)
     assert api.running_rounds == 0
 
 

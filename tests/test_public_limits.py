@@ -7,9 +7,9 @@
   that stopped reading held the slot and the key's round in flight for as long as it kept the
   connection open, since the server's send waited for the socket to drain.
 
-No model here: the context has no engine, and the streaming tests replace handlers.generate
-with a round that sends large progress events (what fills the socket buffers of a client that
-does not read) and never finishes on its own. The server is uvicorn, as under `collab serve`.
+No model here: the context has no engine, and the streaming tests replace core._round (a round
+after its checks and limits) with one that sends large progress events (what fills the socket
+buffers of a client that does not read) and never finishes on its own. The server is uvicorn, as under `collab serve`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from collab_app.web import handlers as H  # noqa: E402
+from collab_app.web import core  # noqa: E402
 from collab_app.web.context import AppContext  # noqa: E402
 from collab_app.web.openai_api import OpenAIConfig, mount_openai  # noqa: E402
 
@@ -96,10 +96,10 @@ def test_a_request_of_normal_depth_still_passes_the_body_check(ctx, monkeypatch)
     """Content parts ({messages: [{content: [{type, text}]}]}) are 4 levels: well within the limit."""
     _, client, _ = make_client(ctx)
     def refuse(*a, **k):   # the round itself is not under test: it stops at once
-        raise H.UserError("stopped by the test")
+        raise core.UserError("stopped by the test")
         yield
 
-    monkeypatch.setattr(H, "generate", refuse)
+    monkeypatch.setattr(core, "play_round", refuse)
     body = {"model": "tldr", "messages": [{"role": "user", "content": [{"type": "text", "text": TEXT}]}],
             "collab": {}, "stream_options": {"include_usage": False}}
     r = client.post("/v1/chat/completions", json=body, headers=AUTH)
@@ -112,9 +112,10 @@ def test_a_request_of_normal_depth_still_passes_the_body_check(ctx, monkeypatch)
 
 # --------------------------------------------------------------------------- streaming slots
 
-def endless_round(view, episode, caller):
-    """A round that keeps sending large progress events and never finishes by itself (until the
-    response closes it: handlers.generate's generator is closed by the route's finish())."""
+def endless_round(ctx, episode, caller, *args):
+    """core._round (a round once play_round has checked it and taken its limits) that keeps
+    sending large progress events and never finishes by itself (until the response closes it:
+    play_round's generator is closed by the route's finish(), which gives its limits back)."""
     big = "x" * 64_000
     for i in range(100_000):
         time.sleep(0.002)
@@ -179,7 +180,7 @@ def test_a_stalled_streaming_client_frees_its_slot(ctx, monkeypatch):
     """The client reads the first bytes, then stops reading with its connection open: the round
     ends once one chunk has waited stream_stall_s to be accepted, and the server closes the
     connection. Before, running_rounds stayed 1 for as long as the client held the connection."""
-    monkeypatch.setattr(H, "generate", endless_round)
+    monkeypatch.setattr(core, "_round", endless_round)
     app, _, api = make_client(ctx, stream_stall_s=2.0, max_rounds_in_flight=1)
     with Server(app) as srv:
         sock = open_stream(srv.port)
@@ -202,7 +203,7 @@ def test_a_stalled_streaming_client_frees_its_slot(ctx, monkeypatch):
 @pytest.mark.timeout(120)
 def test_a_client_that_leaves_mid_stream_frees_its_slot(ctx, monkeypatch):
     """Read one chunk, close the connection: the slot is free within a few seconds."""
-    monkeypatch.setattr(H, "generate", endless_round)
+    monkeypatch.setattr(core, "_round", endless_round)
     app, _, api = make_client(ctx, stream_stall_s=30.0)
     with Server(app) as srv:
         sock = open_stream(srv.port)

@@ -19,6 +19,7 @@ import threading
 import pytest
 
 from collab_app.engines.engine_types import Sampling
+from collab_app.web import core
 from collab_app.web import handlers as H
 from collab_app.web.context import AppContext, SharedViews, open_store, prepare_home
 from test_web_stream import TEXT, ScriptedStreamEngine, make_ctx
@@ -69,7 +70,7 @@ def test_own_problem_only_where_the_sandbox_allows_it(tmp_path, iso, allowed):
         H.start_coding(ctx, H.SOURCES[1], "eval", "", *OWN, "")
     # the handler refuses it too, not only the page: an episode made elsewhere never reaches the engine
     ep = dict(H.new_episode(), task="custom-coding", custom={"prompt": OWN[0], "tests": OWN[1], "entry_point": ""})
-    ep["example"] = H._custom_coding_task(ep["custom"]).examples("eval")[0]
+    ep["example"] = core._custom_coding_task(ep["custom"]).examples("eval")[0]
     with pytest.raises(H.UserError, match="COLLAB_SANDBOX_ALLOW_WEAK=1"):
         drain(H.generate(ctx, ep, A))
     assert eng.calls == [] and sum(ctx.store.stats()["groups"].values()) == 0
@@ -228,7 +229,7 @@ def test_long_prompt_refused_in_the_handler_while_another_round_runs(tmp_path, t
                                           r"and it takes at most 2,032 \(2,048 in all, minus 16 for the answer\); "
                                           r"shorten your text"):
         next(H.generate(ctx, ep, B))                       # ... not the token limit
-    assert ctx.round_slots.held(B.key) == 0
+    assert ctx.limits.held(B) == 0
     eng.release(1000)
     done = drain(a)                                        # A's round is untouched
     assert len(done["episode"]["candidates"]) == 2 and done["episode"]["group_id"]
@@ -250,11 +251,11 @@ def test_one_round_at_a_time_per_session(tmp_path):
     assert next(b)["kind"] == "progress"                   # another session has its own slot
     eng.release(1000)
     drain(a), drain(b)
-    assert ctx.round_slots.held(A.key) == 0
+    assert ctx.limits.held(A) == 0
     a2 = H.generate(ctx, H.start_writing(ctx, "tldr", TEXT), A, tick_s=0.05)   # A's round ended: A may again
     assert next(a2)["kind"] == "progress"
     a2.close()                                             # a closed page frees the slot too
-    assert ctx.round_slots.held(A.key) == 0
+    assert ctx.limits.held(A) == 0
     drain(H.generate(ctx, H.start_writing(ctx, "tldr", TEXT), A))
     two = make_ctx(tmp_path / "two", ScriptedStreamEngine(gated=True), max_rounds_in_flight=2)
     rounds = [H.generate(two, H.start_writing(two, "tldr", TEXT), A, tick_s=0.05) for _ in range(3)]

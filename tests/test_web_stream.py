@@ -14,7 +14,9 @@ from collab_app.engines.team import Agent, Team
 from collab_app.online.returns import CUSTOM_TRAINING_KEY
 from collab_app.online.store import Store
 from collab_app.web import handlers as H
-from collab_app.web.context import AppContext, GenerationBatcher, RateLimiter
+from collab_app.engines.batcher import GenerationBatcher
+from collab_app.web.access import RateLimiter
+from collab_app.web.context import AppContext
 from tasks import load_task
 
 TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Residents said the lanes "
@@ -145,7 +147,7 @@ def test_batcher_merges_sessions_and_hands_each_its_slice(tmp_path):
     ctx = make_ctx(tmp_path, eng)
     team = ctx.teams["tldr"]
     smp = Sampling(max_new_tokens=8)
-    ctx._batcher = GenerationBatcher(ctx, max_examples=2, window_s=600)   # waits for both, however slow
+    ctx._batcher = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600)   # waits for both, however slow
     t1 = ctx.batcher().submit(team, ["alpha one two three four five six", "alpha b c d e f g"], 2, smp)
     t2 = ctx.batcher().submit(team, ["omega one two three four five six", "omega b c d e f g"], 2, smp)
     seen = {}
@@ -167,7 +169,7 @@ def test_bad_request_fails_alone(tmp_path):
     eng = ScriptedStreamEngine()
     ctx = make_ctx(tmp_path, eng)
     team, smp = ctx.teams["tldr"], Sampling(max_new_tokens=8)
-    ctx._batcher = GenerationBatcher(ctx, max_examples=2, window_s=600)
+    ctx._batcher = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600)
     bad = ctx.batcher().submit(team, ["BAD one two", "x y z"], 2, smp)
     good = ctx.batcher().submit(team, ["fine one two", "x y z"], 2, smp)
     last = {}

@@ -1,9 +1,10 @@
 """The online loop: how one rating becomes one gradient, and the gradient a served adapter.
 
-    person rates candidate k  (web/handlers.py rate / rank / pick_best; rater = the server's
+    person rates candidate k  (web/core.py store_feedback; rater = the server's
         │                      session id or HF login; only the session that generated the group)
         ▼
-    store.add_ratings          append-only rows (kind: stars / rank / pick_best, mapped to 1-5)
+    store.add_ratings          one row per rater and joint sample, re-rating replaces it (kind:
+                               stars / rank / pick_best, mapped to 1-5)
         │                      (store.py; returns.py holds the mapping)
         ▼
     returns.group_state        the group is "ready" once every joint answer has a return under

@@ -38,7 +38,7 @@ same 1..5 scale, so everything above (latest per rater, mean over raters, modes)
 Only differences inside a group reach the gradient under the `mean` advantage, so the absolute
 levels matter only where one candidate mixes forms from several raters (then they average).
 
-Who may rate (enforced by collab_app/web/handlers.py, not here): the session that generated the
+Who may rate (enforced by collab_app/web/core.py store_feedback, not here): the session that generated the
 group, or an admin. Groups of a person's own coding problem (`PRIVATE_TASKS`) train the shared
 team only while the admin flag `CUSTOM_TRAINING_KEY` in the store's app_state allows it
 (`may_train_shared`); the trainer service is the one that must skip them.

@@ -1,43 +1,40 @@
-"""`AppContext`: the objects every session of the Gradio app shares, passed explicitly.
+"""`AppContext`: the objects every session and API key of the app shares, passed explicitly.
 
-The UI (`ui.build_app`) and its handlers (`handlers.py`) take one `AppContext` instead of reaching
-for module globals, so a test can build two apps on two stores side by side and `collab serve` /
-`app.py` decide what goes in. Per-user state lives in `gr.State`, never here.
+The core (core.py) and both doors (handlers.py + ui.py, openai_api.py) take one `AppContext`
+instead of reaching for module globals, so a test can build two apps on two stores side by side
+and `collab serve` / `app.py` decide what goes in. Per-user state lives in `gr.State`, never here.
 
 Thread safety: Gradio runs handlers in a thread pool. The engine is guarded by `engine_lock`
 (generation, adapter loads); the store does its own sessions; `team_settings_lock` guards the
 editable team settings (role prompts, num_generations, sampling) that the Team tab changes.
 
-Hosting in public (issue 12), what lives here:
+Hosting in public, what lives here:
 - `isolation`: the sandbox's isolation (tasks.sandbox.isolation()), asked per request (the sandbox
   keeps a strong result and re-probes a weak one at most every 30 s, so a transient failure at
   start-up does not switch the feature off until a restart); a person's own coding problem (their
   tests are code) runs only where it allows untrusted code (`untrusted_allowed`).
-- Admin: `admin_token` must pass `admin_token_problem` (checked at start-up); wrong guesses are
-  slowed per caller by `AdminGuard`; loopback clients are admin without a token only with
-  `loopback_admin` (serve `--loopback-admin`).
-- Abuse limits per session: `RateLimiter` (rounds / ratings per minute) and `SessionSlots`
-  (rounds generating at once); prompts are counted in tokens with a private copy of the
-  engine's tokenizer (`prompt_token_counts`) before they reach the `GenerationBatcher`.
+- `admin_token` (must pass access.admin_token_problem, checked here), `admin_guard` (wrong
+  guesses), `loopback_admin` (serve `--loopback-admin`): read by access.check_admin.
+- `limits`: access.Limits built from the `max_*` fields (the page's quota; /v1 sets its own);
+  prompts are counted in tokens with a private copy of the engine's tokenizer
+  (`prompt_token_counts`) before they reach the batcher (engines/batcher.py).
 - `SharedViews`: what every visitor sees alike (the Training tab) computed once per TTL.
 - `prepare_home` / `open_store`: COLLAB_HOME 0700 and the SQLite file 0600.
 """
 from __future__ import annotations
 
-import collections
 import copy
 import ipaddress
 import logging
-import math
 import os
-import queue
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from collab_app.engines.batcher import GenerationBatcher
 from collab_app.engines.engine_types import Sampling
+from collab_app.web.access import AdminGuard, Limits, Quota, check_admin_token
 
 log = logging.getLogger(__name__)
 
@@ -76,58 +73,6 @@ def storage_warning(home: str) -> str | None:
     return ("**Data is ephemeral on this Space**: groups, ratings and adapters are lost when it "
             "restarts. Add persistent storage (mounted at /data) and set `COLLAB_HOME=/data` "
             "(see docs/SPACES.md).")
-
-
-GOOD_TOKEN_HINT = ('make a good one with  python -c "import secrets; print(secrets.token_urlsafe(32))"  '
-                   'and put it in COLLAB_ADMIN_TOKEN (a Space: a secret named COLLAB_ADMIN_TOKEN)')
-MIN_TOKEN_CHARS = 16
-MIN_TOKEN_DISTINCT = 8
-# Straight runs a person types when asked for "something long": a token containing 6 characters
-# in a row of one of these (or reversed) is refused.
-_RUNS = ("abcdefghijklmnopqrstuvwxyz", "0123456789", "qwertyuiop", "asdfghjkl", "zxcvbnm")
-_COMMON = ("password", "passwort", "changeme", "letmein", "secret", "admin", "token", "collab", "welcome",
-           "default", "example")
-
-
-def admin_token_problem(token: str | None) -> str | None:
-    """Why `token` is too weak to guard admin actions, or None when it is good enough. The rule,
-    plainly: at least 16 characters; at least 8 different characters; no common word (password,
-    changeme, admin, secret, token, collab, ...) and no straight run of 6 (abcdef, 123456, qwerty,
-    or reversed) inside it, case ignored. `secrets.token_urlsafe(32)` (43 random characters)
-    passes (what it could fail on by chance is below one in a million). None/"" = no token."""
-    if not token:
-        return None
-    if len(token) < MIN_TOKEN_CHARS:
-        return f"it has {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed"
-    if len(set(token)) < MIN_TOKEN_DISTINCT:
-        return f"it has only {len(set(token))} different characters; at least {MIN_TOKEN_DISTINCT} are needed"
-    low = token.lower()
-    for word in _COMMON:
-        if word in low:
-            return f"it contains the common word {word!r}"
-    for run in _RUNS:
-        for seq in (run, run[::-1]):
-            for i in range(len(seq) - 5):
-                if seq[i:i + 6] in low:
-                    return f"it contains the straight run {seq[i:i + 6]!r}"
-    return None
-
-
-def check_admin_token(token: str | None) -> None:
-    """Start-up check of COLLAB_ADMIN_TOKEN: ValueError saying why and how to make a good one."""
-    problem = admin_token_problem(token)
-    if problem:
-        raise ValueError(f"COLLAB_ADMIN_TOKEN is too weak to guard admin actions: {problem}; {GOOD_TOKEN_HINT}")
-
-
-def is_loopback(host: str | None) -> bool:
-    """True for a client address on this machine (127.0.0.0/8, ::1). Unknown or a name: False."""
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def prepare_home(home: str) -> str:
@@ -171,80 +116,6 @@ def open_store(home: str, store_url: str | None = None):
     return store
 
 
-class AdminGuard:
-    """Slows wrong admin-token guesses per caller, without sleeping on a worker thread: after
-    `free` wrong guesses, the caller is locked out for 2, 4, 8 ... s (doubling per further wrong
-    guess, at most `max_lock_s`); during a lockout every token from that caller is refused at
-    once, the right one too (else a lockout would not slow guessing). The count is forgotten
-    `forget_s` after the last wrong guess, and on a right token.
-
-    Chosen over sleeping because a sleep holds one of Gradio's worker threads per guess (a
-    guesser could fill the pool); over a fixed lockout because doubling keeps an honest typo
-    cheap and a guesser at a few guesses per hour. Keys (handlers.check_admin): the caller's
-    server-issued session or login, its client network (identity.client_network: a new session
-    does not reset it), and the wrong token itself; never a shared proxy address alone, so
-    guesses from other visitors behind a Space's proxy do not lock the admin out. In memory."""
-
-    def __init__(self, free: int = 5, max_lock_s: float = 900.0, forget_s: float = 3600.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.free, self.max_lock_s, self.forget_s, self.clock = free, max_lock_s, forget_s, clock
-        self._fails: dict[str, tuple[int, float, float]] = {}   # key -> (wrong guesses, last, locked until)
-        self._lock = threading.Lock()
-
-    def locked(self, key: str) -> float:
-        """Seconds `key` must still wait (0 = may try now)."""
-        now = self.clock()
-        with self._lock:
-            n, last, until = self._fails.get(key, (0, -math.inf, -math.inf))
-            if now - last > self.forget_s:
-                self._fails.pop(key, None)
-                return 0.0
-            return max(0.0, until - now)
-
-    def failed(self, key: str) -> float:
-        """Record a wrong guess; returns the lockout it starts (0 = none yet)."""
-        now = self.clock()
-        with self._lock:
-            if len(self._fails) > 10_000:   # forget idle callers
-                self._fails = {k: v for k, v in self._fails.items() if now - v[1] <= self.forget_s}
-            n, last, _ = self._fails.get(key, (0, -math.inf, -math.inf))
-            n = 1 if now - last > self.forget_s else n + 1
-            lock = 0.0 if n < self.free else min(self.max_lock_s, 2.0 ** (n - self.free + 1))
-            self._fails[key] = (n, now, now + lock)
-            return lock
-
-    def succeeded(self, key: str) -> None:
-        with self._lock:
-            self._fails.pop(key, None)
-
-
-class SessionSlots:
-    """At most `limit` rounds generating at once per key (a session or a login; 0 = no limit), so
-    that one client cannot hold every generate slot. Thread-safe; `acquire` never waits."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._held: collections.Counter = collections.Counter()
-        self._lock = threading.Lock()
-
-    def acquire(self, key: str) -> bool:
-        with self._lock:
-            if self.limit and self._held[key] >= self.limit:
-                return False
-            self._held[key] += 1
-            return True
-
-    def release(self, key: str) -> None:
-        with self._lock:
-            self._held[key] -= 1
-            if self._held[key] <= 0:
-                del self._held[key]
-
-    def held(self, key: str) -> int:
-        with self._lock:
-            return self._held.get(key, 0)
-
-
 class SharedViews:
     """Values every visitor sees alike (the Training tab's status and figures), computed at most
     once per `ttl_s` for all of them: N pages polling cost one store query and one set of
@@ -274,134 +145,6 @@ class SharedViews:
     def clear(self) -> None:
         with self._cond:
             self._cache.clear()
-
-
-class RateLimiter:
-    """At most `limit` events per `window_s` seconds per key (a session or a login), over a
-    sliding window; `limit` 0 = no limit. Thread-safe. In memory: a restart forgets it, and a
-    person who opens many sessions gets a limit each (per-IP limits were left out: Spaces and
-    proxies put many people behind one address)."""
-
-    def __init__(self, limit: int, window_s: float = 60.0):
-        self.limit, self.window_s = limit, window_s
-        self._events: dict[str, collections.deque] = {}
-        self._lock = threading.Lock()
-
-    def take(self, key: str, n: int = 1) -> float | None:
-        """Record `n` events for `key` and return None, or (over the limit: nothing recorded)
-        the seconds until `n` more fit."""
-        if not self.limit:
-            return None
-        now = time.monotonic()
-        with self._lock:
-            if len(self._events) > 10_000:   # forget idle keys
-                self._events = {k: q for k, q in self._events.items() if q and q[-1] > now - self.window_s}
-            q = self._events.setdefault(key, collections.deque())
-            while q and q[0] <= now - self.window_s:
-                q.popleft()
-            if n > self.limit:
-                return math.inf
-            if len(q) + n > self.limit:
-                return q[len(q) + n - self.limit - 1] + self.window_s - now
-            q.extend([now] * n)
-            return None
-
-
-class GenerationTicket:
-    """One submitted request's stream, filled by the batcher's thread. `events` receives, in order:
-    ("progress", texts[i][g], done[i][g]) for every engine snapshot (this request's slice: agent i,
-    sample g; done entries are Samples or None), then ("done", samples[i][g]) or ("error", exc).
-    The consumer may put its own events into the same queue (handlers.generate puts ("checked",
-    g) when a candidate's automatic check finishes) so that one queue wakes it. `cancel()` when
-    the consumer stops listening (a closed page): the batcher stops feeding it, and stops the
-    engine call when nobody in the batch listens any more."""
-
-    def __init__(self):
-        self.events: queue.Queue = queue.Queue()
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class GenerationBatcher:
-    """Merges the generation requests of concurrent sessions into one streaming engine call.
-
-    Each Generate press submits (team, prompts, G, sampling) and gets a `GenerationTicket`. A
-    worker thread takes the first waiting request, collects whatever else arrives within
-    `window_s` (up to `max_examples`), and runs one `Team.generate_stream` per (team, G,
-    sampling) for all of them, under `ctx.engine_lock`, after loading the current adapter
-    versions; every snapshot is cut into each request's slice and put into its ticket, so each
-    session sees its own candidates grow. Batched decoding is where an engine's throughput comes
-    from (docs/ENGINES.md "Batching": one prompt ~20-40 tok/s, a batch of 16 ~100-350), so with
-    several people waiting the last one waits about one batch, not N. A request that arrives while
-    a batch runs waits for the next one (continuous batching would need the engine's own
-    scheduler). If a batch fails with EngineError (one bad prompt), its requests are retried one
-    by one so that only the bad one fails (the others' streams start again from empty text)."""
-
-    def __init__(self, ctx: "AppContext", max_examples: int = 16, window_s: float = 0.25):
-        self.ctx, self.max_examples, self.window_s = ctx, max_examples, window_s
-        self._q: queue.Queue = queue.Queue()
-        self.batches: list[int] = []          # examples per engine call (last 1000; for tests / logs)
-        self._thread = threading.Thread(target=self._run, name="collab-generate-batcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, team, prompts: list[str], G: int, sampling) -> GenerationTicket:
-        ticket = GenerationTicket()
-        self._q.put((team, list(prompts), G, sampling, ticket))
-        return ticket
-
-    def _run(self) -> None:
-        while True:
-            items = [self._q.get()]
-            deadline = time.monotonic() + self.window_s
-            while len(items) < self.max_examples:
-                try:
-                    items.append(self._q.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            groups: dict = {}
-            for it in items:
-                groups.setdefault((id(it[0]), it[2], it[3]), []).append(it)
-            for batch in groups.values():
-                self._generate(batch)
-
-    def _generate(self, batch) -> None:
-        from collab_app.engines.engine_types import EngineError
-
-        team, _, G, sampling, _ = batch[0]
-        live = [it for it in batch if not it[4].cancelled]
-        if not live:
-            return
-        try:
-            last = None
-            with self.ctx.engine_lock:
-                self.ctx.adapter_watcher().poll_once()
-                stream = team.generate_stream(self.ctx.engine, [it[1] for it in live], G, sampling)
-                try:
-                    for last in stream:
-                        if all(it[4].cancelled for it in live):
-                            break   # nobody listens: stop the engine call (closing the stream)
-                        for e, it in enumerate(live):
-                            if not it[4].cancelled:
-                                it[4].events.put(("progress", last.texts[e], last.done[e]))
-                finally:
-                    stream.close()
-            if last is None or not last.finished:
-                return   # every listener left
-            self.batches = (self.batches + [len(live)])[-1000:]
-            for e, it in enumerate(live):
-                it[4].events.put(("done", last.done[e]))
-        except EngineError as e:
-            if len(live) == 1:
-                live[0][4].events.put(("error", e))
-                return
-            for it in live:   # find the bad request(s): one call each
-                self._generate([it])
-        except Exception as e:  # noqa: BLE001 - every waiting session gets the error, the thread lives
-            log.exception("generation batch failed")
-            for it in live:
-                it[4].events.put(("error", e))
 
 
 @dataclass
@@ -450,6 +193,10 @@ class AppContext:
     """rounds one client network may start per minute over all its sessions (0 = no limit)."""
     max_ratings_per_minute_per_network: int = 240
     """ratings one client network may store per minute over all its sessions (0 = no limit)."""
+    max_ratings_per_minute_global: int = 600
+    """ratings every caller together (page and /v1) may store per minute: no crowd of identities outvotes it (0 = no limit)."""
+    require_login_to_rate: bool = False
+    """ratings from the page need a Hugging Face login (a Space with `hf_oauth: true`); API keys and the admin token still rate."""
     session_secret: bytes | None = field(default=None, repr=False)
     """the key that signs session cookies (identity.session_secret: $COLLAB_SESSION_SECRET, else random at start)."""
     trusted_proxy_hops: int | None = None
@@ -466,13 +213,10 @@ class AppContext:
     _batcher: Any = field(default=None, repr=False)
     _tokenizer: Any = field(default=None, repr=False)
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    round_limiter: RateLimiter = field(init=False, repr=False)
-    rating_limiter: RateLimiter = field(init=False, repr=False)
-    round_slots: SessionSlots = field(init=False, repr=False)
+    limits: Limits = field(init=False, repr=False)
+    """access.Limits over the fields above: every round and rating of both doors counts there."""
     admin_guard: AdminGuard = field(init=False, repr=False)
     shared_views: SharedViews = field(init=False, repr=False)
-    round_net_limiter: RateLimiter = field(init=False, repr=False)
-    rating_net_limiter: RateLimiter = field(init=False, repr=False)
     identity: Any = field(init=False, repr=False)
     """identity.SessionIdentity: signs session cookies, counts new sessions per network, binds session hashes."""
 
@@ -481,7 +225,7 @@ class AppContext:
             raise ValueError("num_generations must be >= 2: MAGRPO needs a group of siblings")
         for name in ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight",
                      "max_new_sessions_per_minute", "max_rounds_per_minute_per_network",
-                     "max_ratings_per_minute_per_network"):
+                     "max_ratings_per_minute_per_network", "max_ratings_per_minute_global"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
@@ -491,11 +235,10 @@ class AppContext:
         if self.admin_token == "":
             self.admin_token = None
         check_admin_token(self.admin_token)
-        self.round_limiter = RateLimiter(self.max_rounds_per_minute)
-        self.rating_limiter = RateLimiter(self.max_ratings_per_minute)
-        self.round_slots = SessionSlots(self.max_rounds_in_flight)
-        self.round_net_limiter = RateLimiter(self.max_rounds_per_minute_per_network)
-        self.rating_net_limiter = RateLimiter(self.max_ratings_per_minute_per_network)
+        self.limits = Limits(Quota(self.max_rounds_per_minute, self.max_ratings_per_minute, self.max_rounds_in_flight),
+                             rounds_per_minute_per_network=self.max_rounds_per_minute_per_network,
+                             ratings_per_minute_per_network=self.max_ratings_per_minute_per_network,
+                             ratings_per_minute=self.max_ratings_per_minute_global)
         from collab_app.web.identity import SessionIdentity
         self.identity = SessionIdentity(self.session_secret, self.max_new_sessions_per_minute,
                                         self.trusted_proxy_hops)
@@ -566,9 +309,13 @@ class AppContext:
         return self._watcher
 
     def batcher(self) -> GenerationBatcher:
+        """The one batcher of this app: rounds of every session and API key merged into engine calls,
+        each after loading the agents' current adapter versions."""
         with self.team_settings_lock:
             if self._batcher is None:
-                self._batcher = GenerationBatcher(self, max_examples=max(self.generate_concurrency, 1))
+                self._batcher = GenerationBatcher(self.engine, self.engine_lock,
+                                                  lambda: self.adapter_watcher().poll_once(),
+                                                  max_examples=max(self.generate_concurrency, 1))
             return self._batcher
 
     @property
@@ -580,7 +327,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
                   task_names: tuple[str, ...] = ("humaneval", "tldr", "expansion"),
                   num_generations: int = 2, max_new_tokens: int = 256, temperature: float = 0.8,
                   public: bool = False, home: str | None = None, limits: dict | None = None,
-                  adapters_dir: str | None = None, **engine_kw) -> AppContext:
+                  adapters_dir: str | None = None, admin_token: str | None = None, **engine_kw) -> AppContext:
     """Everything the app needs, from settings: provision the model, start the engine, open the
     store, load tasks and their teams, load each agent's current adapter. Heavy imports happen
     here, not at module import."""
@@ -590,8 +337,9 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     from tasks import load_task
 
     limits = dict(limits or {})   # more AppContext fields, e.g. {"max_rounds_per_minute": 0, "loopback_admin": True}
-    admin_token = os.environ.get("COLLAB_ADMIN_TOKEN") or None
-    check_admin_token(admin_token)   # before the slow part: a weak token stops the start at once
+    # the admin token comes from the caller (collab serve reads COLLAB_ADMIN_TOKEN once and drops
+    # it from the environment): checked here before the slow part, so a weak one stops at once
+    check_admin_token(admin_token or None)
     from tasks.sandbox import isolation
     log.info("sandbox isolation: %s", isolation())   # probe now, not in the first visitor's request
     home = prepare_home(home or default_home())
@@ -605,10 +353,9 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),
-                     admin_token=admin_token, public=public, home=home, adapters_dir=adapters_dir, **limits)
+                     admin_token=admin_token or None, public=public, home=home, adapters_dir=adapters_dir, **limits)
     for team in teams.values():
         for agent in team.agents:
             eng.register_agent(agent.name)
-    from collab_app.web.handlers import sync_adapters
-    sync_adapters(ctx)
+    ctx.adapter_watcher().poll_once()   # each agent's current adapter, before the first visitor
     return ctx

@@ -1,4 +1,10 @@
-"""What the Gradio app does, as plain functions: `(ctx, inputs..., state) -> outputs`.
+"""The Gradio page's door: what the app's page does, as plain functions `(ctx, inputs..., state) -> outputs`.
+
+A round and feedback are the core's (core.py: `play_round`, `store_feedback`); the functions here
+translate the page's inputs into them and format what comes back (messages, markdown), and hold
+the page's other tabs: rendering candidates, the Team tab (role prompts, generation settings,
+adapter pins and roll-back), the Training tab (status and figures), the Data tab and export.
+Who acts and what they may do is access.py's (`Caller`, `check_admin`, `Limits`).
 
 No Gradio here (ui.py wires these to components), so they are tested without a browser and are
 quick to import: no torch / vllm at import time (the engine and store arrive through `ctx`).
@@ -7,34 +13,14 @@ Per-user state is a plain dict (`new_episode()`), kept by the UI in `gr.State`, 
 work never reaches another session. Bad input raises `UserError` with a message saying what to
 fix; ui.py shows it (gr.Error) and the app stays up.
 
-Streaming (`generate`): the candidates' texts grow in the events as the engine writes them; the
-automatic check of candidate g (all agents' sample g) starts as soon as it is complete, in a
-thread pool, so checks overlap the rest of the generation; the group is stored once all G are
-written and checked (ratings need its joint_sample ids). The UI shows a candidate's text and
-score first and lets the person pick stars once it is checked; Submit appears when the group is
-stored.
-
-Feedback (collab_app/online/returns.py maps each form onto 1..5): stars per candidate
+Feedback forms (collab_app/online/returns.py maps each onto 1..5): stars per candidate
 (`rate`, `rate_candidates`), "pick the best" (`pick_best`), a full ranking (`rank`). Who rates
-is the server's business (`Caller`): the Gradio session, or the Hugging Face login on a Space,
-never a typed name. A rating is accepted only from the session that generated the group, or
-with the admin token. Per session or login, `ctx.max_rounds_per_minute`,
-`ctx.max_ratings_per_minute` and `ctx.max_rounds_in_flight` (rounds generating at once). Ratings are append-only: re-rating adds a row, the trainer uses
-each rater's latest (of any form). A person's own coding problem trains the shared team only
-while an admin allows it (`set_custom_training`; the flag is returns.CUSTOM_TRAINING_KEY in the
-store's app_state, obeyed by the trainer service).
+is the server's business (`Caller`): the server-issued session, or the Hugging Face login on a
+Space, never a typed name. A rating is accepted only from the session that generated the group,
+or with the admin token; re-rating replaces the rater's own rating. A person's own coding
+problem trains the shared team only while an admin allows it (`set_custom_training`; the flag is
+returns.CUSTOM_TRAINING_KEY in the store's app_state, obeyed by the trainer service).
 
-Safe in public (issue 12):
-- Admin (`check_admin`): the token, compared in constant time, with wrong guesses slowed per
-  caller (context.AdminGuard); without a token admin actions are off, except for loopback
-  clients when the app was started with `loopback_admin`. A token never makes anyone admin on an
-  app that has none (it used to, on a local app).
-- A person's own coding problem (their tests are code) is refused unless the sandbox allows
-  untrusted code (`ctx.untrusted_allowed`), in `start_coding` and again in `generate`.
-- `generate` counts each agent's prompt in tokens (the engine's tokenizer, chat template and
-  role prompt included) against `max_model_len - max_new_tokens` before anything reaches the
-  GenerationBatcher, so an over-long prompt fails alone with a message and never breaks a
-  merged batch of other sessions.
 - The Training tab's status and figures come from `training_view`, computed once per
   `ctx.shared_ttl_s` for every visitor, from column-limited queries (no token ids / log-probs).
 - Export (`exported`) writes to a fresh temp dir outside COLLAB_HOME that is removed once the
@@ -44,176 +30,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hmac
 import html
 import logging
 import math
 import os
-import queue
 import re
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Iterator
 
-from collab_app.online.returns import PRIVATE_TASKS   # pure module: no heavy imports
-from tasks.base import Turn, check_prompts, check_reward
+from collab_app.web.access import Caller, UserError, check_admin
+# the page calls these through this module (H.start_coding, ...): one name per thing for ui.py
+from collab_app.web.core import (SOURCES, another_round, clean_text, custom_training_allowed,  # noqa: F401
+                                 find_example, new_episode, own_problem_off_message, play_round,
+                                 start_coding, start_writing, store_feedback, task_choices)
 
 log = logging.getLogger(__name__)
 
-RATING_MIN, RATING_MAX = 1, 5
-MAX_COMMENT_CHARS = 2_000
-SOURCES = ("HumanEval problem", "My own coding problem")
 
-
-class UserError(ValueError):
-    """Bad input from a person; the message says what to fix. Shown in the UI, never a crash."""
-
-
-# --------------------------------------------------------------------------- input checks
-
-def clean_text(value: Any, what: str, limit: int, required: bool = True) -> str:
-    """A person's text: a str, no NUL bytes / lone surrogates (binary junk), at most `limit`
-    characters. Leading/trailing whitespace is kept out of the check but the text is returned
-    as given (indentation of code matters)."""
-    if value is None:
-        value = ""
-    if not isinstance(value, str):
-        raise UserError(f"{what} must be text, got {type(value).__name__}")
-    if "\x00" in value:
-        raise UserError(f"{what} contains NUL bytes (binary data?): paste plain text")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError(f"{what} is not valid Unicode text (binary data?): paste plain text") from None
-    if len(value) > limit:
-        raise UserError(f"{what} is {len(value):,} characters; the limit is {limit:,}. Shorten it.")
-    if required and not value.strip():
-        raise UserError(f"{what} is empty: type or paste something first")
-    return value
-
-
-ADMIN_OFF = ("admin actions are off: this app has no admin token. Set COLLAB_ADMIN_TOKEN in the server's "
-             "environment and restart (make one with  python -c \"import secrets; print(secrets.token_urlsafe(32))\""
-             "); on your own machine you may instead start `collab serve --loopback-admin`")
-OWN_PROBLEM_OFF = (
-    "**My own coding problem is off on this server.** Your tests are code, and this server's sandbox "
-    "cannot isolate code a person typed ({summary}): it would run with the app's own rights. To turn it "
-    "on, run the app where unprivileged user namespaces are allowed (e.g. `sysctl -w "
-    "kernel.unprivileged_userns_clone=1`, `kernel.apparmor_restrict_unprivileged_userns=0`, or a "
-    "container started with user namespaces), or, if only you and people you trust use it, set "
-    "`COLLAB_SANDBOX_ALLOW_WEAK=1` and restart.")
-
-
-def own_problem_off_message(ctx) -> str | None:
-    """Why a person's own coding problem is refused here (markdown), or None when it is allowed."""
-    return None if ctx.untrusted_allowed else OWN_PROBLEM_OFF.format(summary=ctx.isolation_summary)
-
-
-def check_admin(ctx, token: str | None, caller: "Caller | None" = None) -> None:
-    """Admin actions (edit team, pin / roll back adapters, pause training, export, rate any
-    group). Allowed for a loopback caller when the app runs with `ctx.loopback_admin`; else the
-    token must equal COLLAB_ADMIN_TOKEN (constant-time compare). Without COLLAB_ADMIN_TOKEN they
-    are off. Wrong guesses lock out (context.AdminGuard, a doubling time) the caller's identity
-    and client network (`Caller.guard_keys`: its server-issued session, never a shared proxy
-    address) and the wrong token itself (the same guess from many sessions); the right token's
-    own count never grows, so guesses from other sessions and networks never lock the admin out. An empty token is not a guess (a person pressed
-    an admin button) and counts nothing."""
-    if getattr(ctx, "loopback_admin", False) and caller is not None and caller.is_loopback:
-        return
-    if not ctx.admin_token:
-        raise UserError(ADMIN_OFF)
-    if not token:
-        raise UserError("admin token missing: enter COLLAB_ADMIN_TOKEN's value in the 'admin token' box")
-    import hashlib
-    keys = list(caller.guard_keys) if caller is not None else ["anonymous"]
-    attempt = "try:" + hashlib.sha256(str(token).encode()).hexdigest()[:24]
-    wait = max(ctx.admin_guard.locked(k) for k in (*keys, attempt))
-    if wait > 0:
-        raise UserError(f"too many wrong admin tokens from your session or network: try again in {math.ceil(wait)} s")
-    if not hmac.compare_digest(str(token).encode(), ctx.admin_token.encode()):
-        lock = max(ctx.admin_guard.failed(k) for k in (*keys, attempt))
-        more = f"; further tries refused for {math.ceil(lock)} s" if lock else ""
-        raise UserError(f"admin token wrong: enter COLLAB_ADMIN_TOKEN's value in the 'admin token' box{more}")
-    for k in keys:
-        ctx.admin_guard.succeeded(k)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who acts, as the server knows it (ui.py fills it from gr.Request; never typed by a person)."""
-
-    session_id: str | None
-    """the server-issued session (identity.py: a signed cookie, `web:...`; the API's key id
-    `api:...`): groups are stored under it. Never Gradio's session hash, which the client picks."""
-    username: str | None = None
-    """the Hugging Face login on a Space with OAuth (gr.Request.username), else None."""
-    host: str | None = None
-    """the client's address as uvicorn reports it (gr.Request.client.host), else None."""
-    network: str | None = None
-    """the client's network (identity.client_network: X-Forwarded-For only behind a trusted
-    proxy); rounds and ratings are also counted per network. None: not counted (the API, tests)."""
-
-    @property
-    def is_loopback(self) -> bool:
-        from collab_app.web.context import is_loopback
-        return is_loopback(self.host)
-
-    @property
-    def guard_keys(self) -> tuple[str, ...]:
-        """Whose wrong admin guesses count together: the caller's identity (server-issued session
-        or login) and its client network (a new session does not reset that); the address only
-        when neither is known. Never a shared proxy address alone: behind a Space's proxy every
-        visitor has the same one, and a guesser would lock out the admin."""
-        keys = tuple(k for k in (self.rater, f"net:{self.network}" if self.network else None) if k)
-        return keys or ((f"host:{self.host}",) if self.host else ("anonymous",))
-
-    @property
-    def rater(self) -> str | None:
-        """The rater id stored with a rating: hf:<login>, else session:<id>, else None."""
-        if self.username:
-            return f"hf:{self.username}"[:200]
-        return f"session:{self.session_id}"[:200] if self.session_id else None
-
-    @property
-    def key(self) -> str:
-        """Whose limits (rounds / ratings per minute) an action counts against."""
-        return self.rater or "anonymous"
-
-
-NO_SESSION = ("this request carries no session of this server: reload the page (or, from a script, keep the "
-              "cookies the server sets, as gradio_client does). Too many new sessions from your network in "
-              "the last minute also end here; wait a minute.")
-
-
-def _limit(ctx, limiter, net_limiter, caller: Caller, what: str, per_minute: int, per_network: int,
-           n: int = 1) -> None:
-    """Count `n` events against the caller's network (when known), then its identity."""
-    for lim, key, scope, most in ((net_limiter, f"net:{caller.network}", "client network", per_network),
-                                  (limiter, caller.key, "session", per_minute)):
-        if lim is None or (key.startswith("net:") and not caller.network):
-            continue
-        wait = lim.take(key, n)
-        if wait is not None:
-            more = "" if math.isinf(wait) else f"; try again in {max(1, math.ceil(wait))} s"
-            raise UserError(f"too many {what}: at most {most} per minute per {scope}{more}")
-
-
-# --------------------------------------------------------------------------- episodes
-
-def new_episode() -> dict:
-    """Per-session state (JSON-able: it lives in gr.State)."""
-    return {"task": None, "example": None, "custom": None, "history": [], "group_id": None,
-            "candidates": [], "turn": 0}
-
-
-def task_choices(ctx) -> dict[str, list[str]]:
-    from collab_app.web.context import CODING_TASKS
-    return {"coding": [n for n in ctx.tasks if n in CODING_TASKS] + ["custom-coding"],
-            "writing": [n for n in ctx.tasks if n not in CODING_TASKS]}
-
+# --------------------------------------------------------------------------- problems and rounds
 
 def list_examples(ctx, task_name: str, split: str) -> list[tuple[str, str]]:
     """(label, id) of a task split, for the problem dropdown."""
@@ -230,72 +66,9 @@ def list_examples(ctx, task_name: str, split: str) -> list[tuple[str, str]]:
 
 def example_preview(ctx, task_name: str, split: str, example_id: str) -> str:
     """Markdown of the chosen problem (prompt only: tests stay hidden, as in the paper)."""
-    ex = _find_example(ctx, task_name, split, example_id)
+    ex = find_example(ctx, task_name, split, example_id)
     body = ex.get("prompt") or ex.get("text") or ""
     return f"**{ex['id']}**\n\n```python\n{body}\n```" if task_name == "humaneval" else body
-
-
-def _find_example(ctx, task_name, split, example_id):
-    if not example_id:
-        raise UserError("pick a problem first")
-    for ex in ctx.tasks[task_name].examples(split):
-        if ex["id"] == example_id:
-            return ex
-    raise UserError(f"no example {example_id!r} in {task_name}/{split}")
-
-
-def _custom_coding_task(custom: dict):
-    from tasks.coding import CustomCodingTask
-    try:
-        return CustomCodingTask(custom["prompt"], custom["tests"], entry_point=custom.get("entry_point") or None)
-    except (ValueError, SyntaxError) as e:
-        raise UserError(f"your coding problem was not accepted: {e}") from None
-
-
-def task_of(ctx, episode: dict):
-    if episode["task"] == "custom-coding":
-        return _custom_coding_task(episode["custom"])
-    return ctx.tasks[episode["task"]]
-
-
-def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tests: str,
-                 entry_point: str) -> dict:
-    """A new coding episode: a HumanEval problem, or the person's own problem + tests."""
-    ep = new_episode()
-    if source == SOURCES[0]:
-        ep["task"] = "humaneval"
-        ep["example"] = _find_example(ctx, "humaneval", split, example_id)
-        return ep
-    _check_own_problem_allowed(ctx)
-    prompt = clean_text(prompt, "problem", ctx.max_prompt_chars)
-    tests = clean_text(tests, "tests", ctx.max_prompt_chars)
-    entry_point = clean_text(entry_point, "entry point", 200, required=False).strip()
-    ep["task"] = "custom-coding"
-    ep["custom"] = {"prompt": prompt, "tests": tests, "entry_point": entry_point}
-    task = _custom_coding_task(ep["custom"])
-    examples = task.examples("eval") or task.examples("train")
-    ep["example"] = examples[0]
-    return ep
-
-
-def _check_own_problem_allowed(ctx) -> None:
-    why = own_problem_off_message(ctx)
-    if why:
-        raise UserError(why.replace("**", ""))
-
-
-def start_writing(ctx, task_name: str, text: str) -> dict:
-    """A new writing episode on the person's pasted text."""
-    if task_name not in task_choices(ctx)["writing"]:
-        raise UserError(f"unknown writing task {task_name!r}: pick one of {task_choices(ctx)['writing']}")
-    text = clean_text(text, "text", ctx.max_prompt_chars)
-    ep = new_episode()
-    ep["task"] = task_name
-    try:
-        ep["example"] = ctx.tasks[task_name].from_text(text)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    return ep
 
 
 def writing_examples(ctx, task_name: str) -> list[tuple[str, str]]:
@@ -322,226 +95,19 @@ def sync_adapters(ctx) -> list:
     return ctx.adapter_watcher().poll_once()
 
 
-def _progress(msg: str) -> dict:
-    return {"kind": "progress", "message": msg}
-
-
-def _score(task, example, outputs) -> tuple[Any, str | None]:
-    """(Reward, None), or (None, why) when the automatic check itself failed (e.g. the sandbox
-    could not start): the candidate is still stored and shown, a person's rating is its return."""
-    try:
-        return check_reward(task, task.reward(example, outputs)), None
-    except Exception as e:  # noqa: BLE001 - a broken checker must not lose the generation
-        log.exception("automatic check failed")
-        return None, f"{type(e).__name__}: {e}"[:500]
-
-
-def _reward_dict(r) -> dict | None:
-    return None if r is None else {"total": r.total, "max_total": r.max_total, "levels": dict(r.levels),
-                                   "details": _jsonable(r.details)}
-
-
-def _candidates(task, names, texts, done, checks, joint_ids=None) -> list[dict]:
-    """The candidates as the page shows them, at any point of a round. state: "writing" (some
-    agent still writes), "checking" (all written, automatic check running), "checked"."""
-    G = len(texts[0])
-    out = []
-    for g in range(G):
-        written = all(done[a][g] is not None for a in range(len(names)))
-        r, err = checks.get(g, (None, None))
-        out.append({
-            "joint_sample_id": None if joint_ids is None else joint_ids[g],
-            "state": "checked" if g in checks else "checking" if written else "writing",
-            "parts": [{"role": task.roles[a], "agent": names[a], "text": texts[a][g],
-                       "adapter_version": None if done[a][g] is None else done[a][g].adapter_version,
-                       "done": done[a][g] is not None} for a in range(len(names))],
-            "combined": None, "reward": _reward_dict(r), "check_error": err,
-            "outputs": [texts[a][g] for a in range(len(names))],
-        })
-    return out
-
-
-def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0,
-             min_update_s: float = 0.1) -> Iterator[dict]:
-    """One round of the team on the episode, streamed. Yields {"kind": "progress", "message",
-    "candidates"} events (candidates as in `_candidates`, without joint_sample ids): when a
-    candidate is written or checked, when text grew (at most one per `min_update_s`: an engine
-    may snapshot every few ms, a page needs no more than ~10 updates a second), and every
-    `tick_s` while nothing happens (the elapsed time); and finally
-    {"kind": "done", "episode": new_state, "message"}. The group (G joint answers, automatic
-    rewards) is stored before "done", so every candidate in it can be rated.
-
-    The engine call runs in the batcher's thread (merged with other sessions' requests, under
-    `ctx.engine_lock`); this generator only reads its ticket's queue, because Gradio may
-    resume a generator on a different thread (a lock must not span yields). Checks run in a
-    pool of this round (sandboxed subprocesses: threads only wait on them)."""
-    if not episode or not episode.get("task"):
-        raise UserError("choose a task and press Generate")
-    if not caller.session_id:
-        raise UserError(NO_SESSION)           # its group could never be rated, and limits need a key
-    if episode["task"] in PRIVATE_TASKS:
-        _check_own_problem_allowed(ctx)      # also here: not only the page hides it
-    task = task_of(ctx, episode)
-    example = episode["example"]
-    history = [Turn(tuple(o), tuple(f)) for o, f in episode["history"]]
-    prompts = check_prompts(task, task.agent_prompts(example, history))
-    team = ctx.team_for(episode["task"])
-    G, sampling = ctx.num_generations, ctx.sampling
-    check_prompt_tokens(ctx, team, prompts, sampling, later_turn=bool(history))
-    if not ctx.round_slots.acquire(caller.key):
-        raise UserError(f"you already have a round generating: wait for your round to finish (at most "
-                        f"{ctx.max_rounds_in_flight} at once per session)")
-    try:
-        _limit(ctx, ctx.round_limiter, getattr(ctx, "round_net_limiter", None), caller, "rounds",
-               ctx.max_rounds_per_minute, getattr(ctx, "max_rounds_per_minute_per_network", 0))
-        yield from _round(ctx, episode, caller, task, example, history, prompts, team, G, sampling,
-                          tick_s, min_update_s)
-    finally:
-        ctx.round_slots.release(caller.key)
-
-
-def check_prompt_tokens(ctx, team, prompts: list[str], sampling, later_turn: bool = False) -> None:
-    """Each agent's prompt, as the engine will see it, must fit: tokens + max_new_tokens <=
-    max_model_len. Checked here, before the batcher, so that a too-long prompt fails alone with
-    a message instead of failing (and restarting) a batch merged with other sessions. Engines
-    without a local tokenizer are left to their own check."""
-    from collab_app.engines.engine_types import Request
-    reqs = [Request(a.name, p, a.role_prompt) for a, p in zip(team.agents, prompts)]
-    counts = ctx.prompt_token_counts(reqs)
-    if counts is None:
-        return
-    room = ctx.engine.max_model_len - sampling.max_new_tokens
-    for agent, n in zip(team.agents, counts):
-        if n > room:
-            fix = ("start a new problem (each round adds the last answers and feedback to the prompt)"
-                   if later_turn else "shorten your text")
-            raise UserError(f"too long for this engine: the prompt for `{agent.name}` is {n:,} tokens, and "
-                            f"it takes at most {room:,} ({ctx.engine.max_model_len:,} in all, minus "
-                            f"{sampling.max_new_tokens:,} for the answer); {fix}")
-
-
-def _round(ctx, episode, caller, task, example, history, prompts, team, G, sampling, tick_s, min_update_s):
-    names = [a.name for a in team.agents]
-    from collab_app.engines.engine_types import EngineError
-    t0 = time.monotonic()
-    ticket = ctx.batcher().submit(team, prompts, G, sampling)   # merged with other sessions' requests
-    texts = [[""] * G for _ in names]
-    done: list[list[Any]] = [[None] * G for _ in names]
-    samples = None                           # [agent][g], once the engine finished
-    checks: dict[int, tuple[Any, str | None]] = {}
-    started: set[int] = set()
-    check = "running tests" if "tests" in task.level_names else "scoring"
-    pool = ThreadPoolExecutor(G, thread_name_prefix="collab-check")   # one per candidate: checks are
-    # sandboxed subprocesses (coding) or light Python (writing), G <= ctx.max_generations
-
-    def start_check(g: int) -> None:
-        outs = [done[a][g].text for a in range(len(names))]
-        fut = pool.submit(_score, task, example, outs)
-        fut.add_done_callback(lambda f, g=g: None if f.cancelled() else ticket.events.put(("checked", g, f.result())))
-        started.add(g)
-
-    last_yield, grew = -math.inf, False    # grew: text changed since the last yield
-    try:
-        while samples is None or len(checks) < G:
-            wait = tick_s if not grew else max(0.0, last_yield + min_update_s - time.monotonic())
-            evs: list = []
-            try:
-                evs.append(ticket.events.get(timeout=wait))
-                while True:
-                    evs.append(ticket.events.get_nowait())
-            except queue.Empty:
-                pass
-            milestone = False                  # a candidate written or checked, or the engine done
-            for ev in evs:
-                if ev[0] == "progress":
-                    grew = grew or ev[1] != texts
-                    texts, done = ev[1], ev[2]
-                elif ev[0] == "done":
-                    samples = done = ev[1]
-                    texts = [[s.text for s in row] for row in samples]
-                    milestone = True
-                elif ev[0] == "checked":
-                    checks[ev[1]] = ev[2]
-                    milestone = True
-                elif ev[0] == "error":
-                    if isinstance(ev[1], EngineError):
-                        raise UserError(f"the engine refused this prompt: {ev[1]}") from None
-                    raise ev[1]
-            for g in range(G):
-                if g not in started and all(done[a][g] is not None for a in range(len(names))):
-                    start_check(g)
-                    milestone = True
-            now = time.monotonic()
-            if not (milestone or not evs or now - last_yield >= min_update_s):
-                continue                       # text grew again within min_update_s: send it later
-            last_yield, grew = now, False
-            dt = now - t0
-            if samples is None:
-                written = sum(all(done[a][g] is not None for a in range(len(names))) for g in range(G))
-                msg = (f"generating {G} joint answers (agents: {', '.join(names)}) ... {dt:.0f} s; "
-                       f"{written}/{G} written, {len(checks)} checked")
-            else:
-                msg = f"generated in {dt:.1f} s; {check}: {len(checks)}/{G} checked ..."
-            yield {"kind": "progress", "message": msg, "candidates": _candidates(task, names, texts, done, checks)}
-    finally:
-        ticket.cancel()                      # a closed page stops feeding (and, if alone, the engine)
-        pool.shutdown(wait=False, cancel_futures=True)
-    outputs = [[samples[a][g].text for a in range(len(names))] for g in range(G)]
-    rewards = [checks[g][0] for g in range(G)]
-    errors = [checks[g][1] for g in range(G)]
-    joint = [tuple(g for _ in names) for g in range(G)]   # aligned joint actions
-    combined = [task.combine(example, outs) for outs in outputs]
-    group_id, joint_ids = ctx.store.add_group(
-        task=episode["task"], example=example, prompts=prompts, samples=samples, joint=joint,
-        auto_rewards=rewards, session_id=caller.session_id, combined=combined, auto_errors=errors,
-        turn=len(history), max_reward=task.max_reward)
-    candidates = _candidates(task, names, texts, samples, checks, joint_ids)
-    for c, comb in zip(candidates, combined):
-        c["combined"] = comb
-    ep = dict(episode, group_id=group_id, candidates=candidates, turn=episode["turn"] + 1)
-    note = ""
-    if episode["task"] in PRIVATE_TASKS and not custom_training_allowed(ctx):
-        note = " Your own problem's groups are kept but train the shared team only if an admin allows it."
-    yield {"kind": "done", "episode": ep,
-           "message": f"group #{group_id}: {G} candidates in {time.monotonic() - t0:.1f} s "
-                      f"(turn {ep['turn']}). Rate them below.{note}"}
+def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0, min_update_s: float = 0.1) -> Iterator[dict]:
+    """The page's Generate: `core.play_round` with the app's G and sampling (the Team tab's)."""
+    with ctx.team_settings_lock:
+        G, sampling = ctx.num_generations, ctx.sampling
+    return play_round(ctx, episode, caller, G, sampling, tick_s=tick_s, min_update_s=min_update_s)
 
 
 def run_generate(ctx, episode: dict, caller: Caller) -> dict:
-    """`generate` to the end (API endpoint, tests): its "done" event."""
+    """`generate` to the end (the page's API endpoint, tests): its "done" event."""
     for ev in generate(ctx, episode, caller):
         if ev["kind"] == "done":
             return ev
     raise RuntimeError("generate ended without a result")
-
-
-def another_round(ctx, episode: dict, continue_from: int | None) -> dict:
-    """Multi-turn: the chosen candidate's outputs + Task.feedback become the history of the next
-    turn (the default is the candidate with the best automatic reward)."""
-    cands = episode.get("candidates") or []
-    if not cands:
-        raise UserError("generate a first round before asking for another one")
-    if continue_from is None:
-        continue_from = max(range(len(cands)), key=lambda i: (cands[i]["reward"] or {}).get("total", -math.inf))
-    if not 0 <= continue_from < len(cands):
-        raise UserError(f"candidate {continue_from + 1} does not exist (1..{len(cands)})")
-    task = task_of(ctx, episode)
-    outs = cands[continue_from]["outputs"]
-    feedback = task.feedback(episode["example"], outs)
-    history = list(episode["history"]) + [[list(outs), list(feedback)]]
-    return dict(episode, history=history, candidates=[], group_id=None)
-
-
-def _jsonable(x, depth=0):
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x if not isinstance(x, str) else x[:2000]
-    if depth > 3:
-        return str(x)[:500]
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v, depth + 1) for k, v in list(x.items())[:50]}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v, depth + 1) for v in list(x)[:50]]
-    return str(x)[:500]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -620,158 +186,43 @@ def check_summary(details: dict, limit: int = 400) -> list[str]:
 
 # --------------------------------------------------------------------------- rating
 
-def parse_rating(value: Any) -> int:
-    if isinstance(value, bool):
-        raise UserError("a rating is a whole number from 1 to 5")
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"a rating is a whole number from 1 to 5, got {value!r:.40}") from None
-    if not math.isfinite(f) or f != int(f) or not RATING_MIN <= f <= RATING_MAX:
-        raise UserError(f"a rating is a whole number from 1 to 5, got {value!r:.40}")
-    return int(f)
-
-
-def _rating_session(ctx, caller: Caller, token: str | None) -> str | None:
-    """The session whose groups this caller may rate (add_ratings checks it), or None when a
-    (valid) admin token lets it rate any group. A wrong token is an error, not a fallback."""
-    if token:
-        check_admin(ctx, token, caller)   # a wrong token is an error, never a fallback to the session
-        return None
-    if not caller.session_id:
-        raise UserError("this request carries no session, so it cannot be matched to the group it "
-                        "generated: rate from the page or from the gradio_client that generated it. "
-                        + NO_SESSION)
-    return caller.session_id
-
-
-def _store_ratings(ctx, caller: Caller, token, items: list[tuple[int, float]], comment: Any, kind: str,
-                   details: list | None = None) -> list[int]:
-    """Checks (comment, entitlement, rater id, rate limit), then one all-or-nothing store write."""
-    comment = clean_text(comment, "comment", MAX_COMMENT_CHARS, required=False)
-    session = _rating_session(ctx, caller, token)
-    rater = caller.rater or "admin"        # no session only with the admin token
-    _limit(ctx, ctx.rating_limiter, getattr(ctx, "rating_net_limiter", None), caller, "ratings",
-           ctx.max_ratings_per_minute, getattr(ctx, "max_ratings_per_minute_per_network", 0), len(items))
-    from collab_app.online.store import NotEntitled
-    try:
-        return ctx.store.add_ratings(items, rater, comment, kind=kind, details=details, session_id=session)
-    except NotEntitled as e:
-        raise UserError(f"rating not saved: {e}") from None
-    except (ValueError, LookupError, KeyError) as e:
-        raise UserError(f"rating not saved: {e}") from None
-
-
-def _joint_id(joint_sample_id: Any) -> int:
-    if isinstance(joint_sample_id, bool):
-        raise UserError("joint sample id must be a number")
-    try:
-        return int(joint_sample_id)
-    except (TypeError, ValueError):
-        raise UserError(f"joint sample id must be a number, got {joint_sample_id!r:.40}") from None
-
-
 def rate(ctx, joint_sample_id: Any, value: Any, caller: Caller, comment: str = "", token: str = "") -> int:
     """Store one 1-5 rating of a joint sample this caller's session generated (or any, with the
     admin token); returns its id. Bad value / unknown sample / other session -> UserError."""
-    value = parse_rating(value)
-    return _store_ratings(ctx, caller, token, [(_joint_id(joint_sample_id), value)], comment, "stars")[0]
+    return store_feedback(ctx, caller, "stars", joint_sample_id, value, comment, token).rating_ids[0]
 
 
 def rate_candidates(ctx, episode: dict, values: list, caller: Caller, comment: str = "") -> str:
-    """The UI's Submit: rate this session's candidates (None = not rated), all in one write.
+    """The page's Submit: rate this session's candidates (None = not rated), all in one write.
     Returns the message."""
-    cands = _stored_candidates(episode)
-    chosen = [(i, v) for i, v in enumerate(values[:len(cands)]) if v not in (None, "")]
-    if not chosen:
-        raise UserError("pick 1-5 for at least one candidate, then Submit")
-    parsed = [(i, parse_rating(v)) for i, v in chosen]   # all valid before any is stored
-    ids = _store_ratings(ctx, caller, "", [(cands[i]["joint_sample_id"], v) for i, v in parsed], comment, "stars")
-    return "rating saved: " + ", ".join(f"#{rid} (candidate {i + 1}: {v}/5)"
-                                         for rid, (i, v) in zip(ids, parsed)) + f" as {caller.rater}"
-
-
-def _stored_candidates(episode: dict) -> list[dict]:
     cands = (episode or {}).get("candidates") or []
     if not cands or any(c.get("joint_sample_id") is None for c in cands):
         raise UserError("nothing to rate yet: generate first (and wait until the candidates are stored)")
-    return cands
-
-
-def _group_for_feedback(ctx, group_id: Any, caller: Caller, token: str):
-    from collab_app.online.store import NotFound
-    if group_id in (None, ""):
-        raise UserError("nothing to rate yet: generate first (and wait until the candidates are stored)")
-    session = _rating_session(ctx, caller, token)
-    try:
-        grp = ctx.store.group(_joint_id(group_id))
-    except NotFound as e:
-        raise UserError(f"feedback not saved: {e}") from None
-    if session is not None and grp.session_id != session:
-        raise UserError(f"feedback not saved: group #{grp.id} was generated by another session; you can "
-                        "rate only the candidates your own session generated (or give the admin token)")
-    return grp
-
-
-def _int_or_none(v: Any, what: str) -> int | None:
-    if v in (None, ""):
-        return None
-    if isinstance(v, bool):
-        raise UserError(f"{what} must be a whole number")
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise UserError(f"{what} must be a whole number, got {v!r:.40}") from None
-    if not math.isfinite(f) or f != int(f):
-        raise UserError(f"{what} must be a whole number, got {v!r:.40}")
-    return int(f)
+    chosen = [(i, v) for i, v in enumerate(values[:len(cands)]) if v not in (None, "")]
+    if not chosen:
+        raise UserError("pick 1-5 for at least one candidate, then Submit")
+    fb = store_feedback(ctx, caller, "stars", [cands[i]["joint_sample_id"] for i, _ in chosen],
+                        [v for _, v in chosen], comment)
+    return "rating saved: " + ", ".join(f"#{rid} (candidate {i + 1}: {v:g}/5)"
+                                         for rid, (i, _), v in zip(fb.rating_ids, chosen, fb.values)) + f" as {fb.rater}"
 
 
 def rank(ctx, group_id: Any, ranks: Any, caller: Caller, comment: str = "", token: str = "") -> str:
     """A full ranking of a group's candidates: `ranks[k]` = the rank (1 = best) of candidate
-    k + 1, a permutation of 1..G. Stored as one "rank" rating per candidate (returns.py maps
-    rank r of G to 5 - 4 (r - 1) / (G - 1)). Duplicates, missing, out of range -> UserError."""
-    from collab_app.online.returns import FeedbackError, ranking_ratings
-    grp = _group_for_feedback(ctx, group_id, caller, token)
-    K = len(grp.joints)
-    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, (list, tuple)):
-        raise UserError(f"a ranking is a list of {K} ranks (1 = best), one per candidate")
-    parsed = [_int_or_none(r, f"the rank of candidate {k + 1}") for k, r in enumerate(ranks)]
-    missing = [k + 1 for k, r in enumerate(parsed) if r is None]
-    if missing:
-        raise UserError(f"candidate {', '.join(map(str, missing))} has no rank: rank all {K} candidates")
-    try:
-        values = ranking_ratings(parsed, K)
-    except FeedbackError as e:
-        raise UserError(f"ranking not saved: {e}") from None
-    ids = _store_ratings(ctx, caller, token, [(j.id, v) for j, v in zip(grp.joints, values)], comment, "rank",
-                         [{"rank": r, "of": K} for r in parsed])
-    order = sorted(range(K), key=lambda k: parsed[k])
-    return (f"ranking saved: #{ids[0]}..#{ids[-1]} (best first: "
-            f"{' > '.join(f'candidate {k + 1}' for k in order)}) as {caller.rater or 'admin'}")
+    k + 1, a permutation of 1..G (core.store_feedback's "rank" form). Returns the message."""
+    fb = store_feedback(ctx, caller, "rank", group_id, ranks, comment, token)
+    order = sorted(range(len(fb.values)), key=lambda k: -fb.values[k])
+    return (f"ranking saved: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (best first: "
+            f"{' > '.join(f'candidate {k + 1}' for k in order)}) as {fb.rater}")
 
 
 def pick_best(ctx, group_id: Any, best: Any, caller: Caller, comment: str = "", token: str = "") -> str:
-    """"Pick the best": candidate `best` (1-based) of a group is the best one. Stored as one
-    "pick_best" rating per candidate (best 5, the others 1; returns.py)."""
-    from collab_app.online.returns import FeedbackError, pick_best_ratings
-    grp = _group_for_feedback(ctx, group_id, caller, token)
-    K = len(grp.joints)
-    b = _int_or_none(best, "the best candidate")
-    if b is None:
-        raise UserError(f"pick the best candidate (1..{K}) first")
-    try:
-        values = pick_best_ratings(b - 1, K)
-    except FeedbackError as e:
-        raise UserError(f"pick not saved: {e}") from None
-    ids = _store_ratings(ctx, caller, token, [(j.id, v) for j, v in zip(grp.joints, values)], comment,
-                         "pick_best", [{"best": k == b - 1, "of": K} for k in range(K)])
-    return f"pick saved: #{ids[0]}..#{ids[-1]} (candidate {b} is the best of {K}) as {caller.rater or 'admin'}"
-
-
-def custom_training_allowed(ctx) -> bool:
-    from collab_app.online.returns import CUSTOM_TRAINING_KEY, may_train_shared
-    return may_train_shared(PRIVATE_TASKS[0], ctx.store.get_state(CUSTOM_TRAINING_KEY))
+    """"Pick the best": candidate `best` (1-based) of a group is the best one (core.store_feedback's
+    "pick_best" form). Returns the message."""
+    fb = store_feedback(ctx, caller, "pick_best", group_id, best, comment, token)
+    b = fb.values.index(max(fb.values)) + 1
+    return (f"pick saved: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (candidate {b} is the best of "
+            f"{len(fb.values)}) as {fb.rater}")
 
 
 def set_custom_training(ctx, token: str, allowed: bool, caller: Caller | None = None) -> str:

@@ -118,7 +118,7 @@ class SessionIdentity:
     def __init__(self, secret: bytes | None = None, max_new_sessions_per_minute: int = 20,
                  proxy_hops: int | None = None, max_age_s: float = MAX_AGE_S,
                  clock: Callable[[], float] = time.time, max_bindings: int = 200_000):
-        from collab_app.web.context import RateLimiter
+        from collab_app.web.access import RateLimiter
 
         self._secret = secret or secrets.token_bytes(32)
         self.proxy_hops = trusted_proxy_hops() if proxy_hops is None else proxy_hops

@@ -27,25 +27,25 @@ Routes (JSON; errors in OpenAI's shape `{"error": {"message", "type", "param", "
   `{group_id, ranks: [r1..rG]}` (1 = best, a permutation), `{group_id, best: k}` (1-based).
   Response `{"object": "collab.rating", form, rater, rating_ids, joint_sample_ids, values}`.
 
-Same path as the app: a round is `handlers.generate` (the shared `GenerationBatcher`, the same
-automatic checks, the same `store.add_group`), ratings are `handlers.rate` / `rank` /
-`pick_best` (returns.py's mapping, `store.add_ratings` with the generating session's check).
-The store cannot hold a raw reward (ratings are 1..5 of a fixed set of forms), so `reward` r in
-[0, 1] is stored as a 1..5 rating 1 + 4r (kind "stars", detail {"form": "reward", "reward": r});
-returns.py then maps it to r * the task's max reward, i.e. the human score equals the reward on
-the task's scale.
+One core, two doors: this module only translates requests into the core's arguments and its
+results into OpenAI's shapes. A round is `core.play_round` with the request's n and sampling
+(the shared batcher, the same automatic checks, the same `store.add_group`), a rating is
+`core.store_feedback` (returns.py's mapping, the generating session's check; a `reward` r in
+[0, 1] is stored as the 1..5 rating 1 + 4r, which returns.py maps back to r * the task's max
+reward). The core's refusals carry a code (access.UserError) that `_from_user_error` maps to a
+status: 429 with Retry-After for limits, 403 not_entitled, 404 not_found, else 400.
 
 Keys: `Authorization: Bearer <key>`; keys from $COLLAB_API_KEYS (comma-separated) and/or a file
 (one per line, `#` comments), see `load_api_keys`. No key configured = every route answers 404
 saying how to turn it on: never open by default. A key's id is `api:` + the first 16 hex digits
 of its SHA-256: it is the session id its groups are stored under and the rater of its ratings
 (the key itself is never stored or logged), so only the key that generated a group may rate it.
-Per key, like the app's per session: rounds and ratings per minute (`RateLimiter` of context.py;
-a ranking or pick of G counts G), and rounds generating at once (`max_rounds_in_flight`, in
-place of the app's per-session slots), 429 with Retry-After; at most `max_concurrent_rounds` API
-rounds at once over all keys (429 "server_busy" beyond). A refused request stores nothing. The
-app's other checks apply unchanged (prompt length in tokens, own problems only where the
-sandbox isolates untrusted code).
+Per key, like the app's per session (one policy: access.Limits, the API's quota set from this
+config): rounds and ratings per minute (a ranking or pick of G counts G), rounds generating at
+once (`max_rounds_in_flight`), 429 with Retry-After; at most `max_concurrent_rounds` API rounds
+at once over all keys (429 "server_busy" beyond); the global rating budget counts API ratings
+too. A refused request stores nothing. The app's other checks apply unchanged (prompt length in
+tokens, own problems only where the sandbox isolates untrusted code).
 
 Bodies: over `max_body_bytes` get 413; not JSON, not an object, or nested deeper than
 `max_json_depth` (json.loads recurses: "[" * 100000 ran out of stack and answered 500) get 400
@@ -84,8 +84,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from collab_app.web import handlers as H
-from collab_app.web.context import CODING_TASKS, RateLimiter, SessionSlots
+from collab_app.web import core
+from collab_app.web.access import API, Caller, Quota, UserError, admin_token_problem, api_caller
+from collab_app.web.context import CODING_TASKS
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,6 @@ class OpenAIConfig:
     or gone without a close) is ended: its slot and the key's round in flight are given back."""
 
     def __post_init__(self):
-        from collab_app.web.context import admin_token_problem   # the admin token's rule, for keys too
-
         keys = tuple(self.api_keys)
         for k, key in enumerate(keys):
             if not isinstance(key, str) or any(c.isspace() or c == "," for c in key):
@@ -172,17 +171,8 @@ def key_id(key: str) -> str:
     return "api:" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class ApiCaller(H.Caller):
-    """An API key as handlers see it: session id and rater are both `key_id(key)`."""
-
-    @property
-    def rater(self) -> str | None:
-        return self.session_id
-
-
 def _last(events, first: dict | None) -> dict:
-    """handlers.generate to its end: the "done" event (its last)."""
+    """core.play_round to its end: the "done" event (its last)."""
     ev = first
     for ev in events:
         pass
@@ -195,35 +185,15 @@ def _last(events, first: dict | None) -> dict:
 class _Round:
     """One checked chat request, ready to run."""
 
-    view: "_RoundView"
     episode: dict
     model: str
     n: int
+    sampling: Any
+    """engine_types.Sampling of this request (max_tokens, temperature, top_p)."""
     notes: list
     trains: bool
     stream: bool
     include_usage: bool
-
-
-class _RoundView:
-    """The app's context as handlers see it for one API request: the request's G and sampling,
-    and no per-session limit (the API's per-key limits were taken before, so that it can answer
-    429 with Retry-After); everything else (engine, store, batcher, tasks, teams, locks, prompt
-    checks) is the app's own object."""
-
-    def __init__(self, ctx, num_generations: int | None = None, sampling=None):
-        self._ctx = ctx
-        if num_generations is not None:
-            self.num_generations = num_generations
-        if sampling is not None:
-            self.sampling = sampling
-        self.round_limiter = self.rating_limiter = RateLimiter(0)
-        self.max_rounds_per_minute = self.max_ratings_per_minute = 0
-        # no per-session slot either: OpenAIApi.start_round took the key's slot, to answer 429
-        self.round_slots = SessionSlots(0)
-
-    def __getattr__(self, name: str):
-        return getattr(self._ctx, name)
 
 
 # --------------------------------------------------------------------------- errors
@@ -241,17 +211,18 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _from_user_error(e: H.UserError, param: str | None = None) -> ApiError:
-    """handlers' UserError as an ApiError: 403 / 404 where the store said so (the store's
-    exception is the UserError's context: handlers raise `from None`, which keeps it there)."""
-    from collab_app.online.store import NotEntitled, NotFound
+_STATUS = {"rate_limit_exceeded": (429, "rate_limit_error"), "rounds_in_flight": (429, "rate_limit_error"),
+           "server_busy": (429, "rate_limit_error"), "not_entitled": (403, "permission_error"),
+           "not_found": (404, "not_found_error")}
 
-    inner = e.__context__
-    if isinstance(inner, NotEntitled):
-        return ApiError(403, str(e), "permission_error", "not_entitled", param)
-    if isinstance(inner, NotFound):
-        return ApiError(404, str(e), "not_found_error", "not_found", param)
-    return ApiError(400, str(e), "invalid_request_error", "invalid_value", param)
+
+def _from_user_error(e: UserError, param: str | None = None) -> ApiError:
+    """The core's refusal as an ApiError, by its code: limits 429 (Retry-After when it can fit
+    later), another session's group 403, an unknown id 404, anything else 400 invalid_value."""
+    status, type_ = _STATUS.get(e.code, (400, "invalid_request_error"))
+    code = e.code if e.code in _STATUS else "invalid_value"
+    headers = {"Retry-After": str(max(1, math.ceil(e.retry_after)))} if status == 429 and e.retry_after else None
+    return ApiError(status, str(e), type_, code, param, headers)
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
@@ -306,19 +277,16 @@ class OpenAIApi:
     def __init__(self, ctx, cfg: OpenAIConfig):
         self.ctx, self.cfg = ctx, cfg
         self._keys = {hashlib.sha256(k.encode()).hexdigest(): key_id(k) for k in cfg.api_keys}
-        self.round_limiter = RateLimiter(cfg.max_rounds_per_minute)
-        self.rating_limiter = RateLimiter(cfg.max_ratings_per_minute)
-        self._running = 0                       # API rounds in progress (max_concurrent_rounds)
-        self.round_slots = SessionSlots(cfg.max_rounds_in_flight)     # per key, as the app's per session
-        self._idle = threading.Condition()
-        self._rating_lock = threading.Lock()   # a form's write and its read-back are one step
+        # the API's quota in the app's one limits policy (the global rating budget stays shared)
+        ctx.limits.set_quota(API, Quota(cfg.max_rounds_per_minute, cfg.max_ratings_per_minute,
+                                        cfg.max_rounds_in_flight, cfg.max_concurrent_rounds, scope="API key"))
         self._humaneval: dict[str, tuple[str, str]] | None = None
         self._humaneval_lock = threading.Lock()
         self.created = int(time.time())
 
     # -- checks --------------------------------------------------------------------------
 
-    def caller(self, request) -> ApiCaller:
+    def caller(self, request) -> Caller:
         if not self._keys:
             raise ApiError(404, "the OpenAI-compatible API is off on this server: no API key is configured. "
                                 f"Set {KEYS_ENV}=<key>[,<key>...] or `collab serve --api-keys-file FILE` and "
@@ -332,20 +300,7 @@ class OpenAIApi:
         if kid is None:
             raise ApiError(401, "invalid API key", "authentication_error", "invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
-        return ApiCaller(kid)
-
-    @staticmethod
-    def _take(limiter: RateLimiter, caller: ApiCaller, n: int, what: str, per_minute: int) -> None:
-        wait = limiter.take(caller.key, n)
-        if wait is None:
-            return
-        if math.isinf(wait):
-            raise ApiError(429, f"this request counts {n} {what} and a key may store at most {per_minute} per "
-                                "minute: it can never fit; ask the server's admin for a higher limit",
-                           "rate_limit_error", "rate_limit_exceeded")
-        secs = max(1, math.ceil(wait))
-        raise ApiError(429, f"too many {what}: at most {per_minute} per minute per API key; try again in {secs} s",
-                       "rate_limit_error", "rate_limit_exceeded", headers={"Retry-After": str(secs)})
+        return api_caller(kid)
 
     async def json_body(self, request) -> dict:
         limit = self.cfg.max_body_bytes
@@ -439,9 +394,9 @@ class OpenAIApi:
             if extra:
                 raise _bad(f"collab.tests / entry_point apply to coding teams only; {model!r} is a writing team",
                            "collab")
-            return H.start_writing(ctx, model, prompt)
+            return core.start_writing(ctx, model, prompt)
         if extra.get("tests") is not None:
-            return H.start_coding(ctx, H.SOURCES[1], "eval", "", prompt, extra["tests"],
+            return core.start_coding(ctx, core.SOURCES[1], "eval", "", prompt, extra["tests"],
                                   extra.get("entry_point") or "")
         if extra.get("entry_point") is not None:
             raise _bad("collab.entry_point needs collab.tests (your own problem)", "collab")
@@ -451,7 +406,7 @@ class OpenAIApi:
                        "your own signature + docstring with its tests in collab.tests (openai client: "
                        "extra_body={'collab': {'tests': 'assert f(1) == 2'}})", "messages", "tests_required")
         split, example_id = found
-        return H.start_coding(ctx, H.SOURCES[0], split, example_id, "", "", "")
+        return core.start_coding(ctx, core.SOURCES[0], split, example_id, "", "", "")
 
     def prepare_round(self, body: dict) -> "_Round":
         """A chat request, checked (ApiError says what is wrong), as the round to run."""
@@ -469,8 +424,8 @@ class OpenAIApi:
         model = self._model(body.get("model"))
         content, earlier = self._prompt(body.get("messages"))
         try:
-            prompt = H.clean_text(content, "the prompt (last user message)", ctx.max_prompt_chars)
-        except H.UserError as e:
+            prompt = core.clean_text(content, "the prompt (last user message)", ctx.max_prompt_chars)
+        except UserError as e:
             raise _bad(str(e), "messages") from None
         extra = body.get("collab") or {}
         if not isinstance(extra, dict):
@@ -488,7 +443,7 @@ class OpenAIApi:
             raise _bad("stream_options must be an object", "stream_options")
         try:
             episode = self._episode(model, prompt, extra)
-        except H.UserError as e:
+        except UserError as e:
             raise _bad(str(e), "collab" if extra else "messages") from None
         notes = []
         if n == 1:
@@ -500,54 +455,26 @@ class OpenAIApi:
         if earlier:
             notes.append(f"{earlier} earlier message(s) ignored: a round takes one prompt, the last user message "
                          "(the team's role prompts are the server's)")
-        private = episode["task"] in PRIVATE_TASKS and not H.custom_training_allowed(ctx)
+        private = episode["task"] in PRIVATE_TASKS and not core.custom_training_allowed(ctx)
         if private:
             notes.append("your own problem's groups are kept but train the shared team only if an admin allows it")
         sampling = Sampling(max_new_tokens=max_new, temperature=temperature, top_p=top_p, seed=ctx.sampling.seed)
-        return _Round(_RoundView(ctx, n, sampling), episode, model, n, notes, n >= 2 and not private, stream,
-                      bool(opts.get("include_usage")))
-
-    def start_round(self, caller: ApiCaller) -> None:
-        """Take a slot, one of the key's rounds in flight and its round token, or raise 429
-        (nothing taken then). `end_round(caller)` gives the first two back."""
-        cfg = self.cfg
-        with self._idle:
-            if self._running >= cfg.max_concurrent_rounds:
-                raise ApiError(429, f"the server is running {cfg.max_concurrent_rounds} API rounds already; "
-                                    "try again shortly", "rate_limit_error", "server_busy",
-                               headers={"Retry-After": "5"})
-            if not self.round_slots.acquire(caller.key):
-                raise ApiError(429, f"this API key already has {cfg.max_rounds_in_flight} round(s) generating: "
-                                    "wait for one to finish", "rate_limit_error", "rounds_in_flight",
-                               headers={"Retry-After": "5"})
-            try:
-                self._take(self.round_limiter, caller, 1, "rounds", cfg.max_rounds_per_minute)
-            except ApiError:
-                self.round_slots.release(caller.key)
-                raise
-            self._running += 1
-
-    def end_round(self, caller: ApiCaller) -> None:
-        with self._idle:
-            self._running -= 1
-            self.round_slots.release(caller.key)
-            self._idle.notify_all()
+        return _Round(episode, model, n, sampling, notes, n >= 2 and not private, stream, bool(opts.get("include_usage")))
 
     @property
     def running_rounds(self) -> int:
         """API rounds in progress (a streamed one ends when its response ends, client gone or not)."""
-        return self._running
+        return self.ctx.limits.running(API)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no API round runs (shutdown, tests); False if `timeout` s passed first."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._running == 0, timeout)
+        return self.ctx.limits.wait_idle(API, timeout)
 
     def completion(self, rnd: "_Round", done: dict, cid: str, created: int) -> dict:
         """The chat.completion object of a finished round, read back from the store."""
         ep = done["episode"]
         grp = self.ctx.store.group(ep["group_id"])
-        task = H.task_of(rnd.view, ep)
+        task = core.task_of(self.ctx, ep)
         choices, per_choice = [], []
         for j in sorted(grp.joints, key=lambda j: j.joint_index):
             smp = [grp.samples[a][g] for a, g in enumerate(j.joint)]
@@ -577,94 +504,24 @@ class OpenAIApi:
     FORMS = {("joint_sample_id", "rating"): "stars", ("joint_sample_id", "reward"): "reward",
              ("group_id", "ranks"): "rank", ("group_id", "best"): "pick_best"}
 
-    def rate(self, body: dict, caller: ApiCaller) -> dict:
-        """One feedback form (module doc), checked, limited, stored; returns the rating object."""
-        from collab_app.online.returns import (RATING_MAX, RATING_MIN, FeedbackError, pick_best_ratings,
-                                               ranking_ratings)
-        from collab_app.online.store import NotEntitled, NotFound, StoreError
-
+    def rate(self, body: dict, caller: Caller) -> dict:
+        """One feedback form (module doc), translated for core.store_feedback; returns the rating object."""
         keys = set(body) - {"comment"}
         form = next((f for ks, f in self.FORMS.items() if keys == set(ks)), None)
         if form is None:
             raise _bad(f"give exactly one form (and optionally comment): {{joint_sample_id, rating 1..5}}, "
                        f"{{joint_sample_id, reward 0..1}}, {{group_id, ranks}} or {{group_id, best}}; got "
                        f"fields {sorted(body)!r:.200}", None, "invalid_form")
+        target_field, answer_field = next(ks for ks, f in self.FORMS.items() if f == form)
+        target = _id(body, target_field)
         try:
-            comment = H.clean_text(body.get("comment"), "comment", H.MAX_COMMENT_CHARS, required=False)
-        except H.UserError as e:
-            raise _bad(str(e), "comment") from None
-        view = _RoundView(self.ctx)
-        limit = self.cfg.max_ratings_per_minute
-        if form in ("stars", "reward"):
-            jid = _id(body, "joint_sample_id")
-            if form == "stars":
-                try:
-                    value = float(H.parse_rating(body["rating"]))
-                except H.UserError as e:
-                    raise _bad(str(e), "rating") from None
-            else:
-                if body["reward"] is None:
-                    raise _bad("reward must be a number in [0.0, 1.0], got None", "reward")
-                r = _number(body, "reward", 0.0, 0.0, 1.0)
-                value = RATING_MIN + (RATING_MAX - RATING_MIN) * r
-            self._take(self.rating_limiter, caller, 1, "ratings", limit)
-            if form == "stars":
-                try:
-                    ids = [H.rate(view, jid, body["rating"], caller, comment)]
-                except H.UserError as e:
-                    raise _from_user_error(e, "joint_sample_id") from None
-            else:
-                try:
-                    ids = self.ctx.store.add_ratings([(jid, value)], caller.rater, comment, kind="stars",
-                                                     details=[{"form": "reward", "reward": r}],
-                                                     session_id=caller.session_id)
-                except NotEntitled as e:
-                    raise ApiError(403, f"rating not saved: {e}", "permission_error", "not_entitled",
-                                   "joint_sample_id") from None
-                except NotFound as e:
-                    raise ApiError(404, f"rating not saved: {e}", "not_found_error", "not_found",
-                                   "joint_sample_id") from None
-                except StoreError as e:
-                    raise _bad(f"rating not saved: {e}") from None
-            return {"object": "collab.rating", "form": form, "rater": caller.rater, "rating_ids": ids,
-                    "joint_sample_ids": [jid], "values": [value]}
-        gid = _id(body, "group_id")
-        try:
-            grp = self.ctx.store.group(gid)
-        except NotFound as e:
-            raise ApiError(404, f"feedback not saved: {e}", "not_found_error", "not_found", "group_id") from None
-        if grp.session_id != caller.session_id:
-            raise ApiError(403, f"feedback not saved: group #{gid} was generated by another API key or app session; "
-                                "a key may rate only the groups it generated", "permission_error", "not_entitled",
-                           "group_id")
-        K = len(grp.joints)
-        answer = body["ranks"] if form == "rank" else body["best"]
-        try:   # returns.py's mapping, checked before the limit is taken (handlers check it again)
-            if form == "rank":
-                if isinstance(answer, (str, bytes)) or not isinstance(answer, list):
-                    raise FeedbackError(f"a ranking is a list of {K} ranks (1 = best), one per candidate")
-                values = ranking_ratings(answer, K)
-            else:
-                if isinstance(answer, bool) or not isinstance(answer, int):
-                    raise FeedbackError(f"best must be a whole number 1..{K}, got {answer!r:.40}")
-                values = pick_best_ratings(answer - 1, K)
-        except FeedbackError as e:
-            raise _bad(f"feedback not saved: {e}", "ranks" if form == "rank" else "best") from None
-        self._take(self.rating_limiter, caller, K, "ratings", limit)
-        with self._rating_lock:
-            try:
-                if form == "rank":
-                    H.rank(view, gid, answer, caller, comment)
-                else:
-                    H.pick_best(view, gid, answer, caller, comment)
-            except H.UserError as e:
-                raise _from_user_error(e, "group_id") from None
-            rows = [r for r in self.ctx.store.ratings_for(group_id=gid, rater=caller.rater) if r.kind == form][-K:]
-        by_joint = {r.joint_sample_id: r for r in rows}
-        joints = sorted(grp.joints, key=lambda j: j.joint_index)
-        return {"object": "collab.rating", "form": form, "rater": caller.rater, "group_id": gid,
-                "rating_ids": [by_joint[j.id].id for j in joints], "joint_sample_ids": [j.id for j in joints],
-                "values": values}
+            fb = core.store_feedback(self.ctx, caller, form, target, body[answer_field], body.get("comment"))
+        except UserError as e:
+            raise _from_user_error(e, target_field if e.code in ("not_found", "not_entitled") else answer_field) from None
+        out = {"object": "collab.rating", "form": form, "rater": fb.rater}
+        if fb.group_id is not None:
+            out["group_id"] = fb.group_id
+        return out | {"rating_ids": fb.rating_ids, "joint_sample_ids": fb.joint_sample_ids, "values": fb.values}
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -703,18 +560,17 @@ class OpenAIApi:
                 caller = self.caller(request)
                 body = await self.json_body(request)
                 rnd = await run_in_threadpool(self.prepare_round, body)
-                self.start_round(caller)
             except ApiError as e:
                 return error(e)
             except Exception:  # noqa: BLE001 - a bug answers 500 in OpenAI's shape, the app stays up
                 return internal("preparing the round")
             cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-            events = H.generate(rnd.view, rnd.episode, caller)   # the app's Generate, step by step
+            # the core's round, step by step; its limits (and their 429s) come with the first event
+            events = core.play_round(self.ctx, rnd.episode, caller, rnd.n, rnd.sampling)
             streaming = False
 
             def finish() -> None:
-                events.close()   # handlers.generate's finally: the ticket is cancelled if still running
-                self.end_round(caller)
+                events.close()   # play_round's finally: the ticket is cancelled, the round's place given back
 
             try:   # the first event before the headers: early refusals get a proper status
                 first = await run_in_threadpool(next, events, None)
@@ -724,7 +580,7 @@ class OpenAIApi:
                     return resp
                 done = await run_in_threadpool(_last, events, first)
                 return JSONResponse(await run_in_threadpool(self.completion, rnd, done, cid, created))
-            except H.UserError as e:
+            except UserError as e:
                 return error(_from_user_error(e))
             except Exception:  # noqa: BLE001
                 return internal("the round")
@@ -777,7 +633,7 @@ class OpenAIApi:
                         yield chunk([], usage=full["usage"])
                 ev = await run_in_threadpool(next, events, None)
             yield "data: [DONE]\n\n"
-        except H.UserError as e:
+        except UserError as e:
             yield f"data: {json.dumps(_from_user_error(e).body())}\n\n"
         except Exception:  # noqa: BLE001 - the stream ends with an error event, the app stays up
             log.exception("OpenAI API: streamed round failed")

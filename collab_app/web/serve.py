@@ -105,6 +105,10 @@ class ServeConfig:
     """ratings one session may submit per minute (a ranking of G counts G; 0 = no limit)."""
     max_rounds_in_flight: int = 1
     """rounds one session (or login) may have generating at once (0 = no limit)."""
+    max_ratings_per_minute_global: int = 600
+    """ratings all visitors and API keys together may store per minute (0 = no limit): a crowd of fresh identities cannot outvote the rest."""
+    require_login_to_rate: bool = False
+    """ratings from the page need a Hugging Face login (a Space with `hf_oauth: true` in its README); API keys still rate."""
     loopback_admin: bool = False
     """clients on this machine are admin without a token (not behind a reverse proxy on this machine: everyone looks local there)."""
     api_keys_file: str = ""
@@ -123,9 +127,10 @@ class ServeConfig:
             raise ValueError(f"port must be 1..65535, got {self.port}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
-        if self.max_rounds_per_minute < 0 or self.max_ratings_per_minute < 0 or self.max_rounds_in_flight < 0:
-            raise ValueError("max_rounds_per_minute, max_ratings_per_minute and max_rounds_in_flight must be "
-                             ">= 0 (0 = no limit)")
+        if min(self.max_rounds_per_minute, self.max_ratings_per_minute, self.max_rounds_in_flight,
+               self.max_ratings_per_minute_global) < 0:
+            raise ValueError("max_rounds_per_minute, max_ratings_per_minute, max_rounds_in_flight and "
+                             "max_ratings_per_minute_global must be >= 0 (0 = no limit)")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
@@ -162,6 +167,16 @@ def check_weak_sandbox(cfg: ServeConfig) -> None:
     raise ValueError(f"{risk}. Unset {ALLOW_WEAK_ENV} (people's own coding problems are then offered only "
                      f"where the sandbox is strong), serve on 127.0.0.1, or also set {ALLOW_WEAK_PUBLIC_ENV}=1 "
                      "to accept that risk")
+
+
+def check_login(cfg: ServeConfig, environ=None) -> None:
+    """ValueError when ratings need a Hugging Face login that nobody can give here (no OAuth)."""
+    from collab_app.web.access import hf_login_available
+
+    if cfg.require_login_to_rate and not hf_login_available(environ):
+        raise ValueError("--require-login-to-rate needs Hugging Face sign-in, which only a Space with `hf_oauth: "
+                         "true` in its README front matter offers (SPACE_ID and OAUTH_CLIENT_ID are set there); "
+                         "without it nobody could rate. Add hf_oauth to the Space, or drop the flag")
 
 
 class ChildTrainer:
@@ -261,10 +276,12 @@ PRIVATE_UMASK = 0o077
 def serve(cfg: ServeConfig) -> None:
     # first: everything this process and its children create is private (store, adapters, caches)
     os.umask(PRIVATE_UMASK)
-    from collab_app.web.context import build_context, check_admin_token, is_public
+    from collab_app.web.access import check_admin_token
+    from collab_app.web.context import build_context, is_public
 
     check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)   # before the model loads
     check_weak_sandbox(cfg)                                              # and before anything is created
+    check_login(cfg)
     from collab_app.web.identity import session_secret
     # read once and dropped from the environment before any child starts (the trainer never needs it)
     signing_key = session_secret()
@@ -311,12 +328,11 @@ def serve(cfg: ServeConfig) -> None:
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
                                     "loopback_admin": cfg.loopback_admin,
+                                    "max_ratings_per_minute_global": cfg.max_ratings_per_minute_global,
+                                    "require_login_to_rate": cfg.require_login_to_rate,
                                     "session_secret": signing_key},
-                            **engine_kwargs(cfg))
-        # build_context reads the token from os.environ, where seal() took it from: set it here
-        # (checked above), before the UI is built (it shows the admin box only with a token)
-        ctx.admin_token = admin_token
-        # the context's own watcher (handlers.sync_adapters polls it before each round), now also
+                            admin_token=admin_token, **engine_kwargs(cfg))
+        # the context's own watcher (the batcher polls it before each engine call), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two
         watcher = ctx.adapter_watcher()
         watcher.interval_s = cfg.swap_interval_s
@@ -354,10 +370,11 @@ def cli_main(argv: list[str] | None = None) -> int:
                           description="Serve the app: engine, Gradio UI, trainer service and adapter hot-swap.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
     # SIGTERM (docker stop, systemd) takes the same clean path as Ctrl-C: the child trainer is stopped.
-    from collab_app.web.context import check_admin_token
+    from collab_app.web.access import check_admin_token
     try:
         check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)
         check_weak_sandbox(cfg)
+        check_login(cfg)
         api_config(cfg)
     except ValueError as e:   # a weak admin token or API key, weak isolation in public: say why, no traceback
         print(f"collab serve: {e}", file=sys.stderr)

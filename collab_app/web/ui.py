@@ -1,7 +1,8 @@
 """The Gradio app's layout: `build_app(ctx) -> gr.Blocks`; `launch(ctx, ...)` queues and serves it.
 
 Tabs: Co-code, Co-write (generate G >= 2 joint answers, see who wrote what, rate 1-5, another
-round with the task's feedback), Team, Training, Data. All logic is in handlers.py; this file
+round with the task's feedback), Team, Training, Data. All logic is in handlers.py (and the core
+behind it, core.py); this file
 only maps components to handler arguments and results to component updates.
 
 API endpoints (gradio_client): `/generate`, `/rate`, `/rank`, `/pick_best`, `/stats` (see `_api`).
@@ -24,11 +25,11 @@ ever in `allowed_paths`.
 """
 from __future__ import annotations
 
-import os
 
 import gradio as gr
 
 from collab_app.web import handlers as H
+from collab_app.web.access import hf_login_available
 from collab_app.web.context import AppContext
 
 PRIVATE = {"api_visibility": "private"}
@@ -36,7 +37,7 @@ ADMIN_DOOR = {"queue": False, "api_visibility": "undocumented"}
 """Admin events (edit team, pin / roll back / unpin, pause / resume, own-problem training) run
 outside Gradio's queue: its `max_size` counts every waiting event, so a full generate queue would
 otherwise answer an admin's roll-back with "queue full" (issue 21, item 5). They are cheap (a store
-write, an adapter load the hot-swap watcher would do anyway), token-checked (handlers.check_admin),
+write, an adapter load the hot-swap watcher would do anyway), token-checked (access.check_admin),
 and callable at /gradio_api/run/<api_name> (undocumented: not listed in the API page).
 ADMIN_FOLLOW: the view refresh chained after one, outside the queue too."""
 ADMIN_FOLLOW = {"queue": False, "api_visibility": "private"}
@@ -481,7 +482,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         if ctx.storage_warning:
             gr.Markdown("**Warning:** " + ctx.storage_warning, elem_id="storage-warning")
         with gr.Row():
-            if os.environ.get("SPACE_ID") and os.environ.get("OAUTH_CLIENT_ID"):
+            if hf_login_available():
                 gr.LoginButton()   # a Space with `hf_oauth: true`: ratings then carry the HF login
             token = gr.Textbox(label="admin token (only for admin actions)", type="password", max_lines=1,
                                scale=1, visible=bool(ctx.admin_token))
