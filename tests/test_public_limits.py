@@ -9,7 +9,8 @@
 
 No model here: the context has no engine, and the streaming tests replace core._round (a round
 after its checks and limits) with one that sends large progress events (what fills the socket
-buffers of a client that does not read) and never finishes on its own. The server is uvicorn, as under `collab serve`.
+buffers of a client that does not read) and never finishes on its own. The server is uvicorn,
+as under `collab serve`.
 """
 from __future__ import annotations
 
