@@ -20,7 +20,8 @@ import sqlalchemy as sa
 
 from collab_app.engines.engine_types import Sample
 from collab_app.online.returns import ReturnRule, scale_rating
-from collab_app.online.store import (SCHEMA_VERSION, Base, NotFound, Store, StoreError, default_url, migrate,
+from collab_app import paths
+from collab_app.online.store import (SCHEMA_VERSION, Base, NotFound, Store, StoreError, migrate,
                               utcnow)
 from tasks.base import Reward
 
@@ -534,9 +535,9 @@ def test_sqlite_settings_and_default_url(tmp_path, monkeypatch):
     st.close()
     monkeypatch.delenv("COLLAB_DB", raising=False)
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "home"))
-    assert default_url() == f"sqlite:///{tmp_path / 'home' / 'collab.db'}"
+    assert paths.store_url() == f"sqlite:///{tmp_path / 'home' / 'collab.db'}"
     monkeypatch.setenv("COLLAB_DB", "postgresql+psycopg://u@h/db")
-    assert default_url() == "postgresql+psycopg://u@h/db"
+    assert paths.store_url() == "postgresql+psycopg://u@h/db"
     monkeypatch.setenv("COLLAB_DB", f"sqlite:///{tmp_path / 'env.db'}")
     Store().close()
     assert (tmp_path / "env.db").exists()

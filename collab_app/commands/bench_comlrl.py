@@ -59,6 +59,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Literal
 
+from collab_app import paths
+
 log = logging.getLogger(__name__)
 
 COMLRL_VERSION = "1.4.3"
@@ -399,8 +401,7 @@ def run(cfg: ComlrlBenchConfig) -> dict:
     evals = evals[:cfg.eval_limit] if cfg.eval_limit else evals
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.pad_token = COMLRL_PAD_TOKEN
-    out_dir = cfg.output_dir or os.path.join(os.environ.get("COLLAB_HOME", os.path.expanduser("~/.cache/collab")),
-                                             "comlrl", time.strftime("run-%Y%m%d-%H%M%S"))
+    out_dir = cfg.output_dir or os.path.join(paths.home(), "comlrl", time.strftime("run-%Y%m%d-%H%M%S"))
     result = {"task": cfg.task, "model": model_path, "comlrl_version": COMLRL_VERSION, "dtype": cfg.dtype,
               "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
                           "cpu_flags": cpu_capability(),   # + native bf16 / AMX, as `collab bench` reports

@@ -383,11 +383,10 @@ def _verdict(t: dict, k: int) -> str:
 # ----------------------------------------------------------------------------- report
 
 def report(cfg: DoctorConfig) -> dict:
-    from collab_app.online.service import default_adapters_dir
-    from collab_app.online.store import default_url
+    from collab_app import paths
 
-    adapters_dir = cfg.adapters_dir or default_adapters_dir()
-    url = cfg.db or default_url()
+    adapters_dir = cfg.adapters_dir or paths.adapters_dir()
+    url = cfg.db or paths.store_url()
     store, why = open_store(url)
     try:
         agents = agent_names(cfg.tasks)

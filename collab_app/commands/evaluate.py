@@ -31,6 +31,8 @@ from tqdm import tqdm
 
 from tasks.base import Turn, check_prompts, check_reward
 
+from collab_app import paths
+
 log = logging.getLogger(__name__)
 
 SYSTEMS = ("team", "naive", "sequential", "single")
@@ -168,8 +170,7 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
     # Agent names in use: the team's roles (adapters), "base-<role>" for naive/sequential, and the
     # single agent's "base-<role>": vLLM reserves LoRA slots per agent, so it must know them all.
     engine = engine or make_engine(cfg.engine, model=model_path, num_agents=2 * team_task.num_agents + 1)
-    adapters_dir = cfg.adapters_dir or os.path.join(
-        os.environ.get("COLLAB_HOME", os.path.expanduser("~/.cache/collab")), "adapters")
+    adapters_dir = cfg.adapters_dir or paths.adapters_dir()
     sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
     examples = team_task.examples(cfg.split)
     examples = examples[:cfg.limit] if cfg.limit else examples

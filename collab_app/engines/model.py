@@ -32,6 +32,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from collab_app import paths
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
@@ -52,7 +54,7 @@ class ModelError(RuntimeError):
 
 
 def collab_home() -> Path:
-    return Path(os.environ.get("COLLAB_HOME") or Path.home() / ".cache" / "collab")
+    return Path(paths.home())
 
 
 def embedded_dir() -> Path:

@@ -99,6 +99,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from collab_app import paths
 from collab_app.online.returns import ReturnRule
 from trainer.config import MAGRPOConfig
 
@@ -228,11 +229,6 @@ def _dist():
     return distributed
 
 
-def default_adapters_dir() -> str:
-    home = os.environ.get("COLLAB_HOME") or os.path.expanduser("~/.cache/collab")
-    return os.path.join(home, "adapters")
-
-
 # ----------------------------------------------------------------------------- status / pause
 
 def read_status(store) -> dict:
@@ -333,7 +329,7 @@ class TrainerService:
         from collab_app.online.store import Store
 
         self.cfg = dataclasses.replace(cfg, model=ensure_model(cfg.model or None),
-                                       adapters_dir=cfg.adapters_dir or default_adapters_dir())
+                                       adapters_dir=cfg.adapters_dir or paths.adapters_dir())
         # data parallel: only rank 0 talks to the store; the other ranks follow its commands (run)
         self.store = store if store is not None else Store(cfg.db or None) if _dist().is_main() else None
         self.rule = cfg.rule()

@@ -47,6 +47,7 @@ from sqlalchemy import JSON, ForeignKey, String, Text, UniqueConstraint, event, 
 from sqlalchemy.orm import (DeclarativeBase, Mapped, Session, mapped_column, relationship,
                             selectinload)
 
+from collab_app import paths
 from collab_app.engines.engine_types import Sample
 from collab_app.online.returns import (RATING_KINDS, ReturnRule, check_rating_value, deciding_rater,
                                        group_returns, group_state)
@@ -80,14 +81,6 @@ class NotFound(StoreError, LookupError):
 
 class NotEntitled(StoreError, PermissionError):
     """A rating of a group by a session that did not generate it (add_ratings' session_id)."""
-
-
-def default_url() -> str:
-    """$COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db (COLLAB_HOME defaults to ~/.cache/collab)."""
-    if os.environ.get("COLLAB_DB"):
-        return os.environ["COLLAB_DB"]
-    home = os.environ.get("COLLAB_HOME") or os.path.expanduser("~/.cache/collab")
-    return f"sqlite:///{os.path.join(home, 'collab.db')}"
 
 
 def utcnow() -> datetime:
@@ -525,7 +518,7 @@ def _check_sample(s: Sample, where: str) -> None:
 
 class Store:
     def __init__(self, url: str | None = None, echo: bool = False):
-        self.url = url or default_url()
+        self.url = url or paths.store_url()
         u = sa.engine.make_url(self.url)
         self.is_sqlite = u.get_backend_name() == "sqlite"
         memory = self.is_sqlite and u.database in (None, "", ":memory:")

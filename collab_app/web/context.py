@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from collab_app import paths
 from collab_app.engines.batcher import GenerationBatcher
 from collab_app.engines.engine_types import Sampling
 from collab_app.web.access import AdminGuard, Limits, Quota, check_admin_token
@@ -41,11 +42,6 @@ log = logging.getLogger(__name__)
 # Coding tasks take a HumanEval problem or the person's own; every other task is a writing
 # task on pasted text.
 CODING_TASKS = ("humaneval",)
-
-
-def default_home() -> str:
-    """$COLLAB_HOME, else ~/.cache/collab (the same default as the CLI commands)."""
-    return os.environ.get("COLLAB_HOME") or os.path.expanduser("~/.cache/collab")
 
 
 def is_public(server_name: str | None, share: bool) -> bool:
@@ -170,7 +166,7 @@ class AppContext:
     loopback_admin: bool = False
     """clients on this machine (127.0.0.1, ::1) are admin without a token (serve --loopback-admin).
     Off by default: behind a reverse proxy on the same machine every visitor looks like loopback."""
-    home: str = field(default_factory=default_home)
+    home: str = field(default_factory=paths.home)
     """COLLAB_HOME: store and adapters live under it (0700; exports go to a temp dir, never here)."""
     adapters_dir: str | None = None
     """this host's mount of the trainer's adapters dir, for version rows written on another machine (None = the rows' paths as they are)."""
@@ -342,7 +338,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     check_admin_token(admin_token or None)
     from tasks.sandbox import isolation
     log.info("sandbox isolation: %s", isolation())   # probe now, not in the first visitor's request
-    home = prepare_home(home or default_home())
+    home = prepare_home(home or paths.home())
     store = open_store(home, store_url)
     tasks = {name: load_task(name) for name in task_names}
     # one agent per task role; the agent name is the role (the engine's adapter key), so tasks

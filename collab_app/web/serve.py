@@ -295,12 +295,11 @@ def serve(cfg: ServeConfig) -> None:
         log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
                     "reverse proxy on this machine that is every visitor")
     from collab_app.engines.model import ensure_model
-    from collab_app.online.service import default_adapters_dir
-    from collab_app.online.store import default_url
+    from collab_app import paths
     from collab_app.web.ui import launch
 
-    db = cfg.db or held.get("COLLAB_DB") or default_url()
-    adapters_dir = cfg.adapters_dir or default_adapters_dir()
+    db = cfg.db or held.get("COLLAB_DB") or paths.store_url()
+    adapters_dir = cfg.adapters_dir or paths.adapters_dir()
     model_path = ensure_model(cfg.model or None)   # once, before the child would race for it (HF token: secret_env.hf_token)
     child = None
     if cfg.trainer == "child":
