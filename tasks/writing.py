@@ -197,6 +197,9 @@ class WritingTask:
     """Two writers (or one writing both parts), the paper's gated writing reward."""
 
     name = "writing"
+    kind = "writing"
+    private = False
+    team = "writing"
     max_reward = MAX_REWARD
     level_names = LEVELS
     data_task = ""  # the "task" field of tasks/data/writing.json items
@@ -329,7 +332,7 @@ class WritingTask:
 class TLDRTask(WritingTask):
     """TLDR: agent 1 "summary" (concise), agent 2 "detail" (detailed summary, ~1.6-3.2x longer)."""
 
-    name = "tldr"
+    name = team = "tldr"
     data_task = "tldr"
     role_pair = ("summary", "detail")
 
@@ -344,7 +347,7 @@ class ExpansionTask(WritingTask):
     (method and implications); each 32-256 words, of similar length (the method part 1.0-1.3x
     the background's characters for full marks)."""
 
-    name = "expansion"
+    name = team = "expansion"
     data_task = "expansion"
     token_bounds = (32, 256)  # the reference's 128..256 is out of reach at 128 new tokens (module doc)
     # Words each part is asked for: two agents have max_new_tokens each; one agent writes both

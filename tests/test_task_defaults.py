@@ -74,11 +74,11 @@ EXP_METHOD_SHORT = ("The method treats collaboration as cooperative reinforcemen
 
 
 def _answers(name: str, num_agents: int) -> list[str]:
-    two = {"humaneval": [HE_AUX, HE_MAIN], "custom_coding": [ADD_AUX, ADD_MAIN],
+    two = {"humaneval": [HE_AUX, HE_MAIN], "custom-coding": [ADD_AUX, ADD_MAIN],
            "tldr": [TLDR_SUMMARY, TLDR_DETAIL], "expansion": [EXP_BACKGROUND, EXP_METHOD]}[name]
     if num_agents == 2:
         return two
-    if name in ("humaneval", "custom_coding"):
+    if name in ("humaneval", "custom-coding"):
         code = [b.removeprefix("```python\n").removesuffix("\n```") for b in two]
         return [f"Here is the solution:\n```python\n{code[0]}\n\n{code[1]}\n```"]
     if name == "expansion":
@@ -97,12 +97,12 @@ def _tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1  # + the end-of-turn token
 
 
-CASES = [(n, k) for n in ("humaneval", "custom_coding", "tldr", "expansion") for k in (2, 1)]
+CASES = [(n, k) for n in ("humaneval", "custom-coding", "tldr", "expansion") for k in (2, 1)]
 
 
 @pytest.mark.parametrize("name,num_agents", CASES, ids=[f"{n}-{k}" for n, k in CASES])
 def test_a_plausible_answer_within_the_default_budget_earns_a_reward(tokenizer, name, num_agents):
-    kw = {"prompt": ADD_PROMPT, "tests": ADD_TESTS} if name == "custom_coding" else {}
+    kw = {"prompt": ADD_PROMPT, "tests": ADD_TESTS} if name == "custom-coding" else {}
     task = load_task(name, num_agents=num_agents, **kw)
     ex = task.examples("eval")[0]
     outputs = _answers(name, num_agents)

@@ -10,8 +10,8 @@ from tasks.base import Reward, Task, Turn, check_prompts, check_reward
 
 PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
 CASES = [("humaneval", {}), ("humaneval", {"num_agents": 1}),
-         ("custom_coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3"}),
-         ("custom_coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3", "num_agents": 1}),
+         ("custom-coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3"}),
+         ("custom-coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3", "num_agents": 1}),
          ("tldr", {}), ("tldr", {"num_agents": 1}), ("expansion", {}), ("expansion", {"num_agents": 1})]
 
 
@@ -53,6 +53,18 @@ def test_every_shipped_prompt_fits():
 
 
 def test_load_task_names():
-    assert set(TASKS) == {"humaneval", "custom_coding", "tldr", "expansion"}
+    assert set(TASKS) == {"humaneval", "custom-coding", "tldr", "expansion"}
     with pytest.raises(ValueError, match="unknown task"):
         load_task("chess")
+
+
+def test_a_task_says_what_it_is():
+    """kind, private and team are the task's own (issue 24): every list of names elsewhere is read from them."""
+    from tasks import PRIVATE_TASKS, TASKS, team_of
+
+    for name, cls in TASKS.items():
+        assert cls.name == name and cls.kind in ("coding", "writing")
+        assert cls.team in TASKS and TASKS[cls.team].kind == cls.kind, f"{name}'s team must be a task of its kind"
+        assert TASKS[cls.team].team == cls.team, "a team task is its own team"
+    assert PRIVATE_TASKS == ("custom-coding",) and team_of("custom-coding") == "humaneval"
+    assert team_of("tldr") == "tldr" and team_of("not-a-task") == "not-a-task"

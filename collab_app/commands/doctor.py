@@ -327,7 +327,8 @@ def probe(cfg: DoctorConfig, agents: list[str], versions: list[dict], adapters_d
 
 def training_info(store, why_none: str, min_groups: int) -> dict:
     from collab_app.online.returns import CUSTOM_TRAINING_KEY, may_train_shared
-    from collab_app.online.service import TASK_ALIASES, ServiceConfig, read_status
+    from collab_app.online.service import ServiceConfig, read_status
+    from tasks import team_of
 
     if store is None:
         return {"verdict": f"unknown: {why_none}"}
@@ -336,7 +337,7 @@ def training_info(store, why_none: str, min_groups: int) -> dict:
     limit = 4 * ServiceConfig.max_groups_per_step
     ready = store.ready_groups(ServiceConfig().rule(), limit=limit)
     allowed = store.get_state(CUSTOM_TRAINING_KEY)
-    by_task = Counter(TASK_ALIASES.get(g.task, g.task) for g in ready if may_train_shared(g.task, allowed))
+    by_task = Counter(team_of(g.task) for g in ready if may_train_shared(g.task, allowed))
     held = sum(1 for g in ready if not may_train_shared(g.task, allowed))
     now = time.time()
     last = None

@@ -54,13 +54,13 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable, Literal, Sequence
 
+from tasks import PRIVATE_TASKS  # noqa: F401  (re-exported: a person's own problems; the tasks say which)
+
 RATING_MIN = 1
 RATING_MAX = 5
 MODES = ("human_first", "auto", "human", "weighted")
 RATING_KINDS = ("stars", "rank", "pick_best")
 """feedback forms a rating row can come from (module doc: how each maps to 1..5)."""
-PRIVATE_TASKS = ("custom-coding",)
-"""store task names of groups made on a person's own problem (their tests are the reward)."""
 CUSTOM_TRAINING_KEY = "custom_training"
 """app_state key: {"allowed": bool, "by": str, "at": unix time}. Groups of `PRIVATE_TASKS` train
 the shared team only while "allowed" is true (an admin sets it in the app's Training tab)."""

@@ -101,6 +101,7 @@ from typing import Literal
 
 from collab_app import paths
 from collab_app.online.returns import ReturnRule
+from tasks import team_of
 from trainer.config import MAGRPOConfig
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,6 @@ SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 PUBLIC_RATER_SHARE = 0.25
 """max_rater_share that `collab serve` gives its trainer child when the app is public (issue 21)."""
-TASK_ALIASES = {"custom-coding": "humaneval"}
-"""store task name -> the task whose team answered it (a person's own coding problem: the coding team)."""
 
 
 @dataclass
@@ -392,7 +391,7 @@ class TrainerService:
         ready) trains one group per step, once it waited T (max_wait_s = 0: waits for others)."""
         by_task: dict[str, list] = {}
         for g in ready:
-            by_task.setdefault(TASK_ALIASES.get(g.task, g.task), []).append(g)
+            by_task.setdefault(team_of(g.task), []).append(g)   # a person's own problem: the coding team
         now = time.time()
         picked, self.held = None, []
         for task, groups in by_task.items():

@@ -39,9 +39,6 @@ from collab_app.web.access import AdminGuard, Limits, Quota, check_admin_token
 
 log = logging.getLogger(__name__)
 
-# Coding tasks take a HumanEval problem or the person's own; every other task is a writing
-# task on pasted text.
-CODING_TASKS = ("humaneval",)
 
 
 def is_public(server_name: str | None, share: bool) -> bool:
@@ -283,13 +280,12 @@ class AppContext:
             return [len(chat_prompt_ids(self._tokenizer, r)) for r in requests]
 
     def team_for(self, task_name: str):
-        """The team for a task; a person's own coding problem uses the coding team."""
+        """The team for a task: the task says whose (a person's own coding problem: the coding team's)."""
+        from tasks import team_of
         if task_name in self.teams:
             return self.teams[task_name]
-        if task_name == "custom-coding":
-            for name in CODING_TASKS:
-                if name in self.teams:
-                    return self.teams[name]
+        if team_of(task_name) in self.teams:
+            return self.teams[team_of(task_name)]
         raise KeyError(f"no team for task {task_name!r}; teams: {sorted(self.teams)}")
 
     def agent_names(self) -> list[str]:

@@ -46,8 +46,8 @@ from typing import Any, Iterator
 
 from collab_app.online.returns import PRIVATE_TASKS   # pure module: no heavy imports
 from collab_app.web.access import WEB, Caller, UserError, check_admin
-from collab_app.web.context import CODING_TASKS
 from tasks.base import Turn, check_prompts, check_reward
+from tasks.coding import CustomCodingTask
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ def new_episode() -> dict:
 
 
 def task_choices(ctx) -> dict[str, list[str]]:
-    """The app's tasks by kind; a person's own coding problem is "custom-coding"."""
-    return {"coding": [n for n in ctx.tasks if n in CODING_TASKS] + ["custom-coding"],
-            "writing": [n for n in ctx.tasks if n not in CODING_TASKS]}
+    """The app's tasks by kind (each task says its own); a person's own coding problem is CustomCodingTask."""
+    return {"coding": [n for n, t in ctx.tasks.items() if t.kind == "coding"] + [CustomCodingTask.name],
+            "writing": [n for n, t in ctx.tasks.items() if t.kind == "writing"]}
 
 
 def find_example(ctx, task_name, split, example_id):
@@ -123,7 +123,6 @@ def find_example(ctx, task_name, split, example_id):
 
 
 def _custom_coding_task(custom: dict):
-    from tasks.coding import CustomCodingTask
     try:
         return CustomCodingTask(custom["prompt"], custom["tests"], entry_point=custom.get("entry_point") or None)
     except (ValueError, SyntaxError) as e:
@@ -131,7 +130,7 @@ def _custom_coding_task(custom: dict):
 
 
 def task_of(ctx, episode: dict):
-    if episode["task"] == "custom-coding":
+    if episode["task"] == CustomCodingTask.name:
         return _custom_coding_task(episode["custom"])
     return ctx.tasks[episode["task"]]
 
@@ -148,7 +147,7 @@ def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tes
     prompt = clean_text(prompt, "problem", ctx.max_prompt_chars)
     tests = clean_text(tests, "tests", ctx.max_prompt_chars)
     entry_point = clean_text(entry_point, "entry point", 200, required=False).strip()
-    ep["task"] = "custom-coding"
+    ep["task"] = CustomCodingTask.name
     ep["custom"] = {"prompt": prompt, "tests": tests, "entry_point": entry_point}
     task = _custom_coding_task(ep["custom"])
     examples = task.examples("eval") or task.examples("train")
@@ -554,4 +553,4 @@ def store_feedback(ctx, caller: Caller, form: str, target: Any, answer: Any, com
 def custom_training_allowed(ctx) -> bool:
     """Whether people's own coding problems train the shared team now (an admin's switch)."""
     from collab_app.online.returns import CUSTOM_TRAINING_KEY, may_train_shared
-    return may_train_shared(PRIVATE_TASKS[0], ctx.store.get_state(CUSTOM_TRAINING_KEY))
+    return may_train_shared(CustomCodingTask.name, ctx.store.get_state(CUSTOM_TRAINING_KEY))

@@ -86,7 +86,6 @@ from starlette.concurrency import run_in_threadpool
 
 from collab_app.web import core
 from collab_app.web.access import API, Caller, Quota, UserError, admin_token_problem, api_caller
-from collab_app.web.context import CODING_TASKS
 
 log = logging.getLogger(__name__)
 
@@ -334,13 +333,13 @@ class OpenAIApi:
         ctx = self.ctx
         task, team = ctx.tasks[name], ctx.team_for(name)
         return {"id": name, "object": "model", "created": self.created, "owned_by": "collab",
-                "collab": {"kind": "coding" if name in CODING_TASKS else "writing",
+                "collab": {"kind": task.kind,
                            "roles": list(task.roles), "agents": [a.name for a in team.agents],
                            "adapter_versions": {a.name: ctx.engine.adapter_version(a.name) for a in team.agents},
                            "levels": list(task.level_names), "max_reward": task.max_reward,
                            "num_generations": ctx.num_generations,
                            "prompt": ("a function signature + docstring: a HumanEval problem as shipped, or your "
-                                      "own with collab.tests") if name in CODING_TASKS else "the text to work on"}}
+                                      "own with collab.tests") if task.kind == "coding" else "the text to work on"}}
 
     def models(self) -> dict:
         return {"object": "list", "data": [self.model_card(n) for n in self.ctx.tasks]}
@@ -390,7 +389,7 @@ class OpenAIApi:
             if k not in ("tests", "entry_point"):
                 raise _bad(f"collab.{k:.40} is not known: collab accepts tests and entry_point (coding teams)",
                            "collab")
-        if model not in CODING_TASKS:
+        if ctx.tasks[model].kind != "coding":
             if extra:
                 raise _bad(f"collab.tests / entry_point apply to coding teams only; {model!r} is a writing team",
                            "collab")

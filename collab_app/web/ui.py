@@ -426,8 +426,8 @@ def _api(ctx: AppContext):
         """One round of the team. task: humaneval (problem = its id), custom-coding (text = the
         problem, tests), tldr / expansion (text = the pasted text). Returns the group id and its
         candidates (joint_sample_id, parts per agent, automatic reward)."""
-        if task in ("humaneval", "custom-coding"):
-            src = H.SOURCES[0] if task == "humaneval" else H.SOURCES[1]
+        if task in H.task_choices(ctx)["coding"]:
+            src = H.SOURCES[1] if ctx.tasks.get(task) is None else H.SOURCES[0]   # no shipped problems: your own
             ep = H.start_coding(ctx, src, split, problem, text, tests, entry_point)
         else:
             ep = H.start_writing(ctx, task, text)
