@@ -35,7 +35,7 @@ class OneTextTLDR(TLDRTask):
 @pytest.mark.slow
 def test_mean_return_rises_on_tldr(model_path, tmp_path):
     from collab_app.engines import make_engine
-    from collab_app.commands.train_cmd import EngineSampler
+    from collab_app.engines.sampler import EngineSampler
     from trainer.config import MAGRPOConfig
     from trainer.magrpo import MAGRPOTrainer
 

@@ -499,3 +499,57 @@ def test_reward_threads_count_the_cores_this_process_may_use(monkeypatch):
     assert magrpo.usable_cpus() == 64
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert magrpo.usable_cpus() == 1
+
+
+# -- magrpo_loss: the loss alone, on hand-made tensors ------------------------------------------
+
+def _loss_case(ratio, A, W=1.0, eps=0.2):
+    import torch
+
+    from trainer.magrpo import magrpo_loss
+    logp = torch.tensor([[math.log(r) for r in ratio]], requires_grad=True)       # (1, T); behaviour 0
+    behaviour = torch.zeros_like(logp)
+    mask = torch.ones_like(logp)
+    loss, t = magrpo_loss(logp, behaviour, torch.tensor([[A]]), torch.tensor([[W]]), mask, eps)
+    loss.backward()
+    return float(loss), logp.grad[0].tolist(), t
+
+
+def test_magrpo_loss_on_policy_is_minus_advantage_per_token():
+    loss, grad, t = _loss_case([1.0, 1.0, 1.0], A=0.5, W=2.0)
+    assert loss == pytest.approx(-3.0)                  # -(A * W) per token, 3 tokens
+    assert grad == pytest.approx([-1.0, -1.0, -1.0])    # d/dlogp of -W * A * ratio, at ratio 1
+    assert float(t["clipped"].sum()) == 0 and t["kl"] is None
+
+
+def test_magrpo_loss_clips_and_dual_clips():
+    _, grad, t = _loss_case([1.5, 0.9], A=1.0)           # ratio > 1 + eps with A > 0: no gradient there
+    assert grad[0] == 0.0 and grad[1] == pytest.approx(-0.9) and t["clipped"].tolist() == [[1.0, 0.0]]
+    loss, grad, t = _loss_case([10.0], A=-1.0)           # huge ratio, negative advantage: capped at DUAL_CLIP * A
+    from trainer.magrpo import DUAL_CLIP
+    assert loss == pytest.approx(DUAL_CLIP) and grad == [0.0]
+    loss, grad, _ = _loss_case([1.3, 0.7], A=0.0)        # no advantage, no loss, no gradient
+    assert loss == 0.0 and grad == [0.0, 0.0]
+
+
+def test_magrpo_loss_kl_term_is_zero_at_the_reference_and_positive_away():
+    import torch
+
+    from trainer.magrpo import magrpo_loss
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ones = torch.ones(1, 1)
+    _, t = magrpo_loss(logp, logp.detach(), 0 * ones, ones, torch.ones(1, 2), 0.2, ref_logp=logp.detach(), kl_coef=0.1)
+    assert t["kl"].abs().max() == 0
+    loss, t = magrpo_loss(logp, logp.detach(), 0 * ones, ones, torch.ones(1, 2), 0.2,
+                          ref_logp=torch.tensor([[-1.5, -1.0]]), kl_coef=0.1)
+    assert (t["kl"] > 0).all() and float(loss) == pytest.approx(0.1 * float(t["kl"].sum()))
+
+
+def test_seed_streams_are_those_of_before():
+    """seed_for keeps the exact streams the offline loop used (results reproduce across the refactor)."""
+    from trainer.magrpo import seed_for
+    s = 7
+    assert seed_for(s, epoch=3) == s * 1_000_003 + 3
+    assert seed_for(s, step=5, rank=1) == s * 1_000_003 + 7919 * 5 + 104_729
+    assert seed_for(s, step=5, refill=2, what="pick") == s * 1_000_003 + 7919 * 5 + 31 * 2 + 17
+    assert seed_for(s, step=5, refill=2) == s * 1_000_003 + 7919 * 5 + 1_009 * 3

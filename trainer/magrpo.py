@@ -43,7 +43,7 @@ and every rank takes the same step; rank 0 alone writes the versions. Without to
 (world size 1) the `distributed.*` calls below do nothing.
 
 Knows nothing of collab_app: the inference engine reaches rollout through the `Sampler`
-protocol below (collab_app.commands.train_cmd.EngineSampler wraps an Engine).
+protocol below (collab_app.engines.sampler.EngineSampler wraps an Engine).
 Left out: heterogeneous agents (one base per agent), several optimizer epochs per batch,
 value baselines. Shapes in comments: B sequences, T completion tokens, G group size, J joint actions.
 """
@@ -64,7 +64,7 @@ import torch
 from tqdm import tqdm
 
 from tasks.base import Turn, check_prompts, check_reward
-from trainer import adapters as store
+from trainer import adapters as versions_on_disk
 from trainer import distributed
 from trainer.config import MAGRPOConfig
 from trainer.dtypes import resolve_device, resolve_dtype
@@ -99,7 +99,7 @@ class RewardError(RuntimeError):
 
 
 class Sampler(Protocol):
-    """What the trainer needs from an inference engine (see collab_app.commands.train_cmd.EngineSampler)."""
+    """What the trainer needs from an inference engine (see collab_app.engines.sampler.EngineSampler)."""
 
     def sample(self, requests: list[tuple[str, str]], n: int, *, max_new_tokens: int, temperature: float,
                top_p: float, seed: int | None) -> list[list[Any]]:
@@ -409,6 +409,37 @@ KL_ESTIMATE_ROWS = 2
 """With kl_coef = 0 the KL to the base is only logged: estimated on this many sequences per agent."""
 
 
+def magrpo_loss(logp: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor,
+                mask: torch.Tensor, clip_epsilon: float, ref_logp: torch.Tensor | None = None,
+                kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch of one agent's loss: the clipped surrogate of every completion token,
+    weighted, summed (the step's gradient is the sum over its micro-batches and ranks).
+
+        ratio   = exp(logp - behaviour)                                  (B, T) per token
+        surr    = min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)       PPO clip
+        surr    = max(surr, DUAL_CLIP * A)  where A < 0                  dual clip
+        loss    = sum over tokens of W * (-surr + kl_coef * KL)           KL = k3 to the base, if given
+
+    logp (B, T) the policy's log-probs (with grad); behaviour (B, T) those of the policy that
+    sampled (no grad); advantages A (B, 1), turn weights W (B, 1); mask (B, T) the completion's
+    tokens; ref_logp (B, T) the base model's, for the KL term (k3 = e^d - d - 1 >= 0, d = ref -
+    logp). Returns (loss, per-token tensors for the logs: ratio, clipped, kl (None without it))."""
+    A, W, eps = advantages, weights, clip_epsilon
+    ratio = torch.exp((logp - behaviour) * mask)                                           # (B, T)
+    surrogate = torch.min(ratio * A, ratio.clamp(1 - eps, 1 + eps) * A)                    # (B, T)
+    surrogate = torch.where(A < 0, torch.max(surrogate, DUAL_CLIP * A), surrogate)        # (B, T)
+    loss_tok = -surrogate                                                                  # (B, T)
+    kl = None
+    if ref_logp is not None:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1                                                          # (B, T)
+        loss_tok = loss_tok + kl_coef * kl
+    loss = (loss_tok * mask * W).sum()
+    with torch.no_grad():
+        clipped = (((ratio > 1 + eps) & (A > 0)) | ((ratio < 1 - eps) & (A < 0))) * mask   # (B, T)
+    return loss, {"ratio": ratio.detach(), "clipped": clipped, "kl": None if kl is None else kl.detach()}
+
+
 def adapter_parameters(model, agent: str) -> list[torch.nn.Parameter]:
     """The LoRA parameters of adapter `agent`, read from peft's per-adapter dicts (lora_A[agent],
     ...), never from parameter-name substrings (an agent named "a" would match "lora_A.a1")."""
@@ -476,7 +507,7 @@ class MAGRPOTrainer:
 
     # -- versions on disk ---------------------------------------------------------------------
     def adapter_path(self, agent: str) -> str:
-        return store.version_dir(self.adapters_dir, agent, self.versions[agent])
+        return versions_on_disk.version_dir(self.adapters_dir, agent, self.versions[agent])
 
     def _init_versions(self) -> None:
         if distributed.is_main():
@@ -487,9 +518,9 @@ class MAGRPOTrainer:
     def _init_from_disk(self) -> None:
         """Resume from the latest versions in adapters_dir, or save version 0 of every agent."""
         for a in self.agents:
-            for path in store.remove_partial(self.adapters_dir, a):
+            for path in versions_on_disk.remove_partial(self.adapters_dir, a):
                 log.warning("removed a half-written adapter version left by a crash: %s", path)
-        found = {a: store.latest_version(self.adapters_dir, a) for a in self.agents}
+        found = {a: versions_on_disk.latest_version(self.adapters_dir, a) for a in self.agents}
         if any(found.values()):
             if not self.cfg.resume:
                 raise FileExistsError(f"{self.adapters_dir} already holds adapter versions: pass --resume to "
@@ -510,17 +541,17 @@ class MAGRPOTrainer:
         for a, (version, path) in found.items():
             set_peft_model_state_dict(self.model, load_file(os.path.join(path, "adapter_model.safetensors")),
                                       adapter_name=a)
-            opt = os.path.join(path, store.OPTIMIZER)
+            opt = os.path.join(path, versions_on_disk.OPTIMIZER)
             if os.path.exists(opt):
                 self.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=self.device))
             else:
                 log.warning("%s has no optimizer state: AdamW moments restart from zero", path)
             self.versions[a] = version
-            meta = store.read_meta(path)
+            meta = versions_on_disk.read_meta(path)
             self.step = max(self.step, int(meta.get("step", 0)))
             self.train_seconds = max(self.train_seconds, float(meta.get("metrics", {}).get("train_seconds", 0.0)))
-            self.saved_at[a] = [float(store.read_meta(p).get("created_at", 0.0))
-                                for v, p in store.list_versions(self.adapters_dir, a) if v > 0]
+            self.saved_at[a] = [float(versions_on_disk.read_meta(p).get("created_at", 0.0))
+                                for v, p in versions_on_disk.list_versions(self.adapters_dir, a) if v > 0]
         log.info("resumed at step %d from versions %s", self.step, self.versions)
 
     def _sync_from_main(self) -> None:
@@ -550,11 +581,11 @@ class MAGRPOTrainer:
                      get_peft_model_state_dict(self.model, adapter_name=agent).items()}
             save_file(state, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
             self.model.peft_config[agent].save_pretrained(tmp)
-            torch.save(self.optimizers[agent].state_dict(), os.path.join(tmp, store.OPTIMIZER))
+            torch.save(self.optimizers[agent].state_dict(), os.path.join(tmp, versions_on_disk.OPTIMIZER))
 
         meta = {**meta, "base_model": self.cfg.model, "config": asdict(self.cfg)}
-        path = store.save_version(self.adapters_dir, agent, self.versions[agent], write, meta)
-        store.prune_versions(self.adapters_dir, agent, self.cfg.keep_versions)
+        path = versions_on_disk.save_version(self.adapters_dir, agent, self.versions[agent], write, meta)
+        versions_on_disk.prune_versions(self.adapters_dir, agent, self.cfg.keep_versions)
         return path
 
     def load_into(self, engine: Sampler) -> None:
@@ -649,7 +680,6 @@ class MAGRPOTrainer:
         sums = dict.fromkeys(("loss", "clipped", "kl", "kl_tokens", "ratio", "tokens", "late_ratio", "late_clipped",
                               "late_tokens", "gap", "gap_tokens"), 0.0)
         late_min, late_max = math.inf, -math.inf
-        eps = cfg.clip_epsilon
         # data parallel: this rank's share of the micro-batches, numbered over the whole step (so
         # micro-batch 0, which also logs the KL estimate, is rank 0's); world size 1: all of them
         for start, batch in distributed.shard(list(enumerate(batches))):
@@ -661,29 +691,24 @@ class MAGRPOTrainer:
             behaviour = torch.where(on, logp.detach(), engine_lp)                              # (B, T)
             A = torch.tensor([a for _, a, _ in batch], device=logp.device)[:, None]            # (B, 1)
             W = torch.tensor([w for _, _, w in batch], device=logp.device)[:, None]            # (B, 1)
-            ratio = torch.exp((logp - behaviour) * mask)                                        # (B, T)
-            surrogate = torch.min(ratio * A, ratio.clamp(1 - eps, 1 + eps) * A)                 # (B, T)
-            surrogate = torch.where(A < 0, torch.max(surrogate, DUAL_CLIP * A), surrogate)     # dual clip
-            loss_tok = -surrogate
             # KL to the base (adapter off) costs another forward: on every micro-batch when it is in
             # the loss; else a logged estimate from KL_ESTIMATE_ROWS rows of the first micro-batch.
+            ref = None
             if cfg.kl_coef > 0:
                 with torch.no_grad(), model.disable_adapter():
                     ref, _ = sequence_logprobs(model, prompts, completions, self.eos_token_ids)  # (B, T)
-                d = ref - logp
-                kl = torch.exp(d) - d - 1                                                       # (B, T) k3 >= 0
-                loss_tok = loss_tok + cfg.kl_coef * kl
-                sums["kl"] += float((kl.detach() * mask).sum())
+            loss, t = magrpo_loss(logp, behaviour, A, W, mask, cfg.clip_epsilon, ref, cfg.kl_coef)
+            loss.backward()
+            ratio, clipped = t["ratio"], t["clipped"]                                          # (B, T)
+            if t["kl"] is not None:
+                sums["kl"] += float((t["kl"] * mask).sum())
                 sums["kl_tokens"] += float(mask.sum())
             elif start == 0:
                 rows = min(len(batch), KL_ESTIMATE_ROWS)
                 kl, kl_mask = self._kl_estimate(prompts[:rows], completions[:rows])             # (rows, T')
                 sums["kl"] += float((kl * kl_mask).sum())
                 sums["kl_tokens"] += float(kl_mask.sum())
-            loss = (loss_tok * mask * W).sum()
-            loss.backward()
             with torch.no_grad():
-                clipped = (((ratio > 1 + eps) & (A > 0)) | ((ratio < 1 - eps) & (A < 0))) * mask   # (B, T)
                 off = mask * ~on                                                                # (B, T) late tokens
                 sums["loss"] += float(loss)
                 sums["clipped"] += float(clipped.sum())
@@ -740,7 +765,7 @@ class MAGRPOTrainer:
         for k in range(step * P, step * P + P):
             epoch, i = divmod(k, n)
             order = list(range(n))
-            random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+            random.Random(seed_for(self.cfg.seed, epoch=epoch)).shuffle(order)
             out.append(examples[order[i]])
         return out
 
@@ -761,14 +786,14 @@ class MAGRPOTrainer:
             if missing <= 0:
                 break
             pool = [e for e in examples if str(e["id"]) not in seen]
-            fresh = random.Random(cfg.seed * 1_000_003 + 7919 * self.step + 31 * r + 17).sample(
+            fresh = random.Random(seed_for(cfg.seed, step=self.step, refill=r, what="pick")).sample(
                 pool, min(missing, len(pool)))
             if not fresh:
                 break
             seen |= {str(e["id"]) for e in fresh}
             extra += len(fresh)
             more = rollout(engine, self.task, fresh, cfg, timings=timings,
-                           seed=cfg.seed * 1_000_003 + 7919 * self.step + 1_009 * (r + 1))
+                           seed=seed_for(cfg.seed, step=self.step, refill=r))
             useful += [t for t in split_trees(more) if not all(is_flat(g.returns) for g in t)]
         return join_trees(useful), {"dynamic/flat_prompts": flat_prompts, "dynamic/extra_prompts": extra,
                                     "dynamic/prompts_trained": len(useful)}
@@ -796,7 +821,7 @@ class MAGRPOTrainer:
                 # data parallel: each rank rolls out its share of the step's prompts with its own
                 # engine, then every rank holds all the groups (update() splits the gradient work)
                 groups = rollout(engine, self.task, distributed.shard(self.batch(examples, self.step)), cfg,
-                                 seed=cfg.seed * 1_000_003 + 7919 * self.step + 104_729 * distributed.rank(),
+                                 seed=seed_for(cfg.seed, step=self.step, rank=distributed.rank()),
                                  timings=timings)
                 groups = gather_groups(groups)
                 if cfg.dynamic_sampling:
@@ -826,6 +851,22 @@ class MAGRPOTrainer:
         return history
 
 
+def seed_for(seed: int, *, epoch: int | None = None, step: int = 0, rank: int = 0, refill: int | None = None,
+             what: str = "rollout") -> int:
+    """Every random stream of offline training, derived from cfg.seed in one place: the prompt
+    shuffle of each `epoch`; the rollout of each `step` on each `rank`; per dynamic-sampling
+    `refill` round, the pick of fresh prompts (`what="pick"`) and their rollout. Streams never
+    coincide for the step counts a run has, and a resumed run draws what the uninterrupted run
+    would have (collab bench comlrl shuffles its epochs with the same stream)."""
+    base = seed * 1_000_003
+    if epoch is not None:
+        return base + epoch
+    base += 7919 * step
+    if refill is None:
+        return base + 104_729 * rank
+    return base + (31 * refill + 17 if what == "pick" else 1_009 * (refill + 1))
+
+
 def scheduled_learning_rate(cfg: MAGRPOConfig, step: int, train_seconds: float) -> float:
     """cfg.learning_rate for step `step` (0-based) after warm-up and the schedule's decay. The
     decay's progress is the larger of steps done / num_steps and minutes trained / max_minutes,
@@ -853,8 +894,7 @@ def group_metrics(groups: list[Group], level_names=()) -> dict[str, float]:
         "return_mean": statistics.fmean(returns) if returns else math.nan,
         "return_std": statistics.pstdev(returns) if returns else math.nan,
         "group_return_std": statistics.fmean(statistics.pstdev(g.returns) for g in groups) if groups else math.nan,
-        "zero_variance_frac": (sum(max(g.returns) - min(g.returns) < 1e-9 for g in groups) / len(groups))
-        if groups else math.nan,
+        "zero_variance_frac": sum(is_flat(g.returns) for g in groups) / len(groups) if groups else math.nan,
     }
     for name in level_names:
         vals = [lv[name] for g in roots for lv in g.levels if name in lv]

@@ -206,14 +206,16 @@ class RewardAdapter:
 
 
 def train_order(examples: list, seed: int):
-    """Endless prompts in `collab train`'s order: pass p over the split shuffled by
-    random.Random(seed * 1_000_003 + p) (trainer.magrpo.MAGRPOTrainer.batch)."""
+    """Endless prompts in `collab train`'s order: pass p over the split shuffled by the stream
+    trainer.magrpo.seed_for(seed, epoch=p), as MAGRPOTrainer.batch does."""
+    from trainer.magrpo import seed_for
+
     n, p = len(examples), 0
     if n == 0:
         raise ValueError("the train split is empty")
     while True:
         order = list(range(n))
-        random.Random(seed * 1_000_003 + p).shuffle(order)
+        random.Random(seed_for(seed, epoch=p)).shuffle(order)
         for i in order:
             yield examples[i]
         p += 1

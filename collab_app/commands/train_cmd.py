@@ -33,25 +33,10 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-from collab_app.engines.engine_types import Request, Sampling
+from collab_app.engines.engine_types import Sampling
+from collab_app.engines.sampler import EngineSampler
 
 log = logging.getLogger(__name__)
-
-
-class EngineSampler:
-    """An Engine as the trainer sees it (trainer.magrpo.Sampler). The trainer may not import
-    collab_app, where Request and Sampling live, so the conversion happens here."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def sample(self, requests, n, *, max_new_tokens, temperature, top_p, seed):
-        return self.engine.generate([Request(agent=a, prompt=p) for a, p in requests], n,
-                                    Sampling(max_new_tokens=max_new_tokens, temperature=temperature,
-                                             top_p=top_p, seed=seed))
-
-    def load_adapter(self, agent, path, version):
-        self.engine.load_adapter(agent, path, version)
 
 
 def evaluate_team(engine, task, examples, cfg) -> dict:

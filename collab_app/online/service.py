@@ -499,7 +499,7 @@ class TrainerService:
         """Sample `self_play_prompts` train prompts of cfg.task with the current adapters and store
         the groups with their automatic rewards. Returns the new group ids."""
         from collab_app.engines import make_engine
-        from collab_app.commands.train_cmd import EngineSampler
+        from collab_app.engines.sampler import EngineSampler
         from tasks.base import Reward
         from trainer.magrpo import rollout
 
