@@ -1,4 +1,4 @@
-"""Secrets apart (issue 21, item 4): `collab serve` and `collab trainer` read their secrets once,
+"""Secrets apart: `collab serve` and `collab trainer` read their secrets once,
 drop them from the environment and make themselves non-dumpable.
 
 Why: the app runs code it does not trust (model-written HumanEval answers; on a host where the

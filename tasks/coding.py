@@ -414,7 +414,7 @@ class CodingTask:
                      f"`{entry}` with the exact signature above, which calls `{AUX}` and uses its result. "
                      "Answer with one Python code block and nothing else."]
         else:
-            # The contract stated as code (issue 13): aux takes exactly the entry function's
+            # The contract stated as code: aux takes exactly the entry function's
             # arguments, so main knows how to call it without seeing it, and main starts from the
             # call. Chosen by measurement on train problems (untrained team, greedy; docs/results):
             # return 0.94 -> 1.26 on 33 train problems, 1.22 -> 1.35 on the held-out 32, against the

@@ -11,7 +11,7 @@
               rho = 1 exactly and this is the paper's -A * log pi(a|h); the clip bites on late data.
     step      one AdamW step per agent on its own adapter, then a new adapter version on disk
 
-Offline (`train`), three additions around that loop (issue 13): a time budget (cfg.max_minutes of
+Offline (`train`), three additions around that loop: a time budget (cfg.max_minutes of
 rollout + update time, kept across a resume), a learning-rate schedule (scheduled_learning_rate)
 and dynamic sampling (`refill`: prompts whose groups all tie are replaced by fresh prompts).
 
@@ -30,7 +30,7 @@ new group stale: its samples are merely off-policy and pass through the ratio.
 `update()` returns, besides the metrics, which groups went into the step (`group_ids`) and
 which were dropped (`stale_group_ids`): the caller marks only the former trained.
 
-Update cost (issue 10 item 5, CPU): prompts are most of the positions (HumanEval 180-370 prompt
+Update cost (CPU): prompts are most of the positions (HumanEval 180-370 prompt
 tokens per <= 128 completion tokens), so a micro-batch holds one prompt's siblings and the
 prompt runs once (shared KV cache, gradients through it): one group fwd+bwd, 1 thread, 3.6-4.0 s
 padded -> 2.4-2.9 s shared. With kl_coef = 0 the KL forward is a 2-row logged estimate, not a

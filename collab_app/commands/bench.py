@@ -24,7 +24,7 @@ both CPU kinds, with command lines and load averages: docs/results/README.md.
 
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
 `collab bench comlrl ...` runs collab_app.commands.bench_comlrl:cli_main(argv) (PyPI comlrl's MAGRPO
-at a wall-clock budget, evaluated before/after; issue 13).
+at a wall-clock budget, evaluated before/after).
 """
 from __future__ import annotations
 

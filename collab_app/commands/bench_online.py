@@ -1,4 +1,4 @@
-"""`collab bench online`: does the team learn what its raters want? (issue 11 item 5)
+"""`collab bench online`: does the team learn what its raters want?
 
 Starts a real `collab serve` (subprocess, own COLLAB_HOME / store / adapters under --out-dir),
 then scripted raters, each with a declared preference that the automatic reward does not hold,
@@ -19,7 +19,7 @@ The trainer's return is the rating (`human_first`), so the preference is all it 
 Limits: every round is a full generate of the team (G joint answers); the rater rates at once,
 so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
 MAGRPO steps, in the time given. The server's per-session limits (10 rounds a minute by default,
-for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report (issue 11) / docs/results.
+for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report / docs/results.
 """
 from __future__ import annotations
 

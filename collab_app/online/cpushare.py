@@ -1,4 +1,4 @@
-"""Split a CPU box's cores between the serving engine and the trainer child (issue 10 item 3).
+"""Split a CPU box's cores between the serving engine and the trainer child.
 
 Why: the app and its trainer child both ran torch with every core; their OpenMP barriers spun
 against each other and a 16 s MAGRPO step took 9+ minutes beside round generation. Cores are
@@ -22,7 +22,7 @@ transformers` (G=4, 2 agents, 64 new tokens, K=2, the split on): rounds took 6-1
 child trainer ran a MAGRPO step (10-16 s) after every second round, and each new version was
 served 1-2 rounds later. A scripted rater keeps a round running nearly all the time, so a trainer
 that waited for rounds to end would hardly ever step. Without the split both processes use both
-cores and every OpenMP barrier waits for the other process (issue 10: a 16 s step took 9+ min);
+cores and every OpenMP barrier waits for the other process (a 16 s step took 9+ min);
 `training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s beside
 a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only the
 spread is clear: one thread per process is far less sensitive to neighbours than two).

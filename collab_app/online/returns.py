@@ -122,7 +122,7 @@ def human_score(ratings: Iterable[tuple[str, float]], max_reward: float) -> floa
 
 
 def deciding_rater(ratings: Sequence[Sequence[tuple[str, float]]], sources: Sequence[str]) -> str | None:
-    """A group's rater, for the trainer's cap on one rater's share of a step (issue 21): among
+    """A group's rater, for the trainer's cap on one rater's share of a step: among
     the joint samples whose return a rating decides (source "human" or "weighted"), the rater
     whose latest rating is in force on the most of them; a tie goes to the rater met first
     (joint samples in order, each one's ratings oldest first). None when no rating decides any return (automatic

@@ -118,7 +118,7 @@ alone until it trains (cleared) or raises again (set aside). Module doc: "Groups
 SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 PUBLIC_RATER_SHARE = 0.25
-"""max_rater_share that `collab serve` gives its trainer child when the app is public (issue 21)."""
+"""max_rater_share that `collab serve` gives its trainer child when the app is public."""
 
 
 @dataclass
@@ -384,7 +384,7 @@ class TrainerService:
         """(task, groups) of the first task that has K ready groups or waited T, else None. A task
         with suspects (groups of a step that raised) is due at once with its oldest suspect alone.
 
-        Rater cap (issue 21, `max_rater_share` < 1): a step's groups are `take_capped`: at most
+        Rater cap (`max_rater_share` < 1): a step's groups are `take_capped`: at most
         max(1, floor(share * size)) of them decided by one rater, the rest of that rater's wait
         (ready, oldest first; `self.held` lists them as (group id, rater), for every task). K and
         T count the capped step: a rater alone (no other rater's and no automatic-return groups

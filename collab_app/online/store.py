@@ -13,8 +13,8 @@ a read-then-write transaction (add_rating checks its joint sample first) can nev
 SQLITE_BUSY on lock upgrade, which busy_timeout cannot retry. Reads use a plain `BEGIN`.
 
 Ratings: one row per joint sample and rater. Re-rating replaces the rater's row in place
-(value, comment, form, time) and bumps its `revision`, so 60 re-ratings leave one row, not 60
-(issue 21); nothing else changes a rating and nothing deletes one: the ORM refuses to, and
+(value, comment, form, time) and bumps its `revision`, so 60 re-ratings leave one row, not 60;
+nothing else changes a rating and nothing deletes one: the ORM refuses to, and
 database triggers (schema v2, narrowed in v4 to exactly that replacement) refuse to. A rating of a
 group that is already trained, expired or set aside is stored as a `late` row (one per rater and
 joint sample, which that rater's further re-ratings replace): the export sees it, the rating in
@@ -63,7 +63,7 @@ untrainable: the trainer can never use it, kept with its ratings: fewer than MIN
 answers per agent (`stats()["single_sample_groups"]` counts those), or set aside by the trainer
 service after its update raised on the group alone (`set_aside`; the service's status says why)."""
 RATER_CAP_KEY = "trainer_rater_cap"
-"""app_state key the trainer service writes after each look at the ready groups (issue 21):
+"""app_state key the trainer service writes after each look at the ready groups:
 {"share": its max_rater_share, "held": ready groups waiting because their rater reached the cap,
 "raters": how many raters have groups waiting so, "at": unix time}; `stats()` shows it."""
 MIN_GENERATIONS = 2
@@ -350,7 +350,7 @@ RATINGS_V4_MSG = "ratings are append-only except a re-rating by the same rater (
 
 
 def _migration_4(conn: sa.Connection) -> None:
-    """Re-rating replaces (issue 21): ratings.revision (how often its rater replaced it) and
+    """Re-rating replaces: ratings.revision (how often its rater replaced it) and
     ratings.late (written after its group was trained / expired / set aside). The UPDATE trigger
     now lets exactly one kind of update through: the same row, joint sample, rater and lateness
     with a higher revision (Store.add_ratings' replacement); DELETE stays refused."""
@@ -830,7 +830,7 @@ class Store:
         arrived while the step ran, and `rater`, the rater whose ratings decide most of its
         returns (`returns.deciding_rater`; None when no rating decides any).
 
-        `per_rater` (the trainer service's rater cap, issue 21): take at most this many groups
+        `per_rater` (the trainer service's rater cap): take at most this many groups
         of one (task, rater), so a rater's backlog cannot fill `limit` and hide other raters'
         groups; the ones left waiting are appended to `held` as (group id, rater) when given
         (they stay ready, untouched)."""
@@ -1036,7 +1036,7 @@ class Store:
     def stats(self) -> dict:
         """Counts for the UI / logs: groups per status, single-sample groups (fewer than
         MIN_GENERATIONS answers: stored, never trainable), joint samples, samples, ratings, raters,
-        adapter versions, train steps, schema version; and for the rater cap (issue 21):
+        adapter versions, train steps, schema version; and for the rater cap:
         "rating_replacements" (re-ratings that replaced a rating in place), "late_ratings"
         (ratings stored after their group was trained / expired / set aside: exported, never
         trained on), "rater_share" (the trainer's max share of a step per rater, None before the

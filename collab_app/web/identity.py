@@ -1,4 +1,4 @@
-"""Who a web caller is, as the server says (issue 21, item 2): a signed session cookie, the
+"""Who a web caller is, as the server says: a signed session cookie, the
 client's network, and the Gradio session hashes bound to that cookie.
 
 Gradio takes `session_hash` from the request as the client sends it (each gradio_client picks

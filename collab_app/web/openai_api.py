@@ -1,4 +1,4 @@
-"""An OpenAI-compatible door to the team, so that other apps use it and teach it (issue 14, item 3).
+"""An OpenAI-compatible door to the team, so that other apps use it and teach it.
 
 Routes (JSON; errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`):
 

@@ -17,7 +17,7 @@ What runs where:
 - on CPU, with a child trainer, the cores are split between this process and the child
   (`--engine-cores`, collab_app/online/cpushare.py): they never spin on the same cores.
 
-In public (issue 12):
+In public:
 - Admin actions need COLLAB_ADMIN_TOKEN, which must be strong (>= 16 characters, >= 8
   different ones, no common word or straight run: context.admin_token_problem); a weak one stops
   the start with a message saying how to make one. Without a token admin actions are off;
@@ -28,7 +28,7 @@ In public (issue 12):
   the SQLite store, adapters and anything else it writes are 0600 / 0700; COLLAB_HOME is 0700.
 - `--max-rounds-in-flight` (default 1): rounds one session may have generating at once.
 
-Secrets apart (issue 21, item 4; collab_app/secret_env.py says why):
+Secrets apart (collab_app/secret_env.py says why):
 - COLLAB_SANDBOX_ALLOW_WEAK=1 on a public app (0.0.0.0 or any non-loopback host, `--share`,
   SPACE_ID set: context.is_public) stops the start with exit 2 before anything is created:
   there, code and tests typed by visitors would run with this process's uid and could read its
@@ -250,7 +250,7 @@ def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str) -> list[s
             "--min-groups", str(cfg.min_groups), "--engine", "transformers",
             "--num-generations", str(cfg.num_generations),
             "--self-play" if cfg.self_play else "--no-self-play"]
-    # a public app: no single rater decides more than a share of a step (issue 21); a local app
+    # a public app: no single rater decides more than a share of a step; a local app
     # has one person rating everything, whose groups would otherwise train one per step
     if is_public(cfg.host, cfg.share):
         argv += ["--max-rater-share", str(PUBLIC_RATER_SHARE)]

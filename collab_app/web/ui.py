@@ -13,7 +13,7 @@ rates with the same `Client` (same session) that generated, or with the admin to
 Who rates is never typed: the rater id is the Gradio session (or the Hugging Face login on a
 Space with OAuth: a "Sign in" button appears there); the old "your name" box is gone.
 
-In public (issue 12): the Co-code tab shows the sandbox's isolation and offers "My own coding
+In public: the Co-code tab shows the sandbox's isolation and offers "My own coding
 problem" only where the sandbox allows untrusted code (else it says why and how to fix it).
 The Training tab's timer runs only while that tab is selected (activated by its `select`
 event, deactivated by every other tab's), and its status and figures come from one shared
@@ -36,7 +36,7 @@ PRIVATE = {"api_visibility": "private"}
 ADMIN_DOOR = {"queue": False, "api_visibility": "undocumented"}
 """Admin events (edit team, pin / roll back / unpin, pause / resume, own-problem training) run
 outside Gradio's queue: its `max_size` counts every waiting event, so a full generate queue would
-otherwise answer an admin's roll-back with "queue full" (issue 21, item 5). They are cheap (a store
+otherwise answer an admin's roll-back with "queue full". They are cheap (a store
 write, an adapter load the hot-swap watcher would do anyway), token-checked (access.check_admin),
 and callable at /gradio_api/run/<api_name> (undocumented: not listed in the API page).
 ADMIN_FOLLOW: the view refresh chained after one, outside the queue too."""
