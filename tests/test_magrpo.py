@@ -13,8 +13,9 @@ from collab_app.engines.engine_types import Sample
 from tasks.base import Reward
 from trainer.config import MAGRPOConfig
 from trainer.configcli import field_docs, parse_config
+from trainer.offline import refill, scheduled_learning_rate
 from trainer.magrpo import (Group, MAGRPOTrainer, RewardError, advantages, agent_returns, compute_returns,
-                            join_trees, joint_actions, rollout, scheduled_learning_rate, sequence_logprobs,
+                            join_trees, joint_actions, rollout, sequence_logprobs,
                             split_trees)
 
 
@@ -213,9 +214,8 @@ def test_split_and_join_trees_keep_parents():
 
 def _refill(task, batch, **kw):
     cfg = _cfg(num_turns=1, prompts_per_step=len(batch), **kw)
-    owner = type("T", (), {"cfg": cfg, "step": 0, "task": task})()   # refill reads only these
     groups = rollout(ScriptedEngine(), task, batch, cfg)
-    return MAGRPOTrainer.refill(owner, ScriptedEngine(), task.examples("train"), groups, {})
+    return refill(ScriptedEngine(), task, cfg, 0, task.examples("train"), groups, {})
 
 
 def test_dynamic_sampling_replaces_flat_prompts_with_fresh_ones():
@@ -547,7 +547,7 @@ def test_magrpo_loss_kl_term_is_zero_at_the_reference_and_positive_away():
 
 def test_seed_streams_are_those_of_before():
     """seed_for keeps the exact streams the offline loop used (results reproduce across the refactor)."""
-    from trainer.magrpo import seed_for
+    from trainer.offline import seed_for
     s = 7
     assert seed_for(s, epoch=3) == s * 1_000_003 + 3
     assert seed_for(s, step=5, rank=1) == s * 1_000_003 + 7919 * 5 + 104_729

@@ -207,8 +207,8 @@ class RewardAdapter:
 
 def train_order(examples: list, seed: int):
     """Endless prompts in `collab train`'s order: pass p over the split shuffled by the stream
-    trainer.magrpo.seed_for(seed, epoch=p), as MAGRPOTrainer.batch does."""
-    from trainer.magrpo import seed_for
+    trainer.offline.seed_for(seed, epoch=p), as MAGRPOTrainer.batch does."""
+    from trainer.offline import seed_for
 
     n, p = len(examples), 0
     if n == 0:
