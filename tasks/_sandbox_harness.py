@@ -14,7 +14,8 @@ inherited by everything the candidate starts).
   and pivot_roots into it, detaching the host's root; forks the runner, reaps orphans, and
   when the runner ends reports how ("X" line: exact wait status and CPU seconds), then exits.
   The candidate is not pid 1 itself so that signals (SIGXCPU, SIGABRT, kill) behave normally.
-- The runner: rlimits, no_new_privs, then drop_privileges: "userns" enters a nested user +
+- The runner: rlimits, no_new_privs, then drop_privileges, then (where sandbox.py asks for it,
+  the "plain" mode on a kernel with Landlock) restrict_with_landlock: "userns" enters a nested user +
   mount namespace (every mount becomes MNT_LOCKED: it cannot be unmounted or made writable
   again), maps a non-root uid there, makes /proc read-only; every mode drops all capabilities
   (bounding, ambient, effective, permitted, inheritable) and, with a separate uid, switches to
@@ -65,6 +66,13 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
+# Landlock (Linux 5.13+): the generic syscall table, the same numbers on every architecture
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_IOCTL_DEV = 1 << 15  # ABI 5
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -244,6 +252,60 @@ def drop_privileges(cfg):
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
 
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1  # __attribute__((packed)) in linux/landlock.h
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_fs_rights(abi):
+    """Every filesystem right the kernel's Landlock ABI knows (all of them are handled: denied
+    unless a rule allows them)."""
+    rights = (1 << 13) - 1  # ABI 1: execute .. make_sym
+    for version, bit in ((2, 13), (3, 14), (5, 15)):  # refer, truncate, ioctl_dev
+        if abi >= version:
+            rights |= 1 << bit
+    return rights
+
+
+def restrict_with_landlock(ll):
+    """Runner, after drop_privileges (no_new_privs is set, so no privilege is needed): a Landlock
+    domain for this process and everything it starts. Files: read and execute beneath
+    ll["read"] (the Python install and system libraries: what the strong modes' view shows),
+    read and write the few devices, everything inside the work dir; nothing else (the store,
+    COLLAB_HOME, the project, /tmp, served files, /proc of other processes). With ABI 4+ every
+    TCP bind and connect is refused; with ABI 6+ signals and abstract unix sockets cannot reach
+    any process outside the domain (the app, the trainer). Any failure aborts the run (exit 70):
+    sandbox.py asked for it because the kernel offers it."""
+    abi, handled = ll["abi"], landlock_fs_rights(ll["abi"])
+    attr = _RulesetAttr(handled, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
+                        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24  # the struct as the kernel's ABI knows it
+    fd = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+    _check(0 if fd >= 0 else -1, "landlock_create_ruleset")
+
+    def allow(path, rights):
+        target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = _PathBeneath(rights & handled, target)
+            _check(_libc.syscall(SYS_LANDLOCK_ADD_RULE, fd, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0),
+                   f"landlock_add_rule({path})")
+        finally:
+            os.close(target)
+
+    for path in ll["read"]:
+        allow(path, FS_EXECUTE | FS_READ_FILE | FS_READ_DIR)
+    for path in ll["devices"]:
+        allow(path, FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV)
+    allow(ll["workdir"], handled)
+    _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, 0), "landlock_restrict_self")
+    os.close(fd)
+
+
 def main():
     os.setpriority(os.PRIO_PROCESS, 0, NICE)  # visitor code never competes with serving
     chunks = []
@@ -297,6 +359,8 @@ def runner(cfg):
     os.chdir(cfg["workdir"])  # again: in the new root this is the fresh work tmpfs
     apply_limits(cfg)
     drop_privileges(cfg)
+    if cfg.get("landlock"):
+        restrict_with_landlock(cfg["landlock"])
 
     # Capture. Locals of this frame, not module attributes or builtins, so that
     # `builtins.exec = ...`, `os.write = ...`, `hashlib.blake2b = ...`, redefining __import__ or

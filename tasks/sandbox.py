@@ -63,11 +63,20 @@ REPROBE_S seconds, so a transient failure (ENOMEM, a timeout) never downgrades f
   user namespace (only the run's end, or a pids cgroup, bounds a fork bomb then).
 - "plain" (WEAK; neither works, e.g. a Space: a non-root user in a container without user
   namespaces): rlimits, no capabilities, process group kill, scrubbed env, private result
-  channel only. NOT blocked: network (and abstract unix sockets); reading whatever the app's
-  user can read (its files, the store, /tmp, /proc/<app pid>/environ and /mem with its tokens);
-  writing wherever it may write (the store, the project, /tmp, /dev/shm); signalling the app's
-  processes (kill the server); a setsid() process outliving the run unless a separate uid or a
-  cgroup was used; no total disk cap (the work dir is on the host's disk). As root, a separate
+  channel, and, where the kernel has Landlock (Linux 5.13+ with Landlock enabled; `_landlock`
+  checks it once by a real run, `isolation()["landlock"]` says what is in force), a Landlock
+  domain set by the runner itself (no privilege needed): it reads and executes only the paths of
+  the strong modes' view (Python's install, system libraries), reads and writes the five
+  devices, and does anything inside its work dir; nothing else of the filesystem (the store,
+  COLLAB_HOME, the project, /tmp, /dev/shm, Gradio's served files, /proc: not even listing
+  it); with Landlock ABI 4+ no TCP bind or connect; with ABI 6+ no signal or abstract unix
+  socket reaches a process outside the domain (the app, the harness). NOT blocked even then:
+  UDP and other non-TCP sockets, the app's uid for everything else, a setsid() process
+  outliving the run unless a separate uid or a cgroup was used, no total disk cap (the work
+  dir is on the host's disk). Without Landlock, also NOT blocked: network (and abstract unix
+  sockets); reading whatever the app's user can read (its files, the store, /tmp,
+  /proc/<app pid>/environ and /mem with its tokens); writing wherever it may write (the store,
+  the project, /tmp, /dev/shm); signalling the app's processes (kill the server). As root, a separate
   uid is used when the Python install is reachable by it (then only world-readable/-writable
   places are open); otherwise the code is uid 0 without capabilities: it still reads and
   writes root's files and signals root's processes, but cannot mount, nor ptrace or read
@@ -150,6 +159,8 @@ MAX_CONCURRENT_ENV = "COLLAB_SANDBOX_MAX_CONCURRENT"
 CGROUP_ENV = "COLLAB_SANDBOX_CGROUP"  # a delegated cgroup v2 dir to create per-run cgroups in
 REPROBE_S = 30.0  # after a weak probe result, probe again at most this often
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+SYS_LANDLOCK_CREATE_RULESET, LANDLOCK_CREATE_RULESET_VERSION = 444, 1  # generic syscall table
 
 
 class WeakSandboxError(ValueError):
@@ -425,6 +436,63 @@ def _allow_weak() -> bool:
     return os.environ.get(ALLOW_WEAK_ENV, "") == "1"
 
 
+@functools.cache
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version (1..), 0 where there is none (older kernel, Landlock not
+    in the LSM list, or the syscall filtered by a container): asked without creating anything."""
+    import ctypes
+
+    if sys.platform != "linux":
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
+    return max(int(abi), 0)
+
+
+_landlock_lock = threading.Lock()
+_landlock_cache: int | None = None   # the ABI the "plain" mode uses (0: none), once checked
+
+
+def _landlock() -> int:
+    """The Landlock ABI "plain" runs are confined with, or 0. Checked once per process by a real
+    run: the code must not read a canary file beside its work dir, nor connect to a listening
+    loopback port (ABI 4+). A kernel that offers Landlock but fails that check gets none (logged)."""
+    global _landlock_cache
+    with _landlock_lock:
+        if _landlock_cache is None:
+            _landlock_cache = _check_landlock(_landlock_abi())
+        return _landlock_cache
+
+
+def _check_landlock(abi: int) -> int:
+    if abi < 1:
+        return 0
+    import socket
+
+    fd, canary = tempfile.mkstemp(prefix="collab-sandbox-canary-")
+    os.close(fd)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    check = (f"import errno, socket\ntry:\n    open({canary!r}).read()\nexcept PermissionError:\n    pass\n"
+             "else:\n    raise AssertionError('a host file is readable')\n")
+    if abi >= 4:
+        check += (f"try:\n    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=5)\n"
+                  "except PermissionError:\n    pass\nelse:\n    raise AssertionError('TCP connected')\n")
+    try:
+        r = _run_now(_modes()["plain"], "", [check], Limits(timeout_s=20), "", None, _Cgroups(None, (), ""),
+                     landlock=abi)
+    finally:
+        server.close()
+        os.unlink(canary)
+    if r.harness_ok and r.all_passed:
+        return abi
+    why = r.setup_error or (r.tests[0].error if r.tests else r.killed_by) or r.stderr.strip()[-300:]
+    log.warning("sandbox: the kernel offers Landlock ABI %d, but a confined check failed (%s): plain runs "
+                "go without it", abi, why)
+    return 0
+
+
 def isolation() -> dict:
     """Which isolation this process's checks get (see the module docstring), for logs and UI.
     `strong`: "namespaces"/"userns"; `untrusted_allowed`: may code or tests a person typed run
@@ -432,8 +500,10 @@ def isolation() -> dict:
     m = _mode()
     cg = _cgroups()
     weak_ok = _allow_weak()
+    ll = _landlock() if m.name == "plain" else 0
     return {"mode": m.name, "strong": m.strong, "untrusted_allowed": m.strong or weak_ok,
-            "summary": _summary(m, cg, weak_ok),
+            "summary": _summary(m, cg, weak_ok, ll),
+            "landlock": {"abi": ll, "files": ll >= 1, "tcp_blocked": ll >= 4, "signals_scoped": ll >= 6} if ll else None,
             "network_blocked": m.namespaces, "pid_namespace": m.namespaces,
             "read_only_filesystem": m.confine, "minimal_filesystem": m.confine,
             "visible": [p for kind, p, _ in _view() if kind == "bind"] if m.confine else None,
@@ -447,7 +517,7 @@ def isolation() -> dict:
             "probe_notes": list(_probe_notes)}
 
 
-def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool) -> str:
+def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool, landlock: int = 0) -> str:
     limits = ("per-run cgroup limits (" + ", ".join(cg.controllers) + ")" if cg.base
               else "per-process limits only (no cgroup)")
     if m.strong:
@@ -457,6 +527,13 @@ def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool) -> str:
                 "not covered: kernel exploits and using the limits in full.")
     line = ("WEAK sandbox (plain): the code can use the network, read the app user's files and "
             "environment, and signal its processes; only rlimits apply.")
+    if landlock:
+        line = ("WEAK sandbox (plain, with Landlock): the code reads only Python's install and system "
+                "libraries and writes only its work dir (not the store, the app's files or environment)"
+                + (", cannot open TCP connections" if landlock >= 4 else "")
+                + (" or signal the app's processes" if landlock >= 6 else "")
+                + "; it shares the app's uid and processes otherwise" + ("" if landlock >= 4 else ", and the network")
+                + "; rlimits apply.")
     if weak_ok:
         return line + f" Code and tests typed by people run anyway: {ALLOW_WEAK_ENV}=1 is set."
     return line + (" Code and tests typed by people are refused: run as root or allow user namespaces, "
@@ -469,7 +546,7 @@ def _weak_error(m: _Mode) -> WeakSandboxError:
     why = "; ".join(_probe_notes)[:400] or "no stronger mode was found"
     return WeakSandboxError(
         f"refusing to run code or tests typed by a person: this process only has weak sandbox isolation "
-        f"({m.name}: network open, the app user's files, environment and processes reachable; {why}). "
+        f"({m.name}: no namespaces, so the code shares the app's uid, processes and network; {why}). "
         "Fix: run the app as root, or where unprivileged user namespaces are allowed (user.max_user_namespaces"
         " > 0, util-linux `unshare` installed), so that the strong sandbox works; or set "
         f"{ALLOW_WEAK_ENV}=1 to run it anyway, knowing those risks (tasks/sandbox.py){note}.")
@@ -538,7 +615,8 @@ def _mode() -> _Mode:
             if _mode_cache is None or new != _mode_cache:
                 (log.info if new.strong else log.warning)(
                     "sandbox isolation: %s%s", new.name, "" if new.strong else
-                    " (WEAK: network open, host files readable; people's code refused unless "
+                    " (WEAK: no namespaces, so no PID or network isolation; files, TCP and signals confined only where "
+                    "the kernel has Landlock; people's code refused unless "
                     f"{ALLOW_WEAK_ENV}=1; see tasks/sandbox.py) - " + "; ".join(notes))
             _mode_cache, _mode_at, _probe_notes, _cg_cache = new, time.monotonic(), notes, None
         return _mode_cache
@@ -681,7 +759,7 @@ def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
 
 
 def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
-             probe: dict | None, cgroups: _Cgroups) -> SandboxResult:
+             probe: dict | None, cgroups: _Cgroups, landlock: int | None = None) -> SandboxResult:
     t0 = time.monotonic()
     nonce = secrets.token_hex(32)
     uid = UID_BASE + secrets.randbelow(UID_SPAN) if mode.separate_uid else None
@@ -689,6 +767,8 @@ def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: st
     if mode.name == "plain" and uid is None:
         nproc += _user_tasks(os.getuid())
     workdir = tempfile.mkdtemp(prefix="collab-sandbox-")
+    if landlock is None:   # "plain" runs are confined by Landlock where the kernel has it (module doc)
+        landlock = _landlock() if mode.name == "plain" else 0
     rfd, wfd = os.pipe()
     cg = proc = None
     try:
@@ -698,6 +778,8 @@ def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: st
             "nonce": nonce, "results_fd": wfd, "code": code, "tests": tests, "setup": setup, "probe": probe,
             "uid": uid, "workdir": workdir, "namespaces": mode.namespaces, "confine": mode.confine,
             "nest_userns": mode.nest_userns, "view": _view() if mode.confine else [],
+            "landlock": {"abi": landlock, "read": [p for kind, p, _ in _view() if kind == "bind"],
+                         "devices": [d for d in DEVICES if os.path.exists(d)], "workdir": workdir} if landlock else None,
             "tmpfs_mb": 4 * limits.max_file_mb, "nproc": nproc,
             "limits": {k: getattr(limits, k) for k in ("cpu_s", "memory_mb", "max_file_mb", "max_open_files")},
         }).encode()

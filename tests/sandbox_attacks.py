@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tasks.sandbox import Limits, SandboxResult, _cgroups
+from tasks.sandbox import Limits, SandboxResult, _cgroups, _landlock_abi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 C, X, NA = "contained", "exposed", "n/a"
@@ -260,6 +260,16 @@ def both(c, u, p, s):
     return {"namespaces": c, "userns": u, "plain": p, "space": s}
 
 
+LANDLOCK = _landlock_abi()
+"""this kernel's Landlock ABI: "plain" and "space" runs are confined by it (tasks/sandbox.py), so
+their file, TCP and signal exposures are contained where the kernel has the needed version."""
+
+
+def confined(expect: dict, abi: int) -> dict:
+    """`expect`, with what Landlock ABI `abi` contains in the weak modes turned to contained."""
+    return {m: C if m in ("plain", "space") and v == X and LANDLOCK >= abi else v for m, v in expect.items()}
+
+
 STRONG_ONLY = both(C, C, X, X)
 CAPS_GUARD = both(C, C, C, X)  # ptrace-checked /proc files of processes that hold capabilities
 # with a cgroup memory controller (memory.max = total_memory_mb) the run's total is capped
@@ -269,22 +279,22 @@ ALL_C = both(C, C, C, C)
 ATTACKS = [
     # ---- reading host files
     Attack("read /tmp secret (error text)", "read", "test", "assert False, open('$secret_file').read()",
-           leak, STRONG_ONLY),
-    Attack("read /tmp secret (stdout)", "read", "code", "print(open('$secret_file').read())", leak, STRONG_ONLY),
-    Attack("read the store (collab.db)", "read", "test", "assert False, open('$store_file').read()", leak, STRONG_ONLY),
+           leak, confined(STRONG_ONLY, 1)),
+    Attack("read /tmp secret (stdout)", "read", "code", "print(open('$secret_file').read())", leak, confined(STRONG_ONLY, 1)),
+    Attack("read the store (collab.db)", "read", "test", "assert False, open('$store_file').read()", leak, confined(STRONG_ONLY, 1)),
     Attack("read /etc/shadow", "read", "code", "d = open('/etc/shadow', 'rb').read()\nprint('READ', len(d), 'bytes')",
-           printed("READ"), both(C, C, X, C), note="space: uid 65534 may not read it"),
+           printed("READ"), confined(both(C, C, X, C), 1), note="space: uid 65534 may not read it"),
     Attack("read a root-only file under /root", "read", "code", "print(open('$root_file').read())", leak,
-           both(C, C, X, NA), note="space: the container has no such file"),
+           confined(both(C, C, X, NA), 1), note="space: the container has no such file"),
     Attack("read the project tree", "read", "test", "assert False, open('$project_file').readline()",
-           lambda ctx, r, s: (X, "project file read") if ctx.project_line in text(r) else (C, _why(r)), STRONG_ONLY),
+           lambda ctx, r, s: (X, "project file read") if ctx.project_line in text(r) else (C, _why(r)), confined(STRONG_ONLY, 1)),
     Attack("list / (host root)", "read", "code",
            "import os\nnames = set(os.listdir('/'))\nprint('HOSTROOT' if names & {'etc', 'home', 'var', 'srv', 'opt'} else 'ERR',"
-           " sorted(names))", printed("HOSTROOT"), STRONG_ONLY),
+           " sorted(names))", printed("HOSTROOT"), confined(STRONG_ONLY, 1)),
     # ---- environment and other processes' memory
     Attack("os.environ secret of the caller", "env", "test", "import os\nassert False, repr(dict(os.environ))", leak, ALL_C),
     Attack("/proc/<pid>/environ of a process holding a secret", "env", "code",
-           "print(open('/proc/$env_pid/environ', 'rb').read())", leak, CAPS_GUARD,
+           "print(open('/proc/$env_pid/environ', 'rb').read())", leak, confined(CAPS_GUARD, 1),
            note="plain (root): the code has no capabilities, the target has: ptrace checks refuse"),
     Attack("/proc/1/environ", "env", "code", "print('READ', open('/proc/1/environ', 'rb').read()[:80])",
            lambda ctx, r, s: (X, "read") if "READ" in r.stdout and "collab-sandbox-" not in r.stdout else (C, _why(r)),
@@ -292,29 +302,31 @@ ATTACKS = [
     Attack("/proc/<caller>/mem read", "env", "code",
            "pid = $caller_pid\nline = next(ln for ln in open(f'/proc/{pid}/maps') if ln.split()[1].startswith('r'))\n"
            "m = open(f'/proc/{pid}/mem', 'rb')\nm.seek(int(line.split('-')[0], 16))\nprint('READMEM', len(m.read(16)))",
-           printed("READMEM"), CAPS_GUARD),
+           printed("READMEM"), confined(CAPS_GUARD, 1)),
     Attack("/proc/<caller>/root walk", "escape", "code", "print(open('/proc/$caller_pid/root$secret_file').read())",
-           leak, CAPS_GUARD),
+           leak, confined(CAPS_GUARD, 1)),
     Attack("/proc/1/root and /proc/1/mem of the sandbox init", "escape", "code",
            "import os\nfor p in ('/proc/1/root/', '/proc/1/mem'):\n    try:\n"
            "        print('GOT', p, os.listdir(p) if p.endswith('/') else open(p, 'rb').read(1))\n"
            "    except OSError as e:\n        print('ERR', p, e)",
            printed("GOT"), both(C, C, NA, C), note="plain: that would be host pid 1; not touched"),
     # ---- writing outside
-    Attack("write host /tmp", "write", "test", "open('$write_tmp', 'w').write('pwned')", created("write_tmp"), STRONG_ONLY),
+    Attack("write host /tmp", "write", "test", "open('$write_tmp', 'w').write('pwned')", created("write_tmp"), confined(STRONG_ONLY, 1)),
     Attack("write the project tree", "write", "code", "open('$write_project', 'w').write('pwned')",
-           created("write_project"), both(C, C, X, C), note="space: 65534 does not own the tree here (a Space's app does)"),
-    Attack("append to the store", "write", "test", "open('$store_file', 'a').write('pwned')", store_changed, STRONG_ONLY),
-    Attack("write host /dev/shm", "write", "code", "open('$write_shm', 'w').write('pwned')", created("write_shm"), STRONG_ONLY),
+           created("write_project"), confined(both(C, C, X, C), 1), note="space: 65534 does not own the tree here (a Space's app does)"),
+    Attack("append to the store", "write", "test", "open('$store_file', 'a').write('pwned')", store_changed, confined(STRONG_ONLY, 1)),
+    Attack("write host /dev/shm", "write", "code", "open('$write_shm', 'w').write('pwned')", created("write_shm"), confined(STRONG_ONLY, 1)),
     # ---- network
     Attack("TCP to a loopback server", "network", "code",
            "import socket\ns = socket.create_connection(('127.0.0.1', $port), timeout=3)\ns.sendall(b'pwned')\nprint('CONNECTED')",
-           tcp_judge, STRONG_ONLY, setup=tcp_setup),
+           tcp_judge, confined(STRONG_ONLY, 4), setup=tcp_setup),
     Attack("UDP (DNS query) to a loopback server", "network", "test",
            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
            "s.sendto(b'\\x12\\x34\\x01\\x00\\x00\\x01', ('127.0.0.1', $port))", udp_judge, STRONG_ONLY, setup=udp_setup),
     Attack("name resolution (getaddrinfo localhost)", "network", "code",
-           "import socket\nprint('RESOLVED', socket.getaddrinfo('localhost', 80)[0][4])", printed("RESOLVED"), STRONG_ONLY),
+           "import socket\nprint('RESOLVED', socket.getaddrinfo('localhost', 80)[0][4])", printed("RESOLVED"),
+           confined(STRONG_ONLY, 1), note="Landlock: /etc/hosts and resolv.conf are unreadable; a DNS server "
+                                          "answering over UDP on 127.0.0.1:53 would still resolve"),
     # ---- resources
     Attack("fork 64 sleepers (max_procs=8)", "resources", "code",
            "import os, time\nn = 0\nfor _ in range(64):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
@@ -342,13 +354,14 @@ ATTACKS = [
     Attack("kill the parent (os.kill(getppid(), SIGKILL))", "processes", "test",
            "import os, signal, time\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError as e:\n"
            "    print('ERR', e)\ntime.sleep(0.5)",
-           run_intact, STRONG_ONLY, note="plain: the parent is the harness: the run breaks, the caller lives"),
+           run_intact, confined(STRONG_ONLY, 6), note="plain: the parent is the harness: the run breaks, the caller lives"),
     Attack("signal the caller (kill(caller, 0))", "processes", "code", "import os\nos.kill($caller_pid, 0)\nprint('CAN_SIGNAL')",
-           printed("CAN_SIGNAL"), STRONG_ONLY),
+           printed("CAN_SIGNAL"), confined(STRONG_ONLY, 6)),
     Attack("kill(-1, SIGKILL)", "processes", "code",
            "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError as e:\n    print('ERR', e)\nprint('SURVIVED')",
            lambda ctx, r, s: (X, "could signal the caller") if "CAN_SIGNAL" in r.stdout else run_intact(ctx, r, s),
-           STRONG_ONLY, proxy={"plain": "import os\nos.kill($caller_pid, 0)\nprint('CAN_SIGNAL')"},
+           confined(STRONG_ONLY, 6), proxy={"plain": "import os\ntry:\n    os.kill($caller_pid, 0)\n    print('CAN_SIGNAL')\n"
+                                                         "except OSError as e:\n    print('ERR', e)"},
            note="plain: not run (as root it would kill the whole machine): kill(pytest, 0) succeeds; "
                 "space: run for real, it kills the app"),
     Attack("setsid + sleep leftover", "processes", "code",
@@ -374,7 +387,7 @@ ATTACKS = [
            "    if libc.mount(None, b'/usr', None, 0x20 | 0x1000, None) == 0:\n        out.append('remount /usr rw')\n"
            "    os.mkdir('jail')\n    os.chroot('jail')\n    for _ in range(20):\n        os.chdir('..')\n    os.chroot('.')\n"
            "try:\n    out.append('read ' + open('$secret_file').read())\nexcept OSError as e:\n    print('ERR', e)\n"
-           "print('ESCAPED' if out else 'ERR', out)", leak, STRONG_ONLY,
+           "print('ESCAPED' if out else 'ERR', out)", leak, confined(STRONG_ONLY, 1),
            note="plain/space: no escape needed, the host's files are there (space: user namespaces refused)"),
 ]
 BY_NAME = {a.name: a for a in ATTACKS}

@@ -446,6 +446,63 @@ def test_weak_isolation_refuses_untrusted_code_unless_explicitly_allowed(monkeyp
         assert run_tests(F, ["assert f(1) == 2"], FAST, untrusted=True).all_passed
 
 
+LANDLOCK = sandbox._landlock_abi()
+
+
+@pytest.mark.skipif(LANDLOCK < 1, reason="this kernel has no Landlock (Linux 5.13+, landlock in the LSM list)")
+def test_plain_runs_are_confined_by_landlock(tmp_path):
+    """"plain" (a Space's mode) keeps the model's code to Python's install and its work dir where the
+    kernel has Landlock: a file beside it (a stand-in for the store) is refused, reading and writing
+    its work dir and importing the standard library still work; TCP and signals per ABI."""
+    store = tmp_path / "collab.db"
+    store.write_text("SECRET-ROWS")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    code = ("import json, re, math, collections\n"
+            "def f(x):\n    open('scratch.txt', 'w').write(str(x))\n    return int(open('scratch.txt').read()) + 1\n")
+    tests = ["assert f(1) == 2",
+             f"try:\n    open({str(store)!r}).read()\nexcept PermissionError:\n    pass\nelse:\n    raise AssertionError('read')",
+             f"try:\n    open({str(store)!r}, 'a').write('x')\nexcept PermissionError:\n    pass\nelse:\n    raise AssertionError('wrote')",
+             "import os\ntry:\n    os.listdir('/proc')\nexcept PermissionError:\n    pass\nelse:\n    raise AssertionError('/proc')"]
+    if LANDLOCK >= 4:
+        tests.append(f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), 3)\n"
+                     "except PermissionError:\n    pass\nelse:\n    raise AssertionError('TCP')")
+    if LANDLOCK >= 6:
+        tests.append(f"import os\ntry:\n    os.kill({os.getpid()}, 0)\nexcept PermissionError:\n    pass\n"
+                     "else:\n    raise AssertionError('signal')")
+    try:
+        with sandbox._force_mode("plain"):
+            r = run_tests(F + code, tests, FAST)
+            iso = isolation()
+    finally:
+        server.close()
+    assert r.harness_ok and r.all_passed, [(t.passed, t.error) for t in r.tests]
+    assert store.read_text() == "SECRET-ROWS"
+    assert iso["landlock"] == {"abi": LANDLOCK, "files": True, "tcp_blocked": LANDLOCK >= 4,
+                               "signals_scoped": LANDLOCK >= 6}
+    assert "with Landlock" in iso["summary"] and not iso["untrusted_allowed"]
+
+
+def test_a_landlock_that_fails_its_check_is_not_used(monkeypatch, caplog):
+    """A kernel that answers the version call but whose confined check fails: plain runs go
+    without Landlock (logged), rather than every check failing."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fake_run_now(mode, code, tests, limits, setup, probe, cgroups, landlock=None):
+        calls.append((mode.name, landlock))
+        return SimpleNamespace(harness_ok=True, all_passed=False, setup_error=None, killed_by=None, stderr="",
+                               tests=[SimpleNamespace(error="AssertionError: a host file is readable")])
+
+    monkeypatch.setattr(sandbox, "_run_now", fake_run_now)
+    with caplog.at_level("WARNING", logger="tasks.sandbox"):
+        assert sandbox._check_landlock(3) == 0
+    assert calls == [("plain", 3)] and "plain runs go without it" in caplog.text
+    assert sandbox._check_landlock(0) == 0 and len(calls) == 1   # no Landlock: nothing to check
+
+
 def test_custom_coding_problems_are_untrusted_and_humaneval_is_not(monkeypatch):
     from tasks.coding import CustomCodingTask, HumanEvalTask
     monkeypatch.delenv(sandbox.ALLOW_WEAK_ENV, raising=False)

@@ -143,7 +143,7 @@ def sandbox_info() -> dict:
     from tasks.sandbox import isolation
 
     iso = isolation()
-    return {k: iso[k] for k in ("mode", "strong", "untrusted_allowed", "summary", "cgroup", "probe_notes")}
+    return {k: iso[k] for k in ("mode", "strong", "untrusted_allowed", "summary", "landlock", "cgroup", "probe_notes")}
 
 
 # ----------------------------------------------------------------------------- engine and agents
