@@ -209,3 +209,27 @@ def test_a_public_space_can_require_login_to_rate(ctx):
     with pytest.raises(ValueError, match="hf_oauth"):
         check_login(ServeConfig(require_login_to_rate=True), {"SPACE_ID": "me/app"})
     check_login(ServeConfig(), {})
+
+
+def test_every_serve_limit_reaches_the_app():
+    """Each `collab serve --max-...` flag that is an AppContext field is passed to it (a flag nothing
+    reads would look like a limit and be none)."""
+    import dataclasses
+    import inspect
+
+    from collab_app.web import serve
+    from collab_app.web.context import AppContext
+    from trainer.configcli import parse_config
+
+    app_fields = {f.name for f in dataclasses.fields(AppContext)}
+    flags = [f.name for f in dataclasses.fields(serve.ServeConfig) if f.name.startswith("max_") and f.name in app_fields]
+    assert {"max_new_sessions_per_minute", "max_rounds_per_minute_per_network", "max_ratings_per_minute_per_network",
+            "max_ratings_per_minute_global"} <= set(flags)
+    source = inspect.getsource(serve.serve)
+    missing = [n for n in flags if f'"{n}": cfg.{n}' not in source]
+    assert missing == [], missing
+    cfg, _ = parse_config(serve.ServeConfig, ["--max-new-sessions-per-minute", "200",
+                                              "--max-ratings-per-minute-global", "0"], description="x")
+    assert (cfg.max_new_sessions_per_minute, cfg.max_ratings_per_minute_global) == (200, 0)
+    with pytest.raises(ValueError, match="max_rounds_per_minute_per_network must be >= 0"):
+        serve.ServeConfig(max_rounds_per_minute_per_network=-1)

@@ -105,6 +105,12 @@ class ServeConfig:
     """ratings one session may submit per minute (a ranking of G counts G; 0 = no limit)."""
     max_rounds_in_flight: int = 1
     """rounds one session (or login) may have generating at once (0 = no limit)."""
+    max_new_sessions_per_minute: int = 20
+    """sessions one client network may start per minute (a classroom behind one NAT may need more; 0 = no limit)."""
+    max_rounds_per_minute_per_network: int = 30
+    """rounds one client network may start per minute over all its sessions (0 = no limit)."""
+    max_ratings_per_minute_per_network: int = 240
+    """ratings one client network may store per minute over all its sessions (0 = no limit)."""
     max_ratings_per_minute_global: int = 600
     """ratings all visitors and API keys together may store per minute (0 = no limit): a crowd of fresh identities cannot outvote the rest."""
     require_login_to_rate: bool = False
@@ -127,10 +133,12 @@ class ServeConfig:
             raise ValueError(f"port must be 1..65535, got {self.port}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
-        if min(self.max_rounds_per_minute, self.max_ratings_per_minute, self.max_rounds_in_flight,
-               self.max_ratings_per_minute_global) < 0:
-            raise ValueError("max_rounds_per_minute, max_ratings_per_minute, max_rounds_in_flight and "
-                             "max_ratings_per_minute_global must be >= 0 (0 = no limit)")
+        limits = ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight", "max_new_sessions_per_minute",
+                  "max_rounds_per_minute_per_network", "max_ratings_per_minute_per_network",
+                  "max_ratings_per_minute_global")
+        for name in limits:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
@@ -327,6 +335,9 @@ def serve(cfg: ServeConfig) -> None:
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
                                     "loopback_admin": cfg.loopback_admin,
+                                    "max_new_sessions_per_minute": cfg.max_new_sessions_per_minute,
+                                    "max_rounds_per_minute_per_network": cfg.max_rounds_per_minute_per_network,
+                                    "max_ratings_per_minute_per_network": cfg.max_ratings_per_minute_per_network,
                                     "max_ratings_per_minute_global": cfg.max_ratings_per_minute_global,
                                     "require_login_to_rate": cfg.require_login_to_rate,
                                     "session_secret": signing_key},
