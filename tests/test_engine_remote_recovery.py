@@ -286,5 +286,9 @@ def test_serve_sets_retry_s_only_for_a_remote_engine(monkeypatch):
     monkeypatch.setenv("COLLAB_ENGINE", "http://127.0.0.1:8000")      # auto -> the URL, as make_engine reads it
     assert engine_kwargs(ServeConfig(engine_retry_s=0)) == {"retry_s": 0}
     assert engine_kwargs(ServeConfig(engine="vllm")) == {}
+    # the same rule decides that serve does not split the cores for its trainer child: the
+    # generating engine is elsewhere (before, COLLAB_ENGINE=URL still split them)
+    from collab_app.web.serve import remote_engine_url
+    assert remote_engine_url(ServeConfig()) == "http://127.0.0.1:8000" and remote_engine_url(ServeConfig(engine="vllm")) == ""
     with pytest.raises(ValueError, match="engine_retry_s must be >= 0"):
         ServeConfig(engine_retry_s=-1)

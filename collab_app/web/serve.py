@@ -270,12 +270,17 @@ def trainer_env(db: str) -> dict[str, str]:
     return {"COLLAB_DB": db}
 
 
+def remote_engine_url(cfg: ServeConfig) -> str:
+    """The vLLM server that generates, or "": --engine-url, or COLLAB_ENGINE=URL with --engine auto
+    (as make_engine reads it)."""
+    target = cfg.engine_url or (os.environ.get("COLLAB_ENGINE", "") if cfg.engine == "auto" else "")
+    return target if target.startswith(("http://", "https://")) else ""
+
+
 def engine_kwargs(cfg: ServeConfig) -> dict:
     """make_engine's keywords from cfg beyond kind and model: the retry window where the engine is a
-    vLLM server (--engine-url, or COLLAB_ENGINE=URL with --engine auto, as make_engine reads it);
-    the in-process engines take no such keyword."""
-    target = cfg.engine_url or (os.environ.get("COLLAB_ENGINE", "") if cfg.engine == "auto" else "")
-    return {"retry_s": cfg.engine_retry_s} if target.startswith(("http://", "https://")) else {}
+    vLLM server (`remote_engine_url`); the in-process engines take no such keyword."""
+    return {"retry_s": cfg.engine_retry_s} if remote_engine_url(cfg) else {}
 
 
 PRIVATE_UMASK = 0o077
@@ -315,8 +320,9 @@ def serve(cfg: ServeConfig) -> None:
         # cores spin against each other (a 16 s step took 9+ min beside rounds). cpushare's doc.
         from collab_app.online.cpushare import apply_to_serving, plan
 
-        # with --engine-url the generating engine is another process (or machine): no split here
-        split = None if cfg.engine_url else plan(cfg.engine_cores)
+        # with a remote engine (--engine-url, COLLAB_ENGINE=URL) the generating engine is another
+        # process (or machine): no split here
+        split = None if remote_engine_url(cfg) else plan(cfg.engine_cores)
         if split is not None:
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
