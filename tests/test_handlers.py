@@ -398,6 +398,14 @@ def test_training_tab(engine, tmp_path):
     assert not is_paused(ctx.store)
     ctx.store.set_state(STATUS_KEY, {"state": "idle", "heartbeat": time.time() - 3600, "heartbeat_s": 5})
     assert "not running" in H.training_status(ctx)
+    assert "never train" not in H.training_status(ctx)
+    # groups that can never train are shown, and why: one of a single answer, one set aside
+    from test_store import make_group
+    make_group(ctx.store, seed=1, G=1)                       # n=1: untrainable from the start
+    gid, *_ = make_group(ctx.store, seed=2)
+    ctx.store.set_aside([gid])
+    assert "2 never train (1 with a single answer: no sibling to compare; 1 set aside after their step failed)" \
+        in H.training_status(ctx)
 
 
 def test_data_tab_and_export(ctx, first_round):

@@ -381,10 +381,12 @@ def unpin_adapter(ctx, token: str, agent: str, caller: Caller | None = None) -> 
 
 def training_status(ctx) -> str:
     """Markdown: the trainer service's state (from its heartbeat row in the store), the pause
-    flag, groups waiting, and the last step's return."""
+    flag, groups waiting (and those that never train: a single answer, or set aside after their
+    step failed; those held back by the rater cap), and the last step's return."""
     from collab_app.online.service import is_paused, read_status
     st = read_status(ctx.store)
-    counts = ctx.store.stats()["groups"]
+    stats = ctx.store.stats()
+    counts = stats["groups"]
     steps = ctx.store.train_steps(last=1)
     if st.get("state") == "not started":
         state = "no trainer service has reported to this store yet (`collab serve` starts one; or `collab trainer`)"
@@ -410,7 +412,21 @@ def training_status(ctx) -> str:
     return (f"**trainer**: {state}{' · pause requested' if is_paused(ctx.store) else ''}\n\n"
             f"**people's own coding problems**: {own}\n\n"
             f"**groups waiting**: {counts['ready']} ready, {counts['open']} still collecting ratings · "
-            f"{counts['trained']} trained · {counts['expired']} expired{last}")
+            f"{counts['trained']} trained · {counts['expired']} expired{_untrainable(stats)}{last}")
+
+
+def _untrainable(stats: dict) -> str:
+    """' · N never train (...)' when some groups cannot: a group of one answer has no sibling to
+    compare with; a set-aside group made its step fail twice. Plus the rater cap's held groups."""
+    out = ""
+    n, single = stats["groups"].get("untrainable", 0), stats.get("single_sample_groups", 0)
+    if n:
+        out += (f" · {n} never train ({single} with a single answer: no sibling to compare; "
+                f"{max(n - single, 0)} set aside after their step failed)")
+    if stats.get("groups_held_by_rater_cap"):
+        out += (f" · {stats['groups_held_by_rater_cap']} waiting for other raters (one rater supplies at most "
+                f"{stats.get('rater_share') or 0:.0%} of a step)")
+    return out
 
 
 def set_training_paused(ctx, token: str, paused: bool, caller: Caller | None = None) -> str:
