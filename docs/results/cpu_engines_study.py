@@ -14,6 +14,7 @@ seconds per round and tok/s (tokens actually generated / wall time).
     python cpu_engines_study.py prep  --work W          # adapters, merged folders, exports, conversions
     python cpu_engines_study.py run CANDIDATE --work W --mode native|avx2 --out FILE.json
     python cpu_engines_study.py gaps  --work W --mode native --out FILE.json   # teacher-forced log-prob gaps
+    python cpu_engines_study.py gaps-text --work W --out FILE.json   # the same on calibrate.py's fixed text
     python cpu_engines_study.py collect --work W --out docs/results/cpu-engines-study.json
 
 --mode avx2 only records the label: the caller sets the environment (ATEN_CPU_CAPABILITY=avx2
@@ -360,6 +361,46 @@ def gaps(work: Path, mode: str, out: Path, which: list[str]) -> None:
     out.write_text(json.dumps(res, indent=1))
 
 
+def gaps_text(work: Path, out: Path) -> None:
+    """The cheap form of `gaps`: engines/calibrate.py's own method and fixed TEXT (~60 tokens), teacher-
+    forced through each variant and through fp32 transformers: mean and max |Δ log p| per token.
+    A few seconds of compute (no generation)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from collab_app.engines.calibrate import TEXT
+    res = {"method": gaps_text.__doc__, "machine": machine()}
+    tok = AutoTokenizer.from_pretrained(str(work / "base-fp32"))
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+
+    def ref(folder):
+        m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.no_grad():
+            return torch.log_softmax(m(input_ids=ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0]
+
+    def stat(a, b):
+        d = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
+        return {"mean": round(float(d.mean()), 4), "max": round(float(d.max()), 4), "tokens": int(d.size)}
+
+    from optimum.intel import OVModelForCausalLM
+    r0 = ref(str(work / "base-fp32"))
+    for w, weights, prec in [("ov-fp32", "fp32", "f32"), ("ov-bf16", "fp32", "bf16"), ("ov-int8-f32", "int8", "f32"),
+                             ("ov-int8-bf16", "int8", "bf16")]:
+        m = OVModelForCausalLM.from_pretrained(str(work / f"ov-{weights}"), ov_config={"INFERENCE_PRECISION_HINT": prec})
+        with torch.no_grad():
+            lg = torch.as_tensor(m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits)
+        res[w] = stat(torch.log_softmax(lg[0, :-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0], r0)
+        print(w, res[w], flush=True)
+    import ctranslate2
+    r1 = ref(str(work / "merged-helper"))
+    toks = [tok.convert_ids_to_tokens(ids[0].tolist())]
+    for ct in ("float32", "int8", "int8_float32"):
+        g = ctranslate2.Generator(str(work / "ct2-helper"), device="cpu", compute_type=ct)
+        res["ct2-" + ct] = stat(g.score_batch(toks)[0].log_probs, r1)
+        print(ct, res["ct2-" + ct], flush=True)
+    out.write_text(json.dumps(res, indent=1))
+
+
 def collect(work: Path, out: Path) -> None:
     recs = {p.stem: json.loads(p.read_text()) for p in sorted((work / "results").glob("*.json"))}
     ref = recs.get("gaps-greedy", {}).get("greedy_peft_fp32")
@@ -376,7 +417,7 @@ def collect(work: Path, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["prep", "run", "gaps", "collect"])
+    ap.add_argument("cmd", choices=["prep", "run", "gaps", "gaps-text", "collect"])
     ap.add_argument("candidate", nargs="?")
     ap.add_argument("--work", type=Path, default=Path("/tmp/study/work"))
     ap.add_argument("--mode", default="native")
@@ -391,6 +432,8 @@ def main() -> None:
         run(a.candidate, a.work, a.mode, a.out)
     elif a.cmd == "gaps":
         gaps(a.work, a.mode, a.out, a.which.split(","))
+    elif a.cmd == "gaps-text":
+        gaps_text(a.work, a.out)
     else:
         collect(a.work, a.out)
 
