@@ -198,19 +198,34 @@ class VLLMEngine:
             handle = [served[requests[i].agent][0] for i, _ in rows]
             engine = self.llm.llm_engine
             live = {}
+
+            def add(r: int) -> None:
+                i, j = rows[r]
+                rid = f"collab-{next(self._req_ids)}"
+                prompt = {"prompt_token_ids": prompt_ids[i]}
+                if not self.on_gpu:   # prefix-cache blocks are per version (module doc)
+                    prompt["cache_salt"] = handle[r] or "base"
+                # outputs carry this external id (add_request returns vLLM's internal one)
+                engine.add_request(rid, prompt, params(i, j, handle[r]),
+                                   lora_request=handle[r] if self.on_gpu else None)
+                live[rid] = r
+
+            # In one process nothing runs until step(): with every row added first, the first step
+            # would prefill all G copies of each prompt before any text shows. So the first sample of
+            # each request goes alone (its prefill is the first words), the other G-1 join after that
+            # step and find the prompt's blocks in the prefix cache (one step behind: ~1% of a round).
+            later = [r for r, (_, j) in enumerate(rows) if j > 0] if self.in_process else []
             try:
-                for r, (i, j) in enumerate(rows):
-                    rid = f"collab-{next(self._req_ids)}"
-                    prompt = {"prompt_token_ids": prompt_ids[i]}
-                    if not self.on_gpu:   # prefix-cache blocks are per version (module doc)
-                        prompt["cache_salt"] = handle[r] or "base"
-                    # outputs carry this external id (add_request returns vLLM's internal one)
-                    engine.add_request(rid, prompt, params(i, j, handle[r]),
-                                       lora_request=handle[r] if self.on_gpu else None)
-                    live[rid] = r
-                while live:
+                for r in range(len(rows)):
+                    if r not in later:
+                        add(r)
+                while live or later:
                     changed = False
-                    for out in engine.step():
+                    outputs = engine.step()
+                    for r in later:
+                        add(r)
+                    later = []
+                    for out in outputs:
                         r = live.get(out.request_id)
                         if r is None:
                             continue
