@@ -71,7 +71,6 @@ class Team:
         for e, row in enumerate(prompts):
             if len(row) != self.num_agents:
                 raise EngineError(f"example {e}: {len(row)} prompts for {self.num_agents} agents; give one per agent")
-        out: list[list[list[Sample] | None]] = [[None] * self.num_agents for _ in prompts]
         groups: dict[int, tuple[Engine, list[tuple[int, int]]]] = {}  # id(engine) -> (engine, [(e, i)])
         for i, a in enumerate(self.agents):
             if a.name not in engines:
