@@ -337,7 +337,7 @@ class Limits:
                 raise UserError(f"you already have a round generating: wait for your round to finish (at most "
                                 f"{q.rounds_in_flight} at once per {q.scope})", "rounds_in_flight", 5)
             try:
-                self._take(caller, "rounds", 1, self._net_rounds, self._rounds[door], q.rounds_per_minute, None)
+                self._take(caller, "rounds", 1, self._net_rounds, self._rounds[door], None)
             except UserError:
                 slots.release(caller.key)
                 raise
@@ -350,19 +350,19 @@ class Limits:
             self._lock.notify_all()
 
     def take_ratings(self, caller: Caller, n: int) -> None:
-        self._take(caller, "ratings", n, self._net_ratings, self._ratings[caller.door],
-                   self.quotas[caller.door].ratings_per_minute, self._all_ratings)
+        self._take(caller, "ratings", n, self._net_ratings, self._ratings[caller.door], self._all_ratings)
 
-    def _take(self, caller: Caller, what: str, n: int, net: RateLimiter, own: RateLimiter, own_most: int,
+    def _take(self, caller: Caller, what: str, n: int, net: RateLimiter, own: RateLimiter,
               everyone: RateLimiter | None) -> None:
         """Count `n` against the caller's network (when known), its identity, and everyone; on a
         refusal the counts already taken are given back."""
-        checks = [(net, f"net:{caller.network}" if caller.network else None, "client network", net.limit),
-                  (own, caller.key, self.quotas[caller.door].scope, own_most)]
+        checks = [(net, f"net:{caller.network}" if caller.network else None, "client network"),
+                  (own, caller.key, self.quotas[caller.door].scope)]
         if everyone is not None:
-            checks.append((everyone, "*", "server (every visitor together)", everyone.limit))
+            checks.append((everyone, "*", "server (every visitor together)"))
         taken = []
-        for lim, key, scope, most in checks:
+        for lim, key, scope in checks:
+            most = lim.limit
             if key is None:
                 continue
             wait = lim.take(key, n)

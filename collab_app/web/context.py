@@ -36,6 +36,7 @@ from collab_app import paths
 from collab_app.engines.batcher import GenerationBatcher
 from collab_app.engines.engine_types import Sampling
 from collab_app.web.access import AdminGuard, Limits, Quota, check_admin_token
+from tasks import team_of
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,6 @@ class AppContext:
 
     def team_for(self, task_name: str):
         """The team for a task: the task says whose (a person's own coding problem: the coding team's)."""
-        from tasks import team_of
         if task_name in self.teams:
             return self.teams[task_name]
         if team_of(task_name) in self.teams:

@@ -506,12 +506,12 @@ class OpenAIApi:
     def rate(self, body: dict, caller: Caller) -> dict:
         """One feedback form (module doc), translated for core.store_feedback; returns the rating object."""
         keys = set(body) - {"comment"}
-        form = next((f for ks, f in self.FORMS.items() if keys == set(ks)), None)
+        (target_field, answer_field), form = next(((ks, f) for ks, f in self.FORMS.items() if keys == set(ks)),
+                                                  ((None, None), None))
         if form is None:
             raise _bad(f"give exactly one form (and optionally comment): {{joint_sample_id, rating 1..5}}, "
                        f"{{joint_sample_id, reward 0..1}}, {{group_id, ranks}} or {{group_id, best}}; got "
                        f"fields {sorted(body)!r:.200}", None, "invalid_form")
-        target_field, answer_field = next(ks for ks, f in self.FORMS.items() if f == form)
         target = _id(body, target_field)
         try:
             fb = core.store_feedback(self.ctx, caller, form, target, body[answer_field], body.get("comment"))
