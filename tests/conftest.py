@@ -1,10 +1,11 @@
 """Shared fixtures: the embedded model and random-init LoRA adapters on it."""
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
+
+from helpers.engines import vllm_importable
 
 # dtype "auto" on a CPU measures this machine once per COLLAB_HOME (engines/calibrate.py, ~15 s);
 # tests that start `collab serve` in a fresh COLLAB_HOME would pay it every time. They get the
@@ -52,10 +53,6 @@ def hf_engine(model_path):
     from collab_app.engines.engine_hf import TransformersEngine
 
     return TransformersEngine(model_path, seed=0)
-
-
-def vllm_importable() -> bool:
-    return importlib.util.find_spec("vllm") is not None
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ class HeldStream:
 def app(tmp_path_factory):
     import torch
 
-    from test_ui_api import start_app
+    from helpers.launch import start_app
 
     threads = torch.get_num_threads()
     demo, url, ctx = start_app(tmp_path_factory.mktemp("browser"), wrap_engine=HeldStream)

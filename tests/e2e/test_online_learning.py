@@ -11,7 +11,6 @@ failure; the test ends as soon as a second trained version has been served.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,12 @@ import time
 import pytest
 
 from collab_app.commands.bench_online import connect, stop_server
+from helpers.launch import free_port
 
 TEXT = ("The city council voted on Tuesday to extend the bike lane network by twelve kilometres next "
         "year. The plan is funded by a parking fee increase that drivers' groups oppose, while cyclists "
         "say the new lanes will make commuting safer across the river.")
 DEADLINE_S = 900   # a hang fails here; a healthy run ends in a few minutes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def polite(call, **kw):

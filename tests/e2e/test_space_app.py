@@ -17,8 +17,8 @@ import tempfile
 
 import pytest
 
-from spacelike import available, run_space_like
-from test_ui_api import free_port
+from helpers.launch import free_port
+from helpers.spacelike import available, run_space_like
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def run_app(model_copy, **env) -> dict:
     why = available()
     if why:
         pytest.skip(f"cannot build a Space-like container here: {why}")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = run_space_like(SCRIPT, env={
         "REPO": repo, "PORT": str(free_port()), "COLLAB_MODEL": model_copy, "SPACE_ID": "test/collab",
         "COLLAB_SERVE_ARGS": "--engine transformers --trainer off --tasks humaneval --max-new-tokens 8",

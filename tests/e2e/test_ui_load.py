@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # script mode: find test_ui_api
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # script mode: tests/ (helpers)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -70,7 +70,7 @@ def run_load(url: str, problems: list[str], users: int, rounds: int) -> dict:
 
 
 def run(users: int = 8, rounds: int = 2, max_new_tokens: int = 24, home: str | None = None) -> dict:
-    from test_ui_api import start_app
+    from helpers.launch import start_app
 
     home = home or tempfile.mkdtemp(prefix="collab-load-")
     demo, url, ctx = start_app(home, max_new_tokens=max_new_tokens)

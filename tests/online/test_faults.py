@@ -26,7 +26,7 @@ from collab_app.online.store import Store
 from tasks import load_task
 from trainer import adapters
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GREEDY = Sampling(max_new_tokens=12, temperature=0.0)
 TASK = "tldr"
 # short texts: the update's cost grows with prompt length, and this CPU is slow

@@ -24,7 +24,7 @@ from collab_app.online.returns import scale_rating
 from collab_app.online.service import STATUS_KEY, ServiceConfig, TrainerService
 from collab_app.online.store import Store
 from tasks.base import Reward
-from test_service import AGENTS, TASK, add_groups, fake_sample
+from helpers.service import AGENTS, TASK, add_groups, fake_sample
 
 
 @pytest.fixture

@@ -24,8 +24,7 @@ from collab_app.online.returns import ReturnRule, deciding_rater, scale_rating
 from collab_app.online.service import (PUBLIC_RATER_SHARE, ServiceConfig, TrainerService, rater_cap,
                                        take_capped)
 from collab_app.online.store import RATER_CAP_KEY, Store, migrate, utcnow
-from test_service import TASK, add_groups
-from test_store import pg_server, pg_shared, url  # noqa: F401 - fixtures: every store test on SQLite and PostgreSQL
+from helpers.service import TASK, add_groups
 
 HUMAN_FIRST = ReturnRule(mode="human_first", human_timeout_s=0)   # unrated groups: automatic returns at once
 

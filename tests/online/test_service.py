@@ -7,46 +7,14 @@ import time
 
 import pytest
 
-from collab_app.engines.engine_types import Request, Sample, Sampling
+from collab_app.engines.engine_types import Request, Sampling
 from collab_app.online.hotswap import AdapterWatcher
 from collab_app.online.service import (STATUS_KEY, ServiceConfig, TrainerService, is_paused, read_status,
                                 reconcile, set_paused)
 from collab_app.online.store import Store
 from tasks.base import Reward
 from trainer import adapters
-
-AGENTS = ("svc_helper", "svc_main")
-
-
-class TwoAgentTask:
-    """A small task for the service's own tests: the service takes returns from the store, so the
-    task only names the agents (its roles) and formats prompts."""
-
-    name = "svc-test"
-    num_agents = 2
-    roles = AGENTS
-    max_reward = 1.0
-    level_names = ("score",)
-
-    def examples(self, split):
-        return [{"id": f"{split}-{i}", "topic": t} for i, t in enumerate(["rivers", "bread", "clocks", "owls"])]
-
-    def agent_prompts(self, example, history, earlier=()):
-        return [f"Name one fact about {example['topic']}.", f"Write one sentence about {example['topic']}."]
-
-    def combine(self, example, outputs):
-        return "\n".join(outputs)
-
-    def reward(self, example, outputs):
-        v = min(len(" ".join(outputs).split()) / 40, 1.0)
-        return Reward(v, {"score": v}, 1.0)
-
-    def feedback(self, example, outputs):
-        return ["", ""]
-
-
-TASK = TwoAgentTask()
-
+from helpers.service import AGENTS, TASK, add_groups
 
 @pytest.fixture(scope="module")
 def engine(model_path):
@@ -63,31 +31,6 @@ def store(tmp_path):
     s = Store(f"sqlite:///{tmp_path}/collab.db")
     yield s
     s.close()
-
-
-def fake_sample(agent: str, g: int) -> Sample:
-    return Sample(agent=agent, adapter_version=None, prompt_token_ids=[1, 2, 3], text=f"answer {g}",
-                  token_ids=[5 + g, 6], logprobs=[-1.0, -0.5], finish_reason="length")
-
-
-def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0) -> list[int]:
-    """n groups of G joint answers. With an engine the samples are real (token ids, behaviour
-    log-probs); returns are 0, 1, ..., G-1 so every group carries a learning signal."""
-    ids = []
-    for k in range(n):
-        ex = TASK.examples("train")[k % 4]
-        prompts = TASK.agent_prompts(ex, [])
-        if engine is None:
-            samples = [[fake_sample(a, g) for g in range(G)] for a in AGENTS]
-        else:
-            out = engine.generate([Request(a, p) for a, p in zip(AGENTS, prompts)], G,
-                                  Sampling(max_new_tokens=8, temperature=1.0, seed=seed + k))
-            samples = [list(o) for o in out]
-        rewards = [Reward(float(g), {"score": float(g)}, float(G)) for g in range(G)]
-        gid, _ = store.add_group(task=TASK.name, example=ex, prompts=prompts, samples=samples,
-                                 joint=[(g, g) for g in range(G)], auto_rewards=rewards, session_id="test")
-        ids.append(gid)
-    return ids
 
 
 def service(store, tmp_path, **kw) -> TrainerService:

@@ -6,123 +6,19 @@ per session; the tests parametrized with `url` skip PostgreSQL with the reason w
 """
 from __future__ import annotations
 
-import itertools
-import os
 import random
-import shutil
-import socket
-import subprocess
-import tempfile
 from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
-from collab_app.engines.engine_types import Sample
 from collab_app.online.returns import ReturnRule, scale_rating
 from collab_app import paths
 from collab_app.online.store import (SCHEMA_VERSION, Base, NotFound, Store, StoreError, migrate,
                               utcnow)
-from tasks.base import Reward
+from helpers.store import make_group, make_sample
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    for d in sorted(os.listdir("/usr/lib/postgresql"), reverse=True) if os.path.isdir("/usr/lib/postgresql") else []:
-        p = f"/usr/lib/postgresql/{d}/bin/{name}"
-        if os.path.exists(p):
-            return p
-    return None
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    """(host, port, user) of a throwaway PostgreSQL server, or skip saying what is missing."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not (initdb and pg_ctl):
-        pytest.skip("PostgreSQL binaries (initdb, pg_ctl) not installed: apt-get install postgresql")
-    pytest.importorskip("psycopg", reason="PostgreSQL driver missing: pip install 'psycopg[binary]'")
-    root = tempfile.mkdtemp(prefix="collab-pg-")
-    run_as: list[str] = []
-    if os.geteuid() == 0:   # initdb refuses to run as root
-        import pwd
-        try:
-            pw = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run the server as")
-        os.chown(root, pw.pw_uid, pw.pw_gid)
-        run_as = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = os.path.join(root, "data")
-    subprocess.run(run_as + [initdb, "-D", data, "-U", "collab", "-A", "trust", "--no-sync", "-E", "UTF8"],
-                   check=True, capture_output=True)
-    subprocess.run(run_as + [pg_ctl, "-D", data, "-l", os.path.join(root, "log"), "-w", "-t", "30",
-                             "-o", f"-p {port} -k {root} -h 127.0.0.1 -c fsync=off", "start"],
-                   check=True, capture_output=True)
-    try:
-        yield "127.0.0.1", port, "collab"
-    finally:
-        subprocess.run(run_as + [pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-_db_counter = itertools.count()
-
-
-def pg_database(pg_server) -> str:
-    """A fresh empty database on the throwaway server; its SQLAlchemy URL."""
-    host, port, user = pg_server
-    name = f"t{os.getpid()}_{next(_db_counter)}"
-    admin = sa.create_engine(f"postgresql+psycopg://{user}@{host}:{port}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    return f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-
-
-@pytest.fixture(scope="session")
-def pg_shared(pg_server):
-    """One migrated PostgreSQL database reused by the tests (emptied before each): creating a
-    database per test costs ~1 s each."""
-    url = pg_database(pg_server)
-    Store(url).close()
-    return url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    """An empty store URL on each backend. Tests needing a database without any schema call
-    `pg_database` themselves."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'collab.db'}"
-    url = request.getfixturevalue("pg_shared")
-    eng = sa.create_engine(url)
-    with eng.begin() as c:
-        tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
-        c.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-    eng.dispose()
-    return url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_url(request, tmp_path):
-    """A database without any schema (for the migration test)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'empty.db'}"
-    return pg_database(request.getfixturevalue("pg_server"))
-
-
-@pytest.fixture
-def store(url):
-    st = Store(url)
-    yield st
-    st.close()
 
 
 @pytest.fixture
@@ -131,36 +27,6 @@ def sqlite_store(tmp_path):
     st = Store(f"sqlite:///{tmp_path / 'collab.db'}")
     yield st
     st.close()
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def make_sample(agent: str, rng: random.Random, n: int = 12, version: int | None = 3) -> Sample:
-    tokens = [rng.randrange(0, 200_000) for _ in range(n)]
-    # full-precision doubles, including extremes: the trainer's importance ratio needs them exact
-    lps = [-rng.random() * 10 ** rng.randint(-300, 2) for _ in range(n)]
-    return Sample(agent=agent, adapter_version=version, prompt_token_ids=[rng.randrange(50_000) for _ in range(7)],
-                  text=f"def f():\n    return {rng.random()!r}  # é ✓\n", token_ids=tokens, logprobs=lps,
-                  finish_reason=rng.choice(["stop", "length"]), meta={"seed": rng.randrange(99)})
-
-
-def make_group(store: Store, seed: int = 0, G: int = 2, rewards="auto", joint_mode="aligned", **kw):
-    """Add a 2-agent group. rewards: "auto" (Reward per joint action) or None (human-only)."""
-    rng = random.Random(seed)
-    agents = ["helper", "main"]
-    samples = [[make_sample(a, rng) for _ in range(G)] for a in agents]
-    joint = ([(g, g) for g in range(G)] if joint_mode == "aligned"
-             else list(itertools.product(range(G), repeat=2)))
-    autos = [Reward(total=0.5 * k, levels={"structure": 0.5 * k, "tests": 0.0}, max_total=4.0,
-                    details={"failed": f"test {k}", "nan": float("nan")}) if rewards == "auto" else None
-             for k in range(len(joint))]
-    if rewards is None:
-        kw.setdefault("max_reward", 4.0)
-    gid, jids = store.add_group(task="humaneval", example={"id": f"HumanEval/{seed}", "prompt": "def f():"},
-                                prompts=["helper prompt", "main prompt"], samples=samples, joint=joint,
-                                auto_rewards=autos, session_id="sess-1",
-                                combined=[f"combined {k}" for k in range(len(joint))], **kw)
-    return gid, jids, samples, joint, autos
 
 
 # ----------------------------------------------------------------------------- round trip

@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from collab_app.online.store import NotEntitled, NotFound, Store, StoreError, migrate, utcnow
-from test_store import empty_url, make_group, pg_server, pg_shared, store, url  # noqa: F401 - fixtures
+from helpers.store import make_group
 
 
 def test_kind_detail_and_session_are_kept(store):

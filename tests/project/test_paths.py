@@ -6,7 +6,7 @@ from pathlib import Path
 
 from collab_app import paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_home_store_and_adapters_follow_the_environment(monkeypatch, tmp_path):

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 
 from collab_app.engines.platform import VLLM_CPU_PLATFORMS, engine_candidates, normalize_machine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # platform -> (platform.system(), platform.machine(), marker environment)
 PLATFORMS = {

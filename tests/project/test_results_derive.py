@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-RESULTS = os.path.join(os.path.dirname(__file__), "..", "docs", "results")
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results")
 SCRIPT = os.path.join(RESULTS, "derive.py")
 
 

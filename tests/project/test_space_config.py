@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def front_matter() -> dict:

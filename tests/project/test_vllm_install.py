@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import vllm_importable
+from helpers.engines import vllm_importable
 
 
 @pytest.mark.vllm

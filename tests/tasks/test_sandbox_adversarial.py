@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (also when run as a script)
-import sandbox_attacks as A  # noqa: E402
-from spacelike import available, run_space_like  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ (also when run as a script)
+from helpers import sandbox_attacks as A  # noqa: E402
+from helpers.spacelike import available, run_space_like  # noqa: E402
 
 from tasks import sandbox  # noqa: E402
 
@@ -39,7 +39,7 @@ SPACE_SCRIPT = r'''
 import json, os
 os.environ["COLLAB_SANDBOX_ALLOW_WEAK"] = "1"
 from tasks import sandbox
-import sandbox_attacks as A
+from helpers import sandbox_attacks as A
 def run(code, tests, limits):
     return sandbox.run_tests(code, tests, limits, untrusted=True)
 print("ISO " + json.dumps(sandbox.isolation()), flush=True)

@@ -80,7 +80,7 @@ def test_crash_mid_write_is_never_visible(tmp_path):
             os._exit(9)
         adapters.save_version({d!r}, "helper", 1, die, {{}})
     """)
-    r = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)))
+    r = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 9
     left = os.listdir(tmp_path / "helper")
     assert any(n.startswith(".tmp-v000001") for n in left) and "v000001" not in left
@@ -112,7 +112,7 @@ def test_trainer_saves_version_0_then_resumes_weights_step_and_optimizer(model_p
     from transformers import AutoModelForCausalLM
 
     from tasks import load_task
-    from test_magrpo import _on_policy_groups
+    from helpers.trainer_groups import on_policy_groups
     from trainer.config import MAGRPOConfig
     from trainer.magrpo import MAGRPOTrainer
 
@@ -123,7 +123,7 @@ def test_trainer_saves_version_0_then_resumes_weights_step_and_optimizer(model_p
         v, path = adapters.latest_version(d, agent)
         assert v == 0 and adapters.read_meta(path)["step"] == 0
         assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(path))
-    first.update(_on_policy_groups(first))
+    first.update(on_policy_groups(first))
     assert first.step == 1 and first.versions == {a: 1 for a in first.agents}
 
     second = MAGRPOTrainer(cfg, load_task("tldr"), d)       # resume (cfg.resume defaults to True)

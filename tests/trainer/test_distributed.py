@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = [dict(groups=1), dict(groups=2), dict(groups=3, late_last=True)]   # see the module doc
 SERVICE_GROUPS = 3
 GRAD_TOL = 1e-5     # max |2 ranks - 1 process| / max |gradient|

@@ -17,6 +17,7 @@ from trainer.offline import refill, scheduled_learning_rate
 from trainer.magrpo import (Group, MAGRPOTrainer, RewardError, advantages, agent_returns, compute_returns,
                             join_trees, joint_actions, rollout, sequence_logprobs,
                             split_trees)
+from helpers.trainer_groups import on_policy_groups
 
 
 # ------------------------------------------------------------------------------- advantages
@@ -291,31 +292,9 @@ def trainer(model_path, tmp_path_factory):
     return MAGRPOTrainer(cfg, load_task("tldr"), str(tmp_path_factory.mktemp("adapters")))
 
 
-def _on_policy_groups(trainer, shift=0.0, returns=(1.0, 0.0), late=False):
-    """Two groups (G=2) whose behaviour log-probs are the trainer's own current ones (+ shift),
-    stamped with the trainer's current versions (late: the version before, i.e. off-policy)."""
-    groups = []
-    for e in range(2):
-        samples = []
-        for agent in trainer.agents:
-            prompts = [[1, 504 + e, 3060, 28, 2]] * 2
-            comps = [[907 + e, 314, 253], [11 + e, 12, 13, 14, 2]]
-            trainer.model.set_adapter(agent)
-            with torch.no_grad():
-                lp, mask = sequence_logprobs(trainer.model, prompts, comps)
-            version = trainer.versions[agent] - (1 if late else 0)
-            samples.append([Sample(agent=agent, adapter_version=version, prompt_token_ids=p, text="x", token_ids=c,
-                                   logprobs=[v + shift for v in lp[i, :len(c)].tolist()])
-                            for i, (p, c) in enumerate(zip(prompts, comps))])
-        groups.append(Group(task="tldr", example_id=f"e{e}", turn=0, prompts=["x", "y"], samples=samples,
-                            joint=[(0, 0), (1, 1)], returns=list(returns), rewards=list(returns),
-                            levels=[{}, {}]))
-    return groups
-
-
 def test_ratio_is_one_when_nothing_moved_then_versions_advance(trainer):
     before = dict(trainer.versions)
-    m = trainer.update(_on_policy_groups(trainer))
+    m = trainer.update(on_policy_groups(trainer))
     for agent in trainer.agents:
         assert m[f"{agent}/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
         assert m[f"{agent}/clip_frac"] == 0.0
@@ -330,8 +309,8 @@ def test_clipping_binds_only_where_it_should(trainer):
     # on every token. Positive-advantage samples are clipped (no gradient), negative ones are not:
     # clip_frac = their token share.
     if min(trainer.versions.values()) == 0:
-        trainer.update(_on_policy_groups(trainer))
-    m = trainer.update(_on_policy_groups(trainer, shift=-1.0, late=True))
+        trainer.update(on_policy_groups(trainer))
+    m = trainer.update(on_policy_groups(trainer, shift=-1.0, late=True))
     a = trainer.agents[0]
     assert m["late_groups"] == 2 and m[f"{a}/late_samples"] == 4
     assert m[f"{a}/ratio_mean"] == pytest.approx(math.e, rel=1e-4)
@@ -344,7 +323,7 @@ def test_clipping_binds_only_where_it_should(trainer):
 def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
     # engine log-probs 1 nat off (bf16 noise, exaggerated) on samples of the current version:
     # behaviour = the trainer's own log-probs, so the ratio is exactly 1 and nothing is clipped
-    m = trainer.update(_on_policy_groups(trainer, shift=-1.0))
+    m = trainer.update(on_policy_groups(trainer, shift=-1.0))
     for a in trainer.agents:
         assert m[f"{a}/ratio_mean"] == 1.0 and m[f"{a}/clip_frac"] == 0.0
         assert m[f"{a}/late_samples"] == 0 and math.isnan(m[f"{a}/late_ratio_mean"])
@@ -354,14 +333,14 @@ def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
 
 def test_zero_variance_groups_do_not_train(trainer):
     before = dict(trainer.versions)
-    m = trainer.update(_on_policy_groups(trainer, returns=(0.5, 0.5)))
+    m = trainer.update(on_policy_groups(trainer, returns=(0.5, 0.5)))
     assert m["zero_variance_frac"] == 1.0
     assert all(m[f"{a}/trained_samples"] == 0 for a in trainer.agents)
     assert trainer.versions == before                                       # nothing changed: no new version
 
 
 def test_stale_groups_are_dropped(trainer):
-    groups = _on_policy_groups(trainer)
+    groups = on_policy_groups(trainer)
     trainer.update(groups)                                                  # versions move on by one
     before = dict(trainer.versions)
     for k, g in enumerate(groups):

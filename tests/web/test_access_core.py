@@ -12,10 +12,10 @@ import pytest
 
 from collab_app.web import core
 from collab_app.web.access import API, WEB, Caller, Limits, Quota, UserError, api_caller
-from test_store import make_group
-from test_web_stream import TEXT, ScriptedStreamEngine, make_ctx
+from helpers.scripted import TEXT, ScriptedStreamEngine, make_ctx
+from helpers.store import make_group
 
-WEB_DIR = Path(__file__).resolve().parents[1] / "collab_app" / "web"
+WEB_DIR = Path(__file__).resolve().parents[2] / "collab_app" / "web"
 
 
 # --------------------------------------------------------------------------- Limits

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from collab_app.web.context import open_store, prepare_home
-from test_identity import free_port
-from test_web_stream import TEXT, ScriptedStreamEngine, make_ctx
+from helpers.launch import free_port
+from helpers.scripted import TEXT, ScriptedStreamEngine, make_ctx
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 TOKEN = "kQ7-vX2pLm9Rt4Zs8Wd1Nf6Hc3Jb5Yg0"

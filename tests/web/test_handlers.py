@@ -8,14 +8,10 @@ import pytest
 from collab_app.web import core
 from collab_app.web import handlers as H
 from collab_app.web.context import AppContext, is_public, storage_warning
-from collab_app.engines.engine_types import Sampling
+from helpers.model_app import TEXT, make_ctx
 
-MAX_NEW = 24
 TOKEN = "Q7v-mR2x_Lp9sWz4Kc"          # passes context.admin_token_problem
 A, B = H.Caller("session-A"), H.Caller("session-B")
-TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Residents said the lanes "
-        "made the streets safer, but shop owners worried about parking. The council agreed to test "
-        "the lanes for six months and then decide. A survey of riders will be published in June.")
 
 
 # --------------------------------------------------------------------------- no engine needed
@@ -165,39 +161,6 @@ def test_rater_id_is_the_servers():
 
 
 # --------------------------------------------------------------------------- real engine + store
-
-@pytest.fixture(scope="module")
-def engine(model_path):
-    import torch
-
-    from collab_app.engines import make_engine
-
-    # One intra-op thread: on the 2-core box other processes (a trainer, a browser, other test
-    # runs) share the cores, and OpenMP's spinning threads then slow generation 5-10x (measured:
-    # 4 x 24 tokens took 77-114 s with 2 threads vs 11-13 s with 1 while 3 other jobs ran).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    eng = make_engine("transformers", model=model_path)
-    yield eng
-    eng.close()
-    torch.set_num_threads(threads)
-
-
-def make_ctx(engine, store_path, **kw) -> AppContext:
-    from collab_app.online.store import Store
-    from collab_app.engines.team import Agent, Team
-    from tasks import load_task
-
-    tasks = {name: load_task(name) for name in ("humaneval", "tldr")}
-    teams = {name: Team([Agent(role) for role in t.roles]) for name, t in tasks.items()}
-    for team in teams.values():
-        for a in team.agents:
-            engine.register_agent(a.name)
-            engine.load_adapter(a.name, None, None)   # each test starts on the base model
-    kw.setdefault("sampling", Sampling(max_new_tokens=MAX_NEW, temperature=0.8))
-    return AppContext(engine=engine, store=Store(f"sqlite:///{store_path}"), tasks=tasks, teams=teams,
-                      num_generations=2, home=str(store_path.parent), **kw)
-
 
 @pytest.fixture(scope="module")
 def ctx(engine, tmp_path_factory):
@@ -400,7 +363,7 @@ def test_training_tab(engine, tmp_path):
     assert "not running" in H.training_status(ctx)
     assert "never train" not in H.training_status(ctx)
     # groups that can never train are shown, and why: one of a single answer, one set aside
-    from test_store import make_group
+    from helpers.store import make_group
     make_group(ctx.store, seed=1, G=1)                       # n=1: untrainable from the start
     gid, *_ = make_group(ctx.store, seed=2)
     ctx.store.set_aside([gid])

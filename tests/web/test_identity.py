@@ -20,17 +20,10 @@ import pytest
 from collab_app.web import handlers as H
 from collab_app.web.access import Quota
 from collab_app.web.context import open_store, prepare_home
-from test_web_stream import TEXT, ScriptedStreamEngine, make_ctx
+from helpers.launch import free_port
+from helpers.scripted import TEXT, ScriptedStreamEngine, make_ctx
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(tmp_path, **fields):

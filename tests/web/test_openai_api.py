@@ -19,8 +19,8 @@ from collab_app.web import handlers as H
 from collab_app.web.access import api_caller
 from collab_app.web.openai_api import (OpenAIApi, OpenAIConfig, key_id, load_api_keys,
                                        mount_openai, openai_routes)
-from test_handlers import TEXT, engine, make_ctx  # noqa: F401 - engine is a fixture
-from test_store import make_group
+from helpers.model_app import TEXT, make_ctx
+from helpers.store import make_group
 
 KEY_A, KEY_B = "kA7-xQ2m_Rt9pLz4Vn8w", "kB3_Hs8e-Wq5yJc1Dg6u"     # pass context.admin_token_problem
 AUTH_A, AUTH_B = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
@@ -398,7 +398,7 @@ def test_real_server_with_openai_client(ctx):
     official client: models, a HumanEval round, a streamed round, a rating, errors."""
     openai = pytest.importorskip("openai")
     import httpx
-    from test_ui_api import free_port
+    from helpers.launch import free_port
 
     from collab_app.web.ui import launch
 

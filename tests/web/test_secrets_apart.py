@@ -22,12 +22,10 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from spacelike import available, run_space_like  # noqa: E402
+from collab_app import secret_env
+from helpers.spacelike import available, run_space_like
 
-from collab_app import secret_env  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ADMIN = "Zq8-vR2m_Lp5xWn7Kc4T"                      # passes context.admin_token_problem
 API_KEY = "kA7-xQ2m_Rt9pLz4Vn8w"
 DB_PASSWORD = "pw-9f3kQ7zL"

@@ -22,7 +22,8 @@ from collab_app.engines.engine_types import Sampling
 from collab_app.web import core
 from collab_app.web import handlers as H
 from collab_app.web.context import AppContext, SharedViews, open_store, prepare_home
-from test_web_stream import TEXT, ScriptedStreamEngine, make_ctx
+from helpers.launch import free_port
+from helpers.scripted import TEXT, ScriptedStreamEngine, make_ctx
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no network from tests
 
@@ -30,14 +31,6 @@ TOKEN = "Q7v-mR2x_Lp9sWz4Kc"
 A, B = H.Caller("session-A"), H.Caller("session-B")
 OWN = ('def add(a, b):\n    """Sum."""\n', "assert add(1, 2) == 3\n")
 PLAIN = {"mode": "plain", "network_blocked": False, "read_only_filesystem": False, "separate_uid": False}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def drain(events):
