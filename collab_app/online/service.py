@@ -42,7 +42,7 @@ person plays in the UI are trained on their own immediate returns (gamma = 0 onl
 
 The serving process picks the new rows up (collab_app/online/hotswap.py) and serves them.
 
-Crash safety (kill -9 at any point; tests/test_faults.py does it):
+Crash safety (kill -9 at any point; tests/online/test_crash_safety.py does it):
 - a half-written version is a `.tmp-*` dir that no reader takes for a version and the next
   trainer start deletes (trainer/adapters.py);
 - died after 2, before 3: on start `reconcile` records every complete version dir on disk that

@@ -24,7 +24,7 @@ rater still counts.
 
 Schema: `schema_version` + `MIGRATIONS`, an ordered list of functions, each taking the schema
 one version up with frozen DDL (never the current ORM classes, which describe the latest
-version only); they run in one transaction at start-up. tests/test_store.py checks that a
+version only); they run in one transaction at start-up. tests/online/test_store.py checks that a
 migrated database matches the ORM classes below.
 
 Left out: deleting or editing groups (nothing a person rated is lost), multi-trainer claims on

@@ -1,6 +1,6 @@
 """The app the way a Hugging Face Space runs it: app.py as a non-root user, no user namespaces.
 
-tests/spacelike.py builds that container on this root machine (uid 65534, no capabilities, user
+tests/helpers/spacelike.py builds that container on this root machine (uid 65534, no capabilities, user
 namespaces off for that container only). Inside, the sandbox can only reach "plain", so the app
 must fail closed: the page says which isolation it has, "My own coding problem" is not offered
 (with the reason and the fix), and the handler refuses a person's own tests on every path that
@@ -115,7 +115,7 @@ def test_a_space_fails_closed(model_copy):
 
 
 def test_allow_weak_turns_own_problems_back_on(model_copy):
-    # a Space is public (SPACE_ID): ALLOW_WEAK alone stops the start (exit 2, tests/test_secrets_apart.py);
+    # a Space is public (SPACE_ID): ALLOW_WEAK alone stops the start (exit 2, tests/web/test_secrets_apart.py);
     # the second flag says the operator accepts it
     out = run_app(model_copy, COLLAB_SANDBOX_ALLOW_WEAK="1", COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC="1")
     assert out["sources"] == ["HumanEval problem", "My own coding problem"] and not out["own_off"]

@@ -2,7 +2,7 @@
 against a launched app (real engine and store). No errors, no lost ratings (the store holds
 exactly the ratings the app acknowledged), and generate latency p50/p95.
 
-    python tests/test_ui_load.py [--users 8] [--rounds 2] [--max-new-tokens 24]
+    python tests/e2e/test_ui_load.py [--users 8] [--rounds 2] [--max-new-tokens 24]
 
 prints the latencies; under pytest it is one slow test (8 users x 2 rounds, ~1-3 min here).
 Concurrent Generate presses are merged into shared engine calls (collab_app.web.context.

@@ -3,7 +3,7 @@
 The fake speaks the part of vLLM's OpenAI API the engine uses, with vLLM 0.32.0's messages: a
 name it does not know is `404 The model `x` does not exist.`; a restart forgets every adapter
 name, as the real server does. It answers in milliseconds, so the recovery logic (reload the lost
-names, retry once; back off on connection errors) is covered in seconds; tests/test_engine_remote.py
+names, retry once; back off on connection errors) is covered in seconds; tests/engines/test_engine_remote.py
 restarts a real vLLM server.
 """
 from __future__ import annotations

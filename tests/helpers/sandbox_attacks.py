@@ -1,6 +1,6 @@
 """Hostile candidates and hostile tests for tasks/sandbox.py, each with the outcome every
-isolation mode must give. tests/test_sandbox_adversarial.py runs them for the host's modes in
-its own process and, for "space", inside a Space-like container (tests/spacelike.py) through
+isolation mode must give. tests/tasks/test_sandbox_adversarial.py runs them for the host's modes in
+its own process and, for "space", inside a Space-like container (tests/helpers/spacelike.py) through
 the public API (run_tests(untrusted=True) with COLLAB_SANDBOX_ALLOW_WEAK=1).
 
 Modes: "namespaces" and "userns" (strong), "plain" (this machine's root without namespaces:

@@ -11,8 +11,8 @@ generation), and kept fixed:
 - a rating that arrives while a step runs: the group stays ready and trains on the new return
   (it used to be marked trained without the rating ever reaching a gradient).
 
-The torchrun fault (a store error on rank 0 outside a step) is in tests/test_distributed.py, the
-store's own side of these in tests/test_store.py.
+The torchrun fault (a store error on rank 0 outside a step) is in tests/trainer/test_distributed.py, the
+store's own side of these in tests/online/test_store.py.
 """
 from __future__ import annotations
 

@@ -1,19 +1,19 @@
 """Adversarial suite for tasks/sandbox.py: hostile candidates AND hostile test snippets
-(tests/sandbox_attacks.py: read host files, /proc, the environment; write outside; network;
+(tests/helpers/sandbox_attacks.py: read host files, /proc, the environment; write outside; network;
 fork, memory, disk and output floods; kill the caller; leftover processes; remount, unmount,
 nested-namespace and chroot escapes; /proc/<pid>/mem), run in every isolation mode this
 machine offers:
 
 - "namespaces", "userns", "plain" (root without namespaces) in this process, forced through
   the private `sandbox._run(mode, ...)` (no environment variable lowers isolation);
-- "space": a Space-like container (tests/spacelike.py: uid 65534, no user namespaces) where
+- "space": a Space-like container (tests/helpers/spacelike.py: uid 65534, no user namespaces) where
   the app gets "plain" by itself, through the public run_tests(untrusted=True) with
   COLLAB_SANDBOX_ALLOW_WEAK=1.
 
 Each (mode, attack) test asserts the concrete outcome: "contained", or for the weak modes the
 documented exposure (tasks/sandbox.py's module doc). All attacks of a mode run at once in
 threads (the sandbox's own concurrency cap applies), the modes side by side.
-`python tests/test_sandbox_adversarial.py` prints the table.
+`python tests/tasks/test_sandbox_adversarial.py` prints the table.
 """
 from __future__ import annotations
 

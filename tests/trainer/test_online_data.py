@@ -69,7 +69,7 @@ def test_agent_parameters_come_from_peft_adapter_tables(trainer):
 
 
 def _groups(trainer, versions, returns=(1.0, 0.0), created_at=None):
-    """test_magrpo's two on-policy groups (G=2, engine log-probs = the trainer's own), stamped with
+    """helpers.trainer_groups' two on-policy groups (G=2, engine log-probs = the trainer's own), stamped with
     `versions` (agent -> adapter version), ids 10 and 11 and, if given, an arrival time."""
     from helpers.trainer_groups import on_policy_groups
 

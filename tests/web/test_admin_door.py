@@ -1,7 +1,7 @@
 """The admin's own door (issue 21, item 5): admin events run outside Gradio's queue
 (ui.ADMIN_DOOR), so an admin can roll back while the generate queue is full.
 
-Over the real app (Gradio, uvicorn, gradio_client) with test_web_stream's scripted engine,
+Over the real app (Gradio, uvicorn, gradio_client) with the scripted engine of tests/helpers/scripted.py,
 gated so that rounds hold their slot until released. Before the fix the roll-back was a queued
 event: with the queue full it was refused ("Queue is full"), and it shared the generate
 concurrency group, so it could not run before the round in front of it ended; and it waited

@@ -2,7 +2,7 @@
 (collab_app/web/identity.py), never the Gradio session hash the client sends.
 
 The attacks, over the real app (Gradio, uvicorn, gradio_client) with the scripted streaming
-engine of test_web_stream.py:
+engine of tests/helpers/scripted.py:
 - a replayed session hash (another client's, e.g. read from an export) cannot rate that
   session's groups, read its event stream, or spend its limits;
 - a forged cookie is no session;

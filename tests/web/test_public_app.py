@@ -4,7 +4,7 @@ computation per TTL; prompts counted in tokens before the batcher; one round at 
 session; export through a temp dir, fetched over Gradio's real file route while the store is
 refused there; COLLAB_HOME 0700 and its database 0600.
 
-Mostly the scripted streaming engine of test_web_stream.py (no model); the token check uses the
+Mostly the scripted streaming engine of tests/helpers/scripted.py (no model); the token check uses the
 embedded model's real tokenizer; the Gradio tests launch the real app on 127.0.0.1."""
 from __future__ import annotations
 

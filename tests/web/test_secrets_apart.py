@@ -9,7 +9,7 @@ collab_app/online/service.py):
 - a process sealed by secret_env cannot be read by another process of the same uid without
   capabilities (/proc/<pid>/environ, /mem), and model code in the sandbox (a direct run and a
   HumanEval check) cannot read the app's environment: in a Space-like container
-  (tests/spacelike.py: uid 65534, no user namespaces, so the sandbox is "plain" and the code has
+  (tests/helpers/spacelike.py: uid 65534, no user namespaces, so the sandbox is "plain" and the code has
   the app's uid), with a control in the same container showing the same reads do work on a
   process that is not sealed, and on this host in whatever mode the sandbox picks.
 """
