@@ -48,7 +48,7 @@ import signal
 import sys
 
 _ERR_CHARS = 300  # per-test error text kept; a line must stay below PIPE_BUF (4096) to be atomic
-NICE = 19  # the lowest normal priority (why not SCHED_IDLE: sandbox.py's module doc)
+NICE = 19  # the lowest normal priority (why not SCHED_IDLE: docs/SANDBOX.md)
 NS_UID = 1000  # "userns": the code's uid inside its own nested user namespace (not root there)
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 

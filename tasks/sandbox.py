@@ -1,132 +1,15 @@
 """Run untrusted Python (model-written code, and tests a person typed) against unit tests.
 
-Security model: docs/ARCHITECTURE.md. `run_tests(code, tests)` never executes anything in the
-calling process. Per check:
+`run_tests(code, tests)` never executes anything in the calling process: each check is a fresh
+`python -I` harness (tasks/_sandbox_harness.py) in a temp dir with a scrubbed environment,
+rlimits, no capabilities, its own process group (and cgroup where one may be created) killed at
+the end, verdicts back over a MAC'd private pipe, at the strongest isolation level this host
+allows ("namespaces", "userns", or the weak "plain", Landlock-confined where the kernel has it);
+`isolation()` says which. Code or tests a person typed (`untrusted=True`) run only at a strong
+level unless COLLAB_SANDBOX_ALLOW_WEAK=1.
 
-- a fresh `python -I -B -u tasks/_sandbox_harness.py` (sys.executable) in a fresh temp dir
-  (its cwd, removed afterwards), with a minimal environment built from scratch (PATH, HOME and
-  TMPDIR = the temp dir, C.UTF-8 locale, one BLAS/OpenMP thread): nothing of os.environ, so no
-  tokens or secrets; `-I` also ignores PYTHON* variables and the user site;
-- the request (code, tests, limits, a random nonce) goes over stdin, which is then closed;
-- rlimits set by the harness before any candidate code: CPU seconds, address space, processes
-  (RLIMIT_NPROC), file size, open files, no core dumps, no raising its priority;
-  PR_SET_NO_NEW_PRIVS; every capability dropped (ambient, effective, permitted, inheritable,
-  and the bounding set wherever the runner may drop it: as root or in a user namespace;
-  checked in /proc/self/status before any candidate code, else the run fails to start);
-- nice 19 for every process of the run (SCHED_IDLE was left out: on a busy box it starves a
-  check into its wall-clock timeout, so the same answer would score differently under load);
-- at most `max_concurrent()` runs at once in this process (default: the CPUs it may use, its
-  affinity within its cgroup's CPU quota, collab_app/online/cpushare.py's cpu_budget(); env
-  COLLAB_SANDBOX_MAX_CONCURRENT or `set_max_concurrent(n)`); callers beyond that wait;
-- a per-run cgroup v2 (memory.max = Limits.total_memory_mb for all its processes and their
-  tmpfs files, swap 0, pids.max, cpu.max = Limits.cpus) when the app may create one: a cgroup
-  v2 directory with the memory and pids controllers in its cgroup.subtree_control, either the
-  app's own cgroup or COLLAB_SANDBOX_CGROUP=<dir> (e.g. a systemd Delegate=yes subtree). Nothing
-  machine-wide is ever changed; `isolation()["cgroup"]["reason"]` says why it is off;
-- its own session/process group (start_new_session); wall-clock timeout, output flood
-  (> max_output_bytes on stdout or stderr) or the end of the run => SIGKILL to the whole group
-  (and to the whole cgroup, when there is one);
-- results come back over a private pipe (not stdout): one line per verdict, keyed with a
-  BLAKE2b MAC under the nonce. The harness captures exec/compile/os.write/the MAC object
-  before candidate code runs, and catches BaseException around setup, code and each test
-  separately, so printing fake results, `sys.exit(0)`/`os._exit(0)`, raising SystemExit in a
-  test, redefining `__import__`/`AssertionError`/builtins, or writing to the result fd cannot
-  turn a failing test into a pass. A run without the harness's final MAC'd "done" line (or with
-  any line failing the MAC) has `harness_ok=False`, and every test it did not report fails.
-- optionally (`probe=`), after the final verdict, the same process re-runs the passed tests to
-  measure whether one function calls another and uses its result (the coding task's
-  cooperation level; make_probe in the harness). Anything that goes wrong after the verdicts
-  (a hang, a kill, a flood) costs only the probe's findings, never a verdict; the findings are
-  as trustworthy as the verdicts (see below: code that introspects the interpreter can forge both).
-
-Isolation levels. The strongest that works is found by a probe (a real check that must pass,
-find the network gone and not see a canary file beside its work dir). A
-strong result is kept for the life of the process; a weak one is probed again at most every
-REPROBE_S seconds, so a transient failure (ENOMEM, a timeout) never downgrades for good.
-`isolation()` says what is in use.
-
-- "namespaces" (strong; the app runs as root, as on this project's machines): new network (no
-  interface is up: every connect fails, loopback included; no DNS), PID, mount, IPC, UTS and
-  cgroup namespaces. The PID namespace's init is a harness process that runs no candidate code
-  and cannot be ptraced; when the run ends the kernel kills every process left in it, setsid()
-  or not. The filesystem is a minimal view (below). The code runs as a random uid of its own
-  (2_000_000_000 + up to 10^8, never a real account) without any capability: RLIMIT_NPROC (per
-  uid) bounds a fork bomb for this run alone, and it can neither mount, unmount nor remount.
-- "userns" (strong; an app that may not unshare(2) but may create user namespaces, e.g. a
-  non-root app): `unshare --user --map-root-user` (util-linux) then the same namespaces and
-  view; the runner then enters a nested user + mount namespace, so every mount is MNT_LOCKED
-  (cannot be unmounted to reveal what is below, read-only ones cannot be made writable), maps
-  itself to uid 1000 there, makes /proc read-only and drops every capability. Its kernel uid
-  is the app's (file permissions are the app user's, but only the view below is there);
-  RLIMIT_NPROC counts per user namespace (Linux 5.14+), so max_procs bounds this run, except
-  for an app running as kernel uid 0, which the kernel exempts from RLIMIT_NPROC even inside a
-  user namespace (only the run's end, or a pids cgroup, bounds a fork bomb then).
-- "plain" (WEAK; neither works, e.g. a Space: a non-root user in a container without user
-  namespaces): rlimits, no capabilities, process group kill, scrubbed env, private result
-  channel, and, where the kernel has Landlock (Linux 5.13+ with Landlock enabled; `_landlock`
-  checks it once by a real run, `isolation()["landlock"]` says what is in force), a Landlock
-  domain set by the runner itself (no privilege needed): it reads and executes only the paths of
-  the strong modes' view (Python's install, system libraries), reads and writes the five
-  devices, and does anything inside its work dir; nothing else of the filesystem (the store,
-  COLLAB_HOME, the project, /tmp, /dev/shm, Gradio's served files, /proc: not even listing
-  it); with Landlock ABI 4+ no TCP bind or connect; with ABI 6+ no signal or abstract unix
-  socket reaches a process outside the domain (the app, the harness). NOT blocked even then:
-  UDP and other non-TCP sockets, the app's uid for everything else, a setsid() process
-  outliving the run unless a separate uid or a cgroup was used, no total disk cap (the work
-  dir is on the host's disk). Without Landlock, also NOT blocked: network (and abstract unix
-  sockets); reading whatever the app's user can read (its files, the store, /tmp,
-  /proc/<app pid>/environ and /mem with its tokens); writing wherever it may write (the store,
-  the project, /tmp, /dev/shm); signalling the app's processes (kill the server). As root, a separate
-  uid is used when the Python install is reachable by it (then only world-readable/-writable
-  places are open); otherwise the code is uid 0 without capabilities: it still reads and
-  writes root's files and signals root's processes, but cannot mount, nor ptrace or read
-  /proc/<pid>/environ|mem|root of processes that hold capabilities (the app's do).
-  Without a separate uid RLIMIT_NPROC counts all of the user's processes, so it is set to the
-  user's current count + max_procs (racy); as root without a separate uid there is no process
-  limit (the kernel exempts uid 0), only the kill at the end of the run.
-  Fail closed: `run_tests(..., untrusted=True)` (code or tests a PERSON typed) refuses to run
-  in "plain" and raises WeakSandboxError, unless COLLAB_SANDBOX_ALLOW_WEAK=1 is set explicitly.
-  Model-written code against the project's own tests (untrusted=False) still runs there.
-
-The filesystem view ("namespaces" and "userns"): pivot_root into a fresh read-only tmpfs, the
-host's root detached, that holds exactly (`isolation()["visible"]` lists the binds):
-- /usr, read-only, and /bin /sbin /lib /lib32 /lib64 /libx32 as the host has them (symlinks into
-  /usr on merged-/usr systems, else read-only binds): the dynamic loader and shared libraries;
-- the Python install (sys.base_prefix) and the site-packages dirs on sys.path that lie inside
-  sys.prefix / sys.exec_prefix (a venv's site-packages, not the venv itself, and never a
-  project dir an editable install put on sys.path), read-only, at their host paths, with
-  fresh 0755 parent dirs (so /root/.pyenv/... is reachable while the rest of /root is not);
-- /dev: null, zero, full, random, urandom (bound from the host), fd/stdin/stdout/stderr links,
-  /dev/shm (a fresh 16 MB tmpfs);
-- /proc of the run's PID namespace only, `subset=pid` (no /proc/sys, /proc/meminfo, ...),
-  read-only;
-- the work dir (cwd = HOME = TMPDIR) at its host path under an otherwise empty /tmp: a fresh
-  tmpfs of 4 x max_file_mb, gone with the run.
-Nothing else: no /etc (no passwd, hosts, resolv.conf, ld.so.cache), /home, /data, /var, /srv,
-/mnt, /run, /sys, /boot; /tmp, /root, /work, /opt... exist only as empty read-only parents on
-the way to the work dir or a bound Python dir (here e.g. /work/main/.venv/lib/python3.11/
-site-packages and nothing else of /work/main): no project tree, no COLLAB_HOME, no other file
-in /tmp, no sys.executable of a venv (the harness is loaded before the pivot and never read
-again). The mounts carry nosuid and nodev (except the five devices).
-
-RLIMIT_NPROC counts threads too: max_procs must leave room for libraries that start thread
-pools (the environment pins OpenMP/BLAS to one thread).
-
-What this does NOT protect against, at any level:
-- Code that deliberately introspects the interpreter it runs in (gc.get_objects, frames,
-  sys.settrace jumping over an assert line, ctypes reading memory) can find the MAC object and
-  forge verdicts, or edit the test namespace: the tests run in the same process as the code
-  they judge. Likewise values built to cheat comparisons (`__eq__` that always returns True)
-  pass `assert f(x) == y`. Rewards built on this are only as strong as the tests.
-- Kernel or CPU bugs (namespace escapes, Spectre-style side channels), timing attacks. No
-  seccomp filter: every syscall the kernel allows an unprivileged process is available,
-  including creating user namespaces of its own (where its mounts stay locked).
-- Resource use below the limits: without a cgroup, up to max_procs processes each with
-  memory_mb of address space, CPU time shared with the machine (at nice 19) until the
-  wall-clock timeout, tmpfs writes counted against host memory (4 x max_file_mb + 16 MB /dev/shm).
-- Denial of the run itself: code can always make its own check fail, time out or crash.
-- Reading what the view shows: the system's and the Python install's files (e.g. which
-  packages are installed), its own mountinfo (host paths of the binds).
+docs/SANDBOX.md is the design: what each step of a check does and why, each isolation level, the
+filesystem view, and what no level protects against.
 """
 from __future__ import annotations
 
@@ -210,7 +93,7 @@ class Limits:
     timeout_s: float = 10.0  # wall clock for the whole run
     cpu_s: int = 10  # CPU seconds per process (SIGXCPU, SIGKILL one second later)
     memory_mb: int = 1024  # address space per process
-    max_procs: int = 32  # processes+threads the run may have (RLIMIT_NPROC, see module doc)
+    max_procs: int = 32  # processes+threads the run may have (RLIMIT_NPROC, see docs/SANDBOX.md)
     max_file_mb: int = 16  # largest file it may write
     max_open_files: int = 64
     max_output_bytes: int = 64_000  # per stream (stdout, stderr); more => killed, "output"
@@ -494,7 +377,7 @@ def _check_landlock(abi: int) -> int:
 
 
 def isolation() -> dict:
-    """Which isolation this process's checks get (see the module docstring), for logs and UI.
+    """Which isolation this process's checks get (docs/SANDBOX.md), for logs and UI.
     `strong`: "namespaces"/"userns"; `untrusted_allowed`: may code or tests a person typed run
     (strong, or COLLAB_SANDBOX_ALLOW_WEAK=1); `summary`: one line for people."""
     m = _mode()
@@ -579,7 +462,7 @@ def _inside(path: str, parent: str) -> bool:
 
 @functools.cache
 def _view() -> tuple[tuple[str, str, str | None], ...]:
-    """The host paths of the filesystem view (module doc): ("link", path, target) for system
+    """The host paths of the filesystem view (docs/SANDBOX.md): ("link", path, target) for system
     dirs that are symlinks (/lib -> usr/lib), ("bind", path, None) for read-only binds."""
     out, binds = [], []
     for p in SYSTEM_DIRS:
@@ -767,7 +650,7 @@ def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: st
     if mode.name == "plain" and uid is None:
         nproc += _user_tasks(os.getuid())
     workdir = tempfile.mkdtemp(prefix="collab-sandbox-")
-    if landlock is None:   # "plain" runs are confined by Landlock where the kernel has it (module doc)
+    if landlock is None:   # "plain" runs are confined by Landlock where the kernel has it (docs/SANDBOX.md)
         landlock = _landlock() if mode.name == "plain" else 0
     rfd, wfd = os.pipe()
     cg = proc = None

@@ -11,7 +11,7 @@ machine offers:
   COLLAB_SANDBOX_ALLOW_WEAK=1.
 
 Each (mode, attack) test asserts the concrete outcome: "contained", or for the weak modes the
-documented exposure (tasks/sandbox.py's module doc). All attacks of a mode run at once in
+documented exposure (docs/SANDBOX.md). All attacks of a mode run at once in
 threads (the sandbox's own concurrency cap applies), the modes side by side.
 `python tests/tasks/test_sandbox_adversarial.py` prints the table.
 """
