@@ -41,6 +41,8 @@ Data parallel under torchrun (trainer/distributed.py says how): every rank holds
 groups, runs its share of each agent's micro-batches, the gradients are summed over the ranks
 and every rank takes the same step; rank 0 alone writes the versions. Without torchrun
 (world size 1) the `distributed.*` calls below do nothing.
+Where a trainer starts (resume from its latest versions, version 0, every rank from rank 0)
+and how it saves a version: trainer/adapter_state.py.
 
 Knows nothing of collab_app: the inference engine reaches rollout through the `Sampler`
 protocol below (collab_app.engines.sampler.EngineSampler wraps an Engine).
@@ -56,12 +58,13 @@ import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from tasks.base import Turn, check_prompts, check_reward
+from trainer import adapter_state
 from trainer import adapters as versions_on_disk
 from trainer import distributed
 from trainer.config import MAGRPOConfig
@@ -501,90 +504,15 @@ class MAGRPOTrainer:
         self.train_seconds = 0.0   # rollout + update wall time of `train` so far (max_minutes, lr_schedule)
         self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
-        self._init_versions()
+        adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
 
     # -- versions on disk ---------------------------------------------------------------------
     def adapter_path(self, agent: str) -> str:
         return versions_on_disk.version_dir(self.adapters_dir, agent, self.versions[agent])
 
-    def _init_versions(self) -> None:
-        if distributed.is_main():
-            self._init_from_disk()
-        if distributed.world_size() > 1:
-            self._sync_from_main()
-
-    def _init_from_disk(self) -> None:
-        """Resume from the latest versions in adapters_dir, or save version 0 of every agent."""
-        for a in self.agents:
-            for path in versions_on_disk.remove_partial(self.adapters_dir, a):
-                log.warning("removed a half-written adapter version left by a crash: %s", path)
-        found = {a: versions_on_disk.latest_version(self.adapters_dir, a) for a in self.agents}
-        if any(found.values()):
-            if not self.cfg.resume:
-                raise FileExistsError(f"{self.adapters_dir} already holds adapter versions: pass --resume to "
-                                      f"continue from them, or choose a fresh --adapters-dir")
-            missing = [a for a, f in found.items() if f is None]
-            if missing:
-                raise FileNotFoundError(f"{self.adapters_dir} has versions for {sorted(set(found) - set(missing))} "
-                                        f"but none for {missing}: it belongs to another team; use a fresh --adapters-dir")
-            self._resume(found)
-            return
-        for a in self.agents:
-            self._save(a, {"step": 0, "parent_version": None, "metrics": {}})
-
-    def _resume(self, found: dict[str, tuple[int, str]]) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        for a, (version, path) in found.items():
-            set_peft_model_state_dict(self.model, load_file(os.path.join(path, "adapter_model.safetensors")),
-                                      adapter_name=a)
-            opt = os.path.join(path, versions_on_disk.OPTIMIZER)
-            if os.path.exists(opt):
-                self.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=self.device))
-            else:
-                log.warning("%s has no optimizer state: AdamW moments restart from zero", path)
-            self.versions[a] = version
-            meta = versions_on_disk.read_meta(path)
-            self.step = max(self.step, int(meta.get("step", 0)))
-            self.train_seconds = max(self.train_seconds, float(meta.get("metrics", {}).get("train_seconds", 0.0)))
-            self.saved_at[a] = [float(versions_on_disk.read_meta(p).get("created_at", 0.0))
-                                for v, p in versions_on_disk.list_versions(self.adapters_dir, a) if v > 0]
-        log.info("resumed at step %d from versions %s", self.step, self.versions)
-
-    def _sync_from_main(self) -> None:
-        """Data parallel: every rank starts from rank 0's adapters, AdamW moments, versions, step and
-        version times (rank 0 resumed them from its adapters_dir, which the others may not see);
-        ranks > 0 then keep a copy of each current version in their scratch adapters_dir."""
-        main = distributed.is_main()
-        state = distributed.broadcast_object(
-            {"versions": self.versions, "step": self.step, "saved_at": self.saved_at, "train_seconds": self.train_seconds,
-             "optimizers": {a: distributed.to_cpu(o.state_dict()) for a, o in self.optimizers.items()}}
-            if main else None)
-        for a in self.agents:
-            distributed.broadcast_(self.params[a])
-        if not main:
-            self.versions, self.step, self.saved_at = state["versions"], state["step"], state["saved_at"]
-            self.train_seconds = state["train_seconds"]
-            for a in self.agents:
-                self.optimizers[a].load_state_dict(state["optimizers"][a])
-                self._save(a, {"step": self.step, "parent_version": None, "metrics": {}})
-
     def _save(self, agent: str, meta: dict) -> str:
-        from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
-
-        def write(tmp: str) -> None:
-            state = {k: v.detach().cpu().contiguous() for k, v in
-                     get_peft_model_state_dict(self.model, adapter_name=agent).items()}
-            save_file(state, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
-            self.model.peft_config[agent].save_pretrained(tmp)
-            torch.save(self.optimizers[agent].state_dict(), os.path.join(tmp, versions_on_disk.OPTIMIZER))
-
-        meta = {**meta, "base_model": self.cfg.model, "config": asdict(self.cfg)}
-        path = versions_on_disk.save_version(self.adapters_dir, agent, self.versions[agent], write, meta)
-        versions_on_disk.prune_versions(self.adapters_dir, agent, self.cfg.keep_versions)
-        return path
+        return adapter_state.save(self.model, self.optimizers[agent], self.cfg, self.adapters_dir, agent,
+                                  self.versions[agent], meta)
 
     def load_into(self, engine: Sampler) -> None:
         """Hand every agent's current version to the engine (only those that changed)."""

@@ -1,0 +1,112 @@
+"""A trainer's adapters and optimizers against their versions on disk (trainer/adapters.py) and
+across data-parallel ranks: where a `MAGRPOTrainer` starts (resume from the latest versions, or
+save version 0 of every agent), saving one agent's next version, and under torchrun every rank
+starting from rank 0's state. trainer/magrpo.py keeps the algorithm; this is its bookkeeping."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainer import adapters as versions_on_disk
+from trainer import distributed
+from trainer.config import MAGRPOConfig
+
+if TYPE_CHECKING:
+    from trainer.magrpo import MAGRPOTrainer
+
+log = logging.getLogger(__name__)
+
+
+def start(trainer: MAGRPOTrainer) -> None:
+    """Set the trainer's versions, step, version times, weights and AdamW moments: rank 0 from
+    its adapters_dir, every other rank from rank 0."""
+    if distributed.is_main():
+        _from_disk(trainer)
+    if distributed.world_size() > 1:
+        _sync_from_main(trainer)
+
+
+def save(model, optimizer: torch.optim.Optimizer, cfg: MAGRPOConfig, adapters_dir: str, agent: str, version: int,
+         meta: dict) -> str:
+    """Write `agent`'s adapter (peft format) and optimizer state as `version` (atomic, then prune
+    to cfg.keep_versions); returns the version's directory."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    def write(tmp: str) -> None:
+        state = {k: v.detach().cpu().contiguous() for k, v in
+                 get_peft_model_state_dict(model, adapter_name=agent).items()}
+        save_file(state, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
+        model.peft_config[agent].save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), os.path.join(tmp, versions_on_disk.OPTIMIZER))
+
+    meta = {**meta, "base_model": cfg.model, "config": asdict(cfg)}
+    path = versions_on_disk.save_version(adapters_dir, agent, version, write, meta)
+    versions_on_disk.prune_versions(adapters_dir, agent, cfg.keep_versions)
+    return path
+
+
+def _from_disk(trainer: MAGRPOTrainer) -> None:
+    """Resume from the latest versions in adapters_dir, or save version 0 of every agent."""
+    adapters_dir = trainer.adapters_dir
+    for a in trainer.agents:
+        for path in versions_on_disk.remove_partial(adapters_dir, a):
+            log.warning("removed a half-written adapter version left by a crash: %s", path)
+    found = {a: versions_on_disk.latest_version(adapters_dir, a) for a in trainer.agents}
+    if any(found.values()):
+        if not trainer.cfg.resume:
+            raise FileExistsError(f"{adapters_dir} already holds adapter versions: pass --resume to "
+                                  f"continue from them, or choose a fresh --adapters-dir")
+        missing = [a for a, f in found.items() if f is None]
+        if missing:
+            raise FileNotFoundError(f"{adapters_dir} has versions for {sorted(set(found) - set(missing))} "
+                                    f"but none for {missing}: it belongs to another team; use a fresh --adapters-dir")
+        _resume(trainer, found)
+        return
+    for a in trainer.agents:
+        trainer._save(a, {"step": 0, "parent_version": None, "metrics": {}})
+
+
+def _resume(trainer: MAGRPOTrainer, found: dict[str, tuple[int, str]]) -> None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    for a, (version, path) in found.items():
+        set_peft_model_state_dict(trainer.model, load_file(os.path.join(path, "adapter_model.safetensors")),
+                                  adapter_name=a)
+        opt = os.path.join(path, versions_on_disk.OPTIMIZER)
+        if os.path.exists(opt):
+            trainer.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=trainer.device))
+        else:
+            log.warning("%s has no optimizer state: AdamW moments restart from zero", path)
+        trainer.versions[a] = version
+        meta = versions_on_disk.read_meta(path)
+        trainer.step = max(trainer.step, int(meta.get("step", 0)))
+        trainer.train_seconds = max(trainer.train_seconds, float(meta.get("metrics", {}).get("train_seconds", 0.0)))
+        trainer.saved_at[a] = [float(versions_on_disk.read_meta(p).get("created_at", 0.0))
+                               for v, p in versions_on_disk.list_versions(trainer.adapters_dir, a) if v > 0]
+    log.info("resumed at step %d from versions %s", trainer.step, trainer.versions)
+
+
+def _sync_from_main(trainer: MAGRPOTrainer) -> None:
+    """Data parallel: every rank starts from rank 0's adapters, AdamW moments, versions, step and
+    version times (rank 0 resumed them from its adapters_dir, which the others may not see);
+    ranks > 0 then keep a copy of each current version in their scratch adapters_dir."""
+    main = distributed.is_main()
+    state = distributed.broadcast_object(
+        {"versions": trainer.versions, "step": trainer.step, "saved_at": trainer.saved_at,
+         "train_seconds": trainer.train_seconds,
+         "optimizers": {a: distributed.to_cpu(o.state_dict()) for a, o in trainer.optimizers.items()}}
+        if main else None)
+    for a in trainer.agents:
+        distributed.broadcast_(trainer.params[a])
+    if not main:
+        trainer.versions, trainer.step, trainer.saved_at = state["versions"], state["step"], state["saved_at"]
+        trainer.train_seconds = state["train_seconds"]
+        for a in trainer.agents:
+            trainer.optimizers[a].load_state_dict(state["optimizers"][a])
+            trainer._save(a, {"step": trainer.step, "parent_version": None, "metrics": {}})
