@@ -14,7 +14,7 @@ from collab_app.online.service import (STATUS_KEY, ServiceConfig, TrainerService
 from collab_app.online.store import Store
 from tasks.base import Reward
 from trainer import adapters
-from helpers.service import AGENTS, TASK, add_groups
+from helpers.service import AGENTS, TASK, add_groups, fake_sample
 
 @pytest.fixture(scope="module")
 def engine(model_path):

@@ -8,7 +8,7 @@ import pytest
 from collab_app.web import core
 from collab_app.web import handlers as H
 from collab_app.web.context import AppContext, is_public, storage_warning
-from helpers.model_app import TEXT, make_ctx
+from helpers.model_app import MAX_NEW, TEXT, make_ctx
 
 TOKEN = "Q7v-mR2x_Lp9sWz4Kc"          # passes context.admin_token_problem
 A, B = H.Caller("session-A"), H.Caller("session-B")
