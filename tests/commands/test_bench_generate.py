@@ -10,6 +10,7 @@ def test_floor_is_the_weights_read_once_per_step(model_path):
     f = bench.floor(model_path, max_new_tokens=128, bandwidth_gbs=10.0)
     assert 0.5 < f["weight_gb_fp32"] < 0.6                    # SmolLM2-135M: ~135M params x 4 bytes
     assert f["weight_gb_int8"] < f["weight_gb_fp32"] / 3       # nearly all weights are 2-D (int8)
+    assert f["weight_gb_int8"] < f["weight_gb_fp16"] < f["weight_gb_fp32"] / 1.9   # fp16: ~half of fp32
     assert abs(f["round_s_fp32"] - f["weight_gb_fp32"] * 128 / 10.0) < 0.01
     assert bench.floor(model_path, 128, 20.0)["round_s_fp32"] < f["round_s_fp32"]
 
@@ -35,21 +36,34 @@ def test_table_shows_ours_the_baseline_and_the_floor():
     assert "ratio_round_s_vllm_over_plain: 0.85" in table
 
 
-def test_auto_dtype_is_the_one_serve_would_use(monkeypatch):
+def test_auto_precision_is_the_one_serve_would_use(monkeypatch):
     """The bench times what `collab serve` serves: dtype auto on a CPU is this machine's
-    calibration (engines.cpu_precision), not the CPU-flags rule (they differ where the flags claim
-    native bf16 that the kernels do not use, e.g. ATEN_CPU_CAPABILITY=avx2 on an AVX512_BF16 box)."""
+    calibration (engines.cpu_precision: dtype, and for vLLM the base GEMMs), not the CPU-flags rule
+    (they differ where the flags claim native bf16 that the kernels do not use, e.g.
+    ATEN_CPU_CAPABILITY=avx2 on an AVX512_BF16 box)."""
     import collab_app.engines as engines
 
     seen = []
     monkeypatch.setattr(engines, "cuda_available", lambda: False)
-    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: seen.append(kind) or {"dtype": "float32"})
+    monkeypatch.setattr(engines, "cpu_precision",
+                        lambda path, kind, threads=None: seen.append(kind) or {"dtype": "float32", "quantize": "fp16"})
     monkeypatch.setenv("COLLAB_CALIBRATE", "1")
-    assert bench._auto_dtype("/m", "vllm") == "float32" and seen == ["vllm"]
+    assert bench._auto_precision("/m", "vllm") == {"dtype": "float32", "quantize": "fp16"} and seen == ["vllm"]
     monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {})   # calibration failed
-    assert bench._auto_dtype("/m", "transformers") == "auto"
+    assert bench._auto_precision("/m", "transformers") == {}
     monkeypatch.setenv("COLLAB_CALIBRATE", "0")                                         # the test session's
-    assert bench._auto_dtype("/m", "vllm") == "auto"
+    assert bench._auto_precision("/m", "vllm") == {}
     monkeypatch.setenv("COLLAB_CALIBRATE", "1")
     monkeypatch.setattr(engines, "cuda_available", lambda: True)                        # a GPU: the engine's own
-    assert bench._auto_dtype("/m", "vllm") == "auto"
+    assert bench._auto_precision("/m", "vllm") == {}
+
+
+def test_every_vllm_variant_is_a_choice_with_valid_engine_keywords():
+    import inspect
+
+    from collab_app.engines.engine_vllm import QUANTIZE, VLLMEngine
+
+    params = inspect.signature(VLLMEngine).parameters
+    for name, kw in bench.VLLM_VARIANTS.items():
+        assert kw.get("quantize", "auto") in (*QUANTIZE, "auto"), name
+        assert all(k in params for k in kw), name

@@ -22,14 +22,38 @@ def test_decide_keeps_the_fastest_exact_precision_and_int8_only_when_fast_and_cl
     assert (d["dtype"], d["quantize"]) == ("bfloat16", None) and "not enough faster" in d["why"]
 
 
+def test_decide_takes_fp16_weights_when_faster_and_within_rounding_noise():
+    """What an AVX2-only box measured (one thread, 8 rows): vLLM's oneDNN fp32 85 ms, fp16 weights
+    44 ms with a log-prob gap of rounding noise, int8 faster still but 1.99 nats off."""
+    ms = {"float32": 85.0, "bfloat16": 170.0, "fp16": 44.0, "int8": 24.0}
+    gap = {"fp16": {"mean": 0.0003, "max": 0.002}, "int8": {"mean": 1.99, "max": 5.5}}
+    d = cal.decide(ms, gap)
+    assert (d["dtype"], d["quantize"]) == ("float32", "fp16") and "44.0 ms" in d["why"]
+    # int8 close enough and 1.25x faster than fp16: int8 (the most exact kind that wins)
+    both_close = {**gap, "int8": {"mean": 0.02, "max": 0.1}, "bfloat16": {"mean": 0.03, "max": 0.1}}
+    assert cal.decide(ms, both_close)["quantize"] == "int8"
+    assert cal.decide({**ms, "int8": 40.0}, both_close)["quantize"] == "fp16"   # int8 not 1.25x faster than fp16
+    # fp16 beyond rounding noise (a checkpoint trained in fp32 with tiny weights, say): not taken
+    d = cal.decide(ms, {**gap, "fp16": {"mean": 0.05, "max": 0.3}})
+    assert d["quantize"] is None and "fp16 faster but its log-prob gap 0.05" in d["why"]
+    # two threads: oneDNN uses both, fbgemm's fp16 one -> not 1.25x faster, stay exact
+    d = cal.decide({"float32": 47.0, "bfloat16": 90.0, "fp16": 41.6, "int8": 20.0}, gap)
+    assert (d["dtype"], d["quantize"]) == ("float32", None) and "fp16 not enough faster" in d["why"]
+    # a machine without fbgemm (aarch64): no fp16 / int8 entries, nothing to swap
+    assert cal.decide({"float32": 50.0, "bfloat16": 30.0}, {})["quantize"] is None
+
+
 def test_calibration_measures_once_per_machine_and_model(model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
     entry = cal.calibrate(model_path, threads=1)
-    assert set(entry["ms_per_step"]) == {"float32", "bfloat16", "int8"} and all(v > 0 for v in entry["ms_per_step"].values())
+    ms = entry["ms_per_step"]
+    assert {"float32", "bfloat16"} <= set(ms) <= set(cal.KINDS) and all(v > 0 for v in ms.values())
     assert entry["dtype"] in ("float32", "bfloat16") and entry["threads"] == 1
-    if entry["ms_per_step"]["int8"] * cal.INT8_MIN_SPEEDUP <= min(entry["ms_per_step"]["float32"],
-                                                                 entry["ms_per_step"]["bfloat16"]):
-        assert entry["logprob_gap"]["int8"]["mean"] > 0     # fast enough: its accuracy was measured
+    assert set(entry["kernel"].values()) <= {"onednn", "torch"} and "float32" in entry["kernel"]
+    for kind in ("fp16", "int8"):
+        if kind in ms and ms[kind] * cal.MIN_SPEEDUP <= min(ms["float32"], ms["bfloat16"]):
+            assert entry["logprob_gap"][kind]["mean"] >= 0     # fast enough: its accuracy was measured
+            assert kind != "fp16" or entry["logprob_gap"][kind]["mean"] < cal.FP16_MAX_GAP   # 16-bit checkpoint
     cache = json.loads((tmp_path / "calibration.json").read_text())
     assert list(cache) == [cal.machine_key(model_path, 1)] and cache[cal.machine_key(model_path, 1)] == entry
 

@@ -157,6 +157,43 @@ def test_greedy_equal_between_engines_after_version_swaps(hf_engine_fp32, vllm_e
     assert _greedy(vllm_engine, ["base"]) == _greedy(hf_engine_fp32, ["base"])
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, hf_engine_fp32, adapters, teacher):
+    """quantize="fp16" (what the calibration picks on CPUs where vLLM's fp32 GEMM is slow, e.g.
+    AVX2-only): fp16 weights, fp32 activations and sums, LoRA deltas in fp32 on top. The embedded
+    checkpoint came from 16-bit tensors, so the weights lose nothing: greedy tokens equal
+    transformers+peft fp32's for the base and two agents, and log-probs stay in the fp32 band."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not importable")
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no fbgemm (fp16 base GEMMs are x86-only)")
+    from collab_app.engines.engine_vllm import VLLMEngine
+
+    eng = VLLMEngine(model_path, dtype="float32", quantize="fp16", num_agents=3, seed=0)
+    try:
+        for e in (eng, hf_engine_fp32):
+            e.register_agent("base")
+            e.load_adapter("f1", adapters[1], 1)
+            e.load_adapter("f2", adapters[2], 1)
+        agents = ["f1", "base", "f2"]
+        assert _greedy(eng, agents) == _greedy(hf_engine_fp32, agents)
+        out = eng.generate([Request("f1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5))
+        for s in out[0]:
+            ids = torch.tensor([s.prompt_token_ids + s.token_ids])
+            with torch.no_grad():
+                logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1].float()
+            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+            diff = (ref - torch.tensor(s.logprobs)).abs()
+            assert diff.mean() < 0.02 and diff.max() < 0.1, (diff.mean().item(), diff.max().item())
+    finally:
+        eng.close()
+
+
 def test_bad_requests_raise_clear_errors(engine, adapters):
     _setup(engine, adapters)
     with pytest.raises(EngineError, match="empty prompt"):

@@ -2,7 +2,7 @@
 has one fused q|k|v layer and one plain layer, each computing through `cpu_linear` as vLLM's
 CPU layers do. Every row of a mixed batch must get exactly peft's forward for ITS key
 (base + scale·B·A per shard of the fused layer), base rows nothing, whatever the row order.
-The engine-level check (greedy equal to transformers+peft) is in tests/test_engine.py."""
+The engine-level check (greedy equal to transformers+peft) is in tests/engines/test_engine.py."""
 from __future__ import annotations
 
 import json
@@ -170,22 +170,43 @@ def test_adapters_the_engine_cannot_serve_are_refused(tmp_path):
 
 
 
-def test_int8_base_gemms_stay_close_and_deltas_stay_exact(tmp_path):
-    """collab_int8: every packed layer's GEMM through fbgemm's int8 kernel (weights per output
-    channel). The base output moves by quantization noise only (a few % of its scale), and an
-    adapter row's delta on top of it is still exactly peft's scale·B·A·x."""
+@pytest.mark.parametrize("kind, noise", [("int8", (0, 0.03)), ("fp16", (0, 2e-3))])
+def test_quantized_base_gemms_stay_close_and_deltas_stay_exact(tmp_path, kind, noise):
+    """collab_quantize: every packed layer's GEMM through fbgemm (int8: weights per output
+    channel, activations per call; fp16: fp16 weights, fp32 activations and sums). The base output
+    moves by rounding noise only, and an adapter row's delta on top of it is still exactly peft's
+    scale·B·A·x."""
     torch.manual_seed(0)
     w = FakeWorker()
-    assert w.collab_int8(str(tmp_path)) == {"layers": 2, "int8_mb": 0.0}   # weights kept: no checkpoint read
+    # weights kept by the fake layers: no checkpoint read
+    assert w.collab_quantize(str(tmp_path), kind) == {"kind": kind, "layers": 2, "weight_mb": 0.0}
     a1 = save_adapter(tmp_path / "a1", ["q_proj", "k_proj", "v_proj", "o_proj"], seed=1)
     w.collab_load("x1-v1-1", a1)
     x = torch.randn(3, IN)
     out, _ = w.run([("r1", None, 3), ("r2", "x1-v1-1", 3)], x=torch.cat([x, x]))   # same rows, base then adapter
     fp32_qkv, _ = expected(w, x, None)
     rel = (out["qkv"][:3] - fp32_qkv).abs().max() / fp32_qkv.abs().max()
-    assert 0 < rel < 0.03, rel.item()          # int8, not fp32: it moved, but only by noise
+    assert noise[0] < rel < noise[1], rel.item()          # not fp32: it moved, but only by noise
     for name, (base, with_lora) in {"qkv": expected(w, x, None)[0:1] + expected(w, x, a1)[0:1],
                                     "o": expected(w, x, None)[1:2] + expected(w, x, a1)[1:2]}.items():
         torch.testing.assert_close(out[name][3:] - out[name][:3], with_lora - base, rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="before any adapter"):
-        w.collab_int8(str(tmp_path))
+        w.collab_quantize(str(tmp_path), kind)
+
+
+def test_fp16_weights_of_a_16_bit_checkpoint_are_exact():
+    """Weights that are already fp16-representable (the embedded model's checkpoint came from 16-bit
+    GGUF tensors) lose nothing: fp16_linear equals F.linear up to the order of fp32 sums."""
+    from collab_app.engines.vllm_team import fp16_linear
+
+    torch.manual_seed(0)
+    wt = (torch.randn(64, 48) * 0.05).half().float()   # fp16-representable, as a 16-bit checkpoint
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(fp16_linear(wt)(x), F.linear(x, wt), rtol=1e-5, atol=1e-6)
+    b = torch.randn(64)
+    torch.testing.assert_close(fp16_linear(wt)(x, None, b), F.linear(x, wt, b), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unknown_base_gemm_kind_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="must be one of"):
+        FakeWorker().collab_quantize(str(tmp_path), "int4")
