@@ -116,8 +116,17 @@ class VLLMEngine:
         # In one process every vLLM call runs on one dedicated thread (module doc): the thread
         # that builds the engine is the one whose OpenMP set-up vLLM's CPU kernels check.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="collab-vllm") if self.in_process else None
+        import torch
+
+        set_num_threads = torch.set_num_threads
         with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None):
             self.llm = self._call(LLM, **args)
+        if torch.set_num_threads is not set_num_threads:
+            # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has
+            # bound its OpenMP threads (a later call on its own thread would unbind them). OpenMP
+            # keeps the thread count per thread and only the engine thread runs vLLM, so the rest
+            # of this process (a trainer's thread budget, tests that pin one thread) gets torch's back.
+            torch.set_num_threads = set_num_threads
         if self.in_process:
             with _LIVE_LOCK:
                 _LIVE_IN_PROCESS.add(id(self))

@@ -194,6 +194,25 @@ def test_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, hf_en
         eng.close()
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_rest_of_the_process_keeps_its_thread_budget(vllm_engine, adapters):
+    """vLLM's in-process CPU worker makes torch.set_num_threads a process-wide no-op; the engine
+    gives it back (only the engine's own thread runs vLLM, and OpenMP keeps the count per thread),
+    so a trainer or a test in the same process can still pin its threads, and the engine still
+    serves afterwards."""
+    import torch
+
+    _setup(vllm_engine, adapters)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+        assert _greedy(vllm_engine, ["a1"])[0]
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_bad_requests_raise_clear_errors(engine, adapters):
     _setup(engine, adapters)
     with pytest.raises(EngineError, match="empty prompt"):
