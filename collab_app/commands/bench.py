@@ -103,17 +103,16 @@ def _worker(args) -> None:
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
-    quantize = None
-    if args.engine in VLLM_VARIANTS:
-        quantize = VLLM_VARIANTS[args.engine].get("quantize", "auto")
-        if quantize != "auto":   # fp16 / int8 base GEMMs run fp32 activations; onednn: as auto
-            args.dtype = "float32" if quantize else args.dtype
+    quantize = VLLM_VARIANTS[args.engine]["quantize"] if args.engine in VLLM_VARIANTS else None
+    if quantize not in (None, "auto"):
+        args.dtype = "float32"   # fp16 / int8 base GEMMs run fp32 activations
     if args.dtype == "auto" and args.engine in (*VLLM_VARIANTS, "transformers"):
         precision = _auto_precision(args.model_path, "vllm" if args.engine in VLLM_VARIANTS else args.engine)
         args.dtype = precision.get("dtype", "auto")
         if quantize == "auto":
             quantize = precision.get("quantize")
-    quantize = None if quantize == "auto" else quantize
+    if quantize == "auto":       # no calibration here (a GPU, COLLAB_CALIBRATE=0): vLLM's own GEMMs
+        quantize = None
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path

@@ -65,5 +65,5 @@ def test_every_vllm_variant_is_a_choice_with_valid_engine_keywords():
 
     params = inspect.signature(VLLMEngine).parameters
     for name, kw in bench.VLLM_VARIANTS.items():
-        assert kw.get("quantize", "auto") in (*QUANTIZE, "auto"), name
+        assert kw["quantize"] in (*QUANTIZE, "auto"), name
         assert all(k in params for k in kw), name
