@@ -12,9 +12,19 @@ from that step's version.
 
 Preferences (`--raters`, one scripted rater each; none of them is a level of the tldr reward):
 - `short`        fewer words is better: 5 at <= 30 words of combined text, 1 at >= 90, linear between
+- `long`         the opposite: 5 at >= 90 words, 1 at <= 30 (with `short`: two raters who disagree)
 - `word:W`       5 if the word W appears in the combined text (case-insensitive), else 1
 - `nodigits`     5 if the combined text has no digit, else 1
-The trainer's return is the rating (`human_first`), so the preference is all it learns from.
+How a rating and the task's automatic reward become a return is the child trainer's return mode
+(`--trainer-args "--return-mode ..."`, the service's default otherwise): under `human_first` the
+preference is all it learns from; under `weighted` it also keeps the task's own checks.
+
+Both curves (issue: "learn what people want without forgetting the craft"): the raters' mean
+rating per window of rounds, and the **held-out automatic score** of the versions the server
+served: after the run, the team states it went through (one per train step that wrote versions)
+are evaluated greedily on the first `--eval-examples` texts of the TL;DR eval split (texts no
+rater saw), `--eval-points` states spread over the run, first and last included. This runs after
+the server stopped, so it takes no CPU from the raters' rounds.
 
 Limits: every round is a full generate of the team (G joint answers); the rater rates at once,
 so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
@@ -67,24 +77,36 @@ class BenchOnlineConfig:
     """server port (0 = a free one)."""
     round_timeout_s: float = 600.0
     """a round (generate or rate) that takes longer ends the run as "hung" (results so far are kept)."""
+    eval_points: int = 6
+    """team states (versions served) to score on held-out texts after the run, spread over it (0 = off)."""
+    eval_examples: int = 5
+    """held-out TL;DR texts per scored state: the first N of the eval split (5 texts; the raters rate the 15 of the train split)."""
+    eval_samples: int = 4
+    """besides the greedy answer, joint answers sampled per held-out text at the server's temperature 0.8 (what a person sees)."""
 
     def __post_init__(self):
         for r in self.raters:
             preference(r)   # raises with the valid forms
         if self.minutes <= 0 or self.window < 1 or self.num_generations < 2 or self.min_groups < 1:
             raise ValueError("need minutes > 0, window >= 1, num_generations >= 2, min_groups >= 1")
+        if self.eval_points < 0 or self.eval_points == 1 or self.eval_examples < 1 or self.eval_samples < 0:
+            raise ValueError(f"--eval-points must be 0 (off) or >= 2 (the first and the last state at least), "
+                             f"--eval-examples >= 1 and --eval-samples >= 0; got {self.eval_points}, "
+                             f"{self.eval_examples}, {self.eval_samples}")
 
 
 def preference(spec: str):
     """The rating function (combined text -> 1..5) of a rater spec."""
     if spec == "short":
         return lambda text: int(round(max(1.0, min(5.0, 5 - 4 * (len(text.split()) - 30) / 60))))
+    if spec == "long":
+        return lambda text: int(round(max(1.0, min(5.0, 1 + 4 * (len(text.split()) - 30) / 60))))
     if spec.startswith("word:") and re.fullmatch(r"word:\w+", spec):
         word = re.compile(rf"\b{re.escape(spec[5:])}\b", re.I)
         return lambda text: 5 if word.search(text) else 1
     if spec == "nodigits":
         return lambda text: 1 if re.search(r"\d", text) else 5
-    raise ValueError(f"unknown rater preference {spec!r}: use short, word:WORD or nodigits")
+    raise ValueError(f"unknown rater preference {spec!r}: use short, long, word:WORD or nodigits")
 
 
 def _free_port() -> int:
@@ -140,7 +162,8 @@ def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds:
     appended to `rounds` (kept if the server fails midway). Returns the start time."""
     from tasks import load_task
 
-    texts = [ex["text"] for split in ("train", "eval") for ex in load_task(TEXTS_TASK).examples(split)]
+    # the train split only: the eval split is held out for the automatic score of the versions (held_out)
+    texts = [ex["text"] for ex in load_task(TEXTS_TASK).examples("train")]
     clients = [connect(url, proc) for _ in cfg.raters]
     prefs = [preference(r) for r in cfg.raters]
     t_start = time.time()
@@ -216,6 +239,89 @@ def latencies(rounds: list[dict], db_url: str, t_start: float) -> tuple[list[dic
                   "update_s": s["metrics"].get("time/update_s")} for s in steps]
 
 
+def team_states(db_url: str, agents: list[str], t_start: float) -> list[dict]:
+    """The team's states over the run, oldest first: {"t": seconds from the raters' start, "step",
+    "versions": {agent: (version, path)}}, one per train step that wrote versions (the agents of one
+    step form one state), from the store's version rows. Version 0 (written before the raters start)
+    is at t = 0."""
+    from collab_app.online.store import Store
+
+    store = Store(db_url)
+    rows = sorted((max(0.0, _unix(v.created_at) - t_start), v.step, a, v.version, v.path)
+                  for a in agents for v in store.adapter_versions(a))
+    states: list[dict] = []
+    current: dict = {}
+    for t, step, agent, version, path in rows:
+        current[agent] = (version, path)
+        if len(current) < len(agents):
+            continue   # a state needs every agent's version
+        if states and step is not None and states[-1]["step"] == step:
+            states[-1].update(t=t, versions=dict(current))   # the same step's other agent
+        else:
+            states.append({"t": t, "step": step, "versions": dict(current)})
+    return states
+
+
+def spread(n: int, k: int) -> list[int]:
+    """k indices out of range(n), evenly spread, first and last included (all of them when n <= k)."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def held_out(cfg: BenchOnlineConfig, states: list[dict], engine=None) -> list[dict]:
+    """The automatic TL;DR score of each state's versions on held-out texts (module doc): the greedy
+    joint answer per text, and `eval_samples` sampled joint answers per text (aligned: sample g of
+    each agent forms joint answer g, as the server's candidates do), seeded where the engine honours
+    a per-request seed (the transformers engine; vLLM on CPU keeps only its engine-wide seed)."""
+    from collab_app.engines import make_engine
+    from collab_app.engines.engine_types import Request, Sampling
+    from collab_app.engines.model import ensure_model
+    from tasks import load_task
+    from tasks.base import check_prompts, check_reward
+
+    task = load_task(TEXTS_TASK)
+    examples = task.examples("eval")[:cfg.eval_examples]
+    roles = list(task.roles)
+    own = engine is None
+    engine = engine or make_engine(cfg.engine, model=ensure_model(None), num_agents=len(roles))
+    prompts = [check_prompts(task, task.agent_prompts(ex, [])) for ex in examples]
+    requests = [Request(agent=roles[a], prompt=p[a]) for p in prompts for a in range(len(roles))]
+
+    def joint(out, g):   # the joint answer g of every example: (example, outputs)
+        n = len(roles)
+        return [(ex, [out[e * n + a][g].text for a in range(n)]) for e, ex in enumerate(examples)]
+
+    def score(pairs) -> dict:
+        rewards = [check_reward(task, task.reward(ex, o)) for ex, o in pairs]
+        return {"auto": statistics.fmean(r.total for r in rewards),
+                "words": statistics.fmean(len(task.combine(ex, o).split()) for ex, o in pairs)}
+
+    results = []
+    try:
+        for role in roles:
+            engine.register_agent(role)
+        for st in states:
+            for role in roles:
+                version, path = st["versions"][role]
+                engine.load_adapter(role, path, version)
+            greedy = engine.generate(requests, n=1, sampling=Sampling(max_new_tokens=cfg.max_new_tokens,
+                                                                       temperature=0.0, seed=0))
+            row = {"t": st["t"], "step": st["step"], "versions": {r: v for r, (v, _) in st["versions"].items()},
+                   "greedy": score(joint(greedy, 0))}
+            if cfg.eval_samples:
+                sampled = engine.generate(requests, n=cfg.eval_samples, sampling=Sampling(
+                    max_new_tokens=cfg.max_new_tokens, temperature=0.8, seed=0))
+                row["sampled"] = score([p for g in range(cfg.eval_samples) for p in joint(sampled, g)])
+            log.info("held-out: versions %s at %.1f min: %s", row["versions"], st["t"] / 60,
+                     {k: row[k] for k in ("greedy", "sampled") if k in row})
+            results.append(row)
+    finally:
+        if own:
+            engine.close()
+    return results
+
+
 def windows(rounds: list[dict], size: int) -> dict[str, list[dict]]:
     per: dict[str, list[dict]] = {}
     for spec in dict.fromkeys(r["rater"] for r in rounds):
@@ -229,15 +335,35 @@ def windows(rounds: list[dict], size: int) -> dict[str, list[dict]]:
     return per
 
 
+def outcome(per: dict[str, list[dict]], held: list[dict]) -> dict:
+    """The two curves' ends: per rater, the mean rating of its first and last window and the change;
+    the held-out automatic score (greedy, sampled) of the first and the last scored state, and the
+    last as a share of the first (issue target: rating +1.5 while the held-out score keeps >= 90%)."""
+    out: dict = {"rating": {spec: {"first": ws[0]["mean_rating"], "last": ws[-1]["mean_rating"],
+                                   "change": ws[-1]["mean_rating"] - ws[0]["mean_rating"]}
+                            for spec, ws in per.items() if ws}}
+    if held:
+        out["held_out"] = {}
+        for kind in ("greedy", "sampled"):
+            if kind in held[0]:
+                a, b = held[0][kind]["auto"], held[-1][kind]["auto"]
+                out["held_out"][kind] = {"first": a, "last": b, "kept": b / a if a else None,
+                                         "words_first": held[0][kind]["words"], "words_last": held[-1][kind]["words"]}
+    return out
+
+
 def plot(result: dict, path: str) -> None:
+    """Top: mean rating per window per rater and the adapter version served. Bottom: the automatic
+    TL;DR score, held-out (greedy and sampled, per scored state) and of the rated candidates (per
+    window), against the same minutes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for spec, ws in result["windows"].items():
         ax.plot([w["t_end"] / 60 for w in ws], [w["mean_rating"] for w in ws], marker="o", label=f"rater {spec}")
-    ax.set(xlabel="minutes", ylabel=f"mean rating per window of {result['config']['window']} rounds", ylim=(1, 5))
+    ax.set(ylabel=f"mean rating per window of {result['config']['window']} rounds", ylim=(1, 5))
     ax2 = ax.twinx()
     rs = result["rounds"]
     ax2.step([r["t_start"] / 60 for r in rs], [max(r["versions"].values(), default=0) for r in rs],
@@ -246,6 +372,16 @@ def plot(result: dict, path: str) -> None:
     ax.legend(loc="upper left")
     ax2.legend(loc="lower right")
     ax.set_title(f"collab bench online: {len(rs)} rounds, {len(result['steps'])} MAGRPO steps")
+    ho = result.get("held_out") or []
+    for kind, style in (("greedy", "s-"), ("sampled", "D-")):
+        pts = [(h["t"] / 60, h[kind]["auto"]) for h in ho if kind in h]
+        if pts:
+            bx.plot(*zip(*pts), style, label=f"held-out texts, {kind}")
+    for spec, ws in result["windows"].items():
+        bx.plot([w["t_end"] / 60 for w in ws], [w["auto_mean"] for w in ws], ":", alpha=0.7,
+                label=f"rated candidates ({spec})")
+    bx.set(xlabel="minutes", ylabel="automatic TL;DR score (of 3)", ylim=(0, 3))
+    bx.legend(loc="lower left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -271,14 +407,24 @@ def run(cfg: BenchOnlineConfig) -> dict:
             log.error("raters stopped: %s", error)
     finally:
         stop_server(proc)
-    lat, steps = latencies(rounds, f"sqlite:///{home}/collab.db", t_start)
-    result = {"config": asdict(cfg), "startup_s": startup_s, "error": error, "loadavg_end": open("/proc/loadavg").read().split()[:3],
-              "rounds": rounds, "windows": windows(rounds, cfg.window), "steps": steps, "latency": lat,
+    db_url = f"sqlite:///{home}/collab.db"
+    loadavg_end = open("/proc/loadavg").read().split()[:3]   # of the rating run, before the held-out scoring
+    lat, steps = latencies(rounds, db_url, t_start)
+    held = []
+    if cfg.eval_points:
+        from tasks import load_task
+
+        states = team_states(db_url, list(load_task(TEXTS_TASK).roles), t_start)
+        held = held_out(cfg, [states[i] for i in spread(len(states), cfg.eval_points)])
+    per = windows(rounds, cfg.window)
+    result = {"config": asdict(cfg), "startup_s": startup_s, "error": error, "loadavg_end": loadavg_end,
+              "rounds": rounds, "windows": per, "steps": steps, "latency": lat, "held_out": held,
               "summary": {"rounds": len(rounds), "steps": len(steps),
                           "versions_served": sorted({max(r["versions"].values(), default=0) for r in rounds}),
                           "generate_s_median": statistics.median(r["generate_s"] for r in rounds) if rounds else None,
                           "rating_to_served_s_median": statistics.median(
-                              [x["rating_to_served_s"] for x in lat if x["rating_to_served_s"] is not None] or [0])}}
+                              [x["rating_to_served_s"] for x in lat if x["rating_to_served_s"] is not None] or [0]),
+                          **outcome(per, held)}}
     with open(os.path.join(out_dir, "bench_online.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot(result, os.path.join(out_dir, "bench_online.png"))
@@ -294,7 +440,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bench-online %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per gradio_client request otherwise
     res = run(cfg)
-    print(json.dumps({"summary": res["summary"], "windows": res["windows"]}, indent=1))
+    print(json.dumps({"summary": res["summary"], "windows": res["windows"], "held_out": res["held_out"]}, indent=1))
     print(f"wrote {os.path.join(os.path.abspath(cfg.out_dir), 'bench_online.json')} and bench_online.png")
     return 0
 

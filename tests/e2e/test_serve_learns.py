@@ -157,32 +157,3 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
     assert gain is not None, f"no {LEARN_WINDOW} rounds from versions >= {LEARN_MIN_VERSION} in {LEARN_DEADLINE_S} s: {curve}"
     assert gain >= 1.0, f"mean rating rose by only {gain:.2f} over the untrained rounds; curve {curve}"
     print(f"\nlearned in {len(rounds)} rounds: gain {gain:.2f}; curve {curve}")
-
-
-# ----------------------------------------------------------------------------- collab bench online: its pieces
-
-def test_bench_online_preferences():
-    from collab_app.commands.bench_online import BenchOnlineConfig, preference
-
-    short = preference("short")
-    assert short("word " * 10) == 5 and short("word " * 60) == 3 and short("word " * 200) == 1
-    word = preference("word:summary")
-    assert word("In summary, the council agreed.") == 5 and word("The summaryless text") == 1
-    assert preference("nodigits")("twelve km") == 5 and preference("nodigits")("12 km") == 1
-    with pytest.raises(ValueError, match="short, word:WORD or nodigits"):
-        BenchOnlineConfig(raters=["long"])
-
-
-def test_bench_online_windows_and_plot(tmp_path):
-    from collab_app.commands.bench_online import plot, windows
-
-    rounds = [{"round": k, "rater": "short" if k % 2 == 0 else "nodigits", "t_start": 10.0 * k,
-               "rated_at": 10.0 * k + 5, "mean_rating": float(k), "auto_mean": 1.0, "words": [10, 20],
-               "versions": {"summary": k // 3, "detail": k // 3}} for k in range(8)]
-    per = windows(rounds, 2)
-    assert list(per) == ["short", "nodigits"]
-    assert [w["rounds"] for w in per["short"]] == [[0, 2], [4, 6]]
-    assert [w["mean_rating"] for w in per["short"]] == [1.0, 5.0]
-    assert per["nodigits"][-1]["max_version"] == 2
-    plot({"windows": per, "rounds": rounds, "steps": [], "config": {"window": 2}}, str(tmp_path / "p.png"))
-    assert (tmp_path / "p.png").stat().st_size > 1000

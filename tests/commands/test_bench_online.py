@@ -1,0 +1,96 @@
+"""`collab bench online`'s pieces without a server: the scripted raters' preferences, the windows
+and the two-curve plot, the team states read back from a store, the held-out scoring of those
+states on a real engine, and the summary of both curves. (The whole bench against a real
+`collab serve` is what tests/e2e/test_serve_learns.py drives.)"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collab_app.commands.bench_online import (BenchOnlineConfig, held_out, outcome, plot, preference, spread,
+                                              team_states, windows)
+
+
+def test_preferences():
+    short, long = preference("short"), preference("long")
+    assert short("word " * 10) == 5 and short("word " * 60) == 3 and short("word " * 200) == 1
+    assert long("word " * 10) == 1 and long("word " * 60) == 3 and long("word " * 200) == 5
+    word = preference("word:summary")
+    assert word("In summary, the council agreed.") == 5 and word("The summaryless text") == 1
+    assert preference("nodigits")("twelve km") == 5 and preference("nodigits")("12 km") == 1
+    with pytest.raises(ValueError, match="short, long, word:WORD or nodigits"):
+        BenchOnlineConfig(raters=["longer"])
+
+
+@pytest.mark.parametrize("kw", [{"eval_points": 1}, {"eval_points": -1}, {"eval_examples": 0}, {"eval_samples": -1}])
+def test_held_out_settings_are_checked(kw):
+    with pytest.raises(ValueError, match="--eval-points must be 0"):
+        BenchOnlineConfig(**kw)
+
+
+def test_spread_keeps_first_and_last():
+    assert spread(3, 6) == [0, 1, 2]
+    assert spread(10, 2) == [0, 9]
+    assert spread(11, 6) == [0, 2, 4, 6, 8, 10]
+    assert spread(0, 6) == []
+
+
+def _rounds():
+    return [{"round": k, "rater": "short" if k % 2 == 0 else "nodigits", "t_start": 10.0 * k,
+             "rated_at": 10.0 * k + 5, "mean_rating": float(k), "auto_mean": 1.0, "words": [10, 20],
+             "versions": {"summary": k // 3, "detail": k // 3}} for k in range(8)]
+
+
+def test_windows_outcome_and_plot(tmp_path):
+    per = windows(_rounds(), 2)
+    assert list(per) == ["short", "nodigits"]
+    assert [w["rounds"] for w in per["short"]] == [[0, 2], [4, 6]]
+    assert [w["mean_rating"] for w in per["short"]] == [1.0, 5.0]
+    assert per["nodigits"][-1]["max_version"] == 2
+    held = [{"t": 0.0, "greedy": {"auto": 2.0, "words": 40.0}, "sampled": {"auto": 1.6, "words": 50.0}},
+            {"t": 60.0, "greedy": {"auto": 1.9, "words": 30.0}, "sampled": {"auto": 0.8, "words": 20.0}}]
+    out = outcome(per, held)
+    assert out["rating"]["short"] == {"first": 1.0, "last": 5.0, "change": 4.0}
+    assert out["held_out"]["greedy"]["kept"] == pytest.approx(0.95)
+    assert out["held_out"]["sampled"]["kept"] == pytest.approx(0.5)
+    assert out["held_out"]["sampled"]["words_last"] == 20.0
+    assert "held_out" not in outcome(per, [])
+    plot({"windows": per, "rounds": _rounds(), "steps": [], "held_out": held, "config": {"window": 2}},
+         str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_team_states_one_per_step_from_the_store(tmp_path):
+    from collab_app.online.store import Store
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    store = Store(url)
+    for agent in ("summary", "detail"):
+        store.record_adapter_version(agent, 0, f"/a/{agent}/v0", step=0)
+    t_start = time.time()
+    store.record_adapter_version("summary", 1, "/a/summary/v1", step=1)
+    store.record_adapter_version("detail", 1, "/a/detail/v1", step=1)
+    store.record_adapter_version("summary", 2, "/a/summary/v2", step=2)   # a step that moved one agent only
+    states = team_states(url, ["summary", "detail"], t_start)
+    assert [s["step"] for s in states] == [0, 1, 2]
+    assert states[0]["t"] == 0.0 and states[0]["versions"] == {"summary": (0, "/a/summary/v0"), "detail": (0, "/a/detail/v0")}
+    assert states[1]["versions"] == {"summary": (1, "/a/summary/v1"), "detail": (1, "/a/detail/v1")}
+    assert states[2]["versions"] == {"summary": (2, "/a/summary/v2"), "detail": (1, "/a/detail/v1")}
+    assert states[0]["t"] <= states[1]["t"] <= states[2]["t"]
+
+
+def test_held_out_scores_states_on_a_real_engine():
+    """Two states serving the same (base) weights score the same: greedy is repeatable and the
+    sampled answers carry a fixed seed, so a change between states is the versions' doing."""
+    from tasks import load_task
+
+    cfg = BenchOnlineConfig(engine="transformers", eval_examples=1, eval_samples=2, max_new_tokens=12)
+    base = {r: (0, None) for r in load_task("tldr").roles}
+    rows = held_out(cfg, [{"t": 0.0, "step": 0, "versions": base}, {"t": 30.0, "step": 3, "versions": base}])
+    assert [r["step"] for r in rows] == [0, 3] and rows[1]["versions"] == {"summary": 0, "detail": 0}
+    for r in rows:
+        assert 0.0 <= r["greedy"]["auto"] <= 3.0 and 0.0 <= r["sampled"]["auto"] <= 3.0
+        assert r["greedy"]["words"] > 0
+    assert rows[0]["greedy"] == rows[1]["greedy"]
+    assert rows[0]["sampled"] == rows[1]["sampled"]
