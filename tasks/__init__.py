@@ -8,6 +8,7 @@ on it) is the class's own: the app, the trainer service and the API read it from
 """
 from __future__ import annotations
 
+from tasks.brief import BriefTask
 from tasks.coding import CustomCodingTask, HumanEvalTask
 from tasks.writing import ExpansionTask, TLDRTask
 
@@ -16,6 +17,7 @@ TASKS: dict[str, type] = {
     CustomCodingTask.name: CustomCodingTask,
     TLDRTask.name: TLDRTask,
     ExpansionTask.name: ExpansionTask,
+    BriefTask.name: BriefTask,
 }
 
 PRIVATE_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if cls.private)

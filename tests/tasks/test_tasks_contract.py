@@ -12,7 +12,8 @@ PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
 CASES = [("humaneval", {}), ("humaneval", {"num_agents": 1}),
          ("custom-coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3"}),
          ("custom-coding", {"prompt": PROMPT, "tests": "assert add(1, 2) == 3", "num_agents": 1}),
-         ("tldr", {}), ("tldr", {"num_agents": 1}), ("expansion", {}), ("expansion", {"num_agents": 1})]
+         ("tldr", {}), ("tldr", {"num_agents": 1}), ("expansion", {}), ("expansion", {"num_agents": 1}),
+         ("brief", {"num_agents": 3}), ("brief", {"num_agents": 1})]
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=[f"{n}-{kw.get('num_agents', 2)}" for n, kw in CASES])
@@ -53,7 +54,7 @@ def test_every_shipped_prompt_fits():
 
 
 def test_load_task_names():
-    assert set(TASKS) == {"humaneval", "custom-coding", "tldr", "expansion"}
+    assert set(TASKS) == {"humaneval", "custom-coding", "tldr", "expansion", "brief"}
     with pytest.raises(ValueError, match="unknown task"):
         load_task("chess")
 
