@@ -19,7 +19,7 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   the result of some call site; then +0.5, +1.0 more if main is not a thin wrapper around
   ``aux``, and -0.5 if some call site of ``aux`` has its result ignored. Range 0 .. 1.5.
 
-  How it is measured (make_probe in tasks/_sandbox_harness.py, inside the same sandbox process,
+  How it is measured (make_probe in tasks/_cooperation_probe.py, inside the same sandbox process,
   after every test verdict is in): each test that passed is re-run in a fresh namespace with aux
   and main wrapped. *Called*: an aux call made while main runs, that returned (aux's own
   recursion not counted). *Used*: counterfactual dependence -- re-runs with aux's results

@@ -72,7 +72,7 @@ class SandboxResult:
     duration_s: float
     # The cooperation probe's findings when run_tests was asked for one (else None):
     # {"tests": {index: {"status", "aux_calls", "wrapper", "sites": {label: reaches}}},
-    #  "complete": bool, "error": str | None}. See make_probe in _sandbox_harness.py.
+    #  "complete": bool, "error": str | None}. See tasks/_cooperation_probe.py.
     probe: dict | None = None
 
     @property

@@ -597,6 +597,22 @@ def test_only_the_view_is_visible(strong_mode, tmp_path):
     assert isolation()["visible"] == [p for kind, p, _ in view if kind == "bind"] or not isolation()["strong"]
 
 
+@pytest.mark.parametrize("name", list(sandbox._modes()))
+def test_the_probe_runs_in_every_mode_though_the_view_hides_its_file(name):
+    # the harness loads _cooperation_probe.py before the runner's isolation; the runner then
+    # builds the probe and runs it, as it runs the tests, where the file cannot be read
+    m = sandbox._modes()[name]
+    if not _working(m):
+        pytest.skip(f"{name} does not work on this machine")
+    probe_file = os.path.join(os.path.dirname(sandbox.HARNESS), "_cooperation_probe.py")
+    hidden = f"import os\nassert not os.path.exists({probe_file!r})" if m.confine else "assert True"
+    r = sandbox._run(m, AUX + "def f(x):\n    return aux(x) + 1\n", ["assert f(1) == 3", hidden], FAST, "", PROBE)
+    assert r.harness_ok and r.all_passed, r.tests
+    assert r.probe["complete"] and r.probe["error"] is None
+    t0 = r.probe["tests"][0]
+    assert (t0["status"], t0["aux_calls"], t0["wrapper"], list(t0["sites"].values())) == ("ok", 1, False, [True])
+
+
 def test_no_privileges_are_left(strong_mode):
     status = ("st = {l.split(':')[0]: l.split(':')[1].strip() for l in open('/proc/self/status')}\n")
     tests = [
