@@ -209,6 +209,8 @@ class WritingTask:
     transitions_in_both = False  # TLDR: transitions counted in c2; expansion: in c1 + c2
     jaccard_cap = 0.03
     role_pair: tuple[str, str] = ("first", "second")
+    # one name per task: the single agent's adapter versions live under {adapters_dir}/{role}/, so
+    # two tasks' single agents (and any team's roles) must never share a name
     single_role = "writer"
 
     def __init__(self, num_agents: int = 2):
@@ -335,6 +337,7 @@ class TLDRTask(WritingTask):
     name = team = "tldr"
     data_task = "tldr"
     role_pair = ("summary", "detail")
+    single_role = "tldr-writer"
 
     def instructions(self) -> tuple[str, str]:
         return ("Write a concise summary of the text in one or two sentences.",
@@ -358,6 +361,7 @@ class ExpansionTask(WritingTask):
     transitions_in_both = True
     jaccard_cap = 0.23
     role_pair = ("background", "method")
+    single_role = "expansion-writer"
 
     def instructions(self) -> tuple[str, str]:
         lo, hi = self.target_words[self.num_agents]

@@ -25,7 +25,7 @@ class MAGRPOConfig:
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """inference engine for rollouts: auto (vLLM where it is faster/available), vllm or transformers."""
     num_agents: int = 2
-    """agents in the team; must equal the task's number of roles."""
+    """agents: the task's team size (its number of roles), or 1 for its single-agent variant (one agent does every role: GRPO, the paper's single-agent baseline)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """dtype of the trainer's frozen base model: auto (bf16 on a GPU or a CPU with native bf16, else fp32; trainer/dtypes.py), float32 or bfloat16 (LoRA weights and optimizer state are always float32)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"

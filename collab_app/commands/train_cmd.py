@@ -1,6 +1,7 @@
 """`collab train`: offline MAGRPO on a task's train split, with held-out evaluation.
 
     collab train --task humaneval --num-steps 20 --engine transformers
+    collab train --task humaneval --num-agents 1 ...   # the single-agent GRPO baseline
 
 Provisions the model (embedded SmolLM2 by default), starts an engine (`auto`: vLLM where it
 is the faster choice, see collab_app/engines/__init__.py), saves version 0 of every agent's adapter,
@@ -12,6 +13,12 @@ numbers are comparable; it is `collab eval`'s "team" system (same code, same met
 Writes to `--output-dir`: metrics.jsonl (one line per train step and per evaluation),
 TensorBoard events (tb/), config.json, summary.png (return and each reward level over steps),
 and adapter versions under adapters/ unless `--adapters-dir` says otherwise.
+
+`--num-agents 1` trains the task's single-agent variant (tasks built with num_agents=1: one agent
+writes the whole answer, the same reward levels) with this same trainer: MAGRPO with one agent is
+GRPO, the paper's single-agent baseline. Its one adapter is named by the task's single role
+(`coder`, `tldr-writer`, ...), never one of the team's roles, so its versions cannot mix with the
+team's even in a shared `--adapters-dir`; `collab eval --systems single-trained` evaluates it.
 
 Data parallel on several GPUs (or CPU processes) with torchrun, one process per device:
 
@@ -118,7 +125,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         log.info("torchrun: rollouts on the transformers engine of each rank")
         cfg = replace(cfg, engine="transformers")
     t_start = time.time()
-    output_dir = cfg.output_dir or os.path.join(collab_home(), "runs", f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    single = "single-" if cfg.num_agents == 1 else ""   # a single agent's run folder says so
+    output_dir = cfg.output_dir or os.path.join(collab_home(), "runs", f"{cfg.task}-{single}{time.strftime('%Y%m%d-%H%M%S')}")
     output_dir = distributed.broadcast_object(output_dir)   # rank 0's clock names the run
     cfg = replace(cfg, output_dir=output_dir, adapters_dir=cfg.adapters_dir or os.path.join(output_dir, "adapters"),
                   model=ensure_model(cfg.model or None))
@@ -127,10 +135,12 @@ def cli_main(argv: list[str] | None = None) -> int:
         with open(os.path.join(output_dir, "config.json"), "w") as f:
             json.dump(asdict(cfg), f, indent=1)
 
-    task = load_task(cfg.task)
-    if task.num_agents != cfg.num_agents:
-        print(f"collab train: task {cfg.task!r} has {task.num_agents} agents {task.roles}; "
-              f"pass --num-agents {task.num_agents}", file=sys.stderr)
+    try:
+        # --num-agents 1 is the task's single-agent variant (one agent does every role): MAGRPO with
+        # one agent is GRPO, the paper's single-agent baseline, trained by this same loop
+        task = load_task(cfg.task, num_agents=cfg.num_agents)
+    except ValueError as e:   # an unknown task, or a team size the task has no prompts for
+        print(f"collab train: --task {cfg.task} --num-agents {cfg.num_agents}: {e}", file=sys.stderr)
         return 2
     eval_examples = task.examples("eval")[:cfg.eval_examples]
     trainer = MAGRPOTrainer(cfg, task, cfg.adapters_dir)
@@ -179,7 +189,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         engine.close()
         distributed.close()
     plot = save_summary_plot(run.records, os.path.join(output_dir, "summary.png"),
-                             title=f"MAGRPO on {cfg.task} ({os.path.basename(cfg.model)})")
+                             title=f"{'GRPO, one agent,' if cfg.num_agents == 1 else 'MAGRPO'} on {cfg.task} "
+                                   f"({os.path.basename(cfg.model)})")
     print(f"done in {time.time() - t_start:.0f} s ({trainer.train_seconds / 60:.1f} min of rollouts + updates): "
           f"step {trainer.step}, versions {trainer.versions}")
     if before and after:

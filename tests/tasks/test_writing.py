@@ -151,7 +151,7 @@ def test_split_single():
 def test_single_agent_same_reward():
     c1, c2 = make(8, 50, "a"), "however a0 " + make(16, 90, "b")
     two, one = TLDRTask(), TLDRTask(num_agents=1)
-    assert one.roles == ("writer",) and two.roles == ("summary", "detail")
+    assert one.roles == ("tldr-writer",) and two.roles == ("summary", "detail")
     assert one.reward(EX, [f"{c1}\n{SPLIT_MARKER}\n{c2}"]) == two.reward(EX, [c1, c2])
     assert one.reward(EX, [c1]).details["stopped_at"] == "length"
     assert SPLIT_MARKER in one.agent_prompts(EX, [])[0]
