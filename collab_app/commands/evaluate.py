@@ -7,14 +7,24 @@ Systems (arXiv 2508.04652, Table 1 naming):
   writes its part without seeing the other's, results combined).
 - `sequential`: base model; agent k's prompt contains what agents < k wrote this turn.
 - `single`: the task's single-agent variant (one agent does every role), base model.
+- `single-trained`: the same single agent with its latest adapter version from
+  `--single-adapters-dir`, trained by `collab train --num-agents 1` (the same trainer: MAGRPO with
+  one agent is GRPO). The paper's fair baseline for the team: one adapter, the same model, reward
+  and sampling; `team` against it is the claim under test.
 (The paper's "discussion" baseline is left out: it needs a turn protocol the tasks don't model.)
+
+The paper-style table is one call, `--systems naive sequential single single-trained team`: its
+rows are naive (= the team untrained: the team's prompts, in parallel, on the base model),
+sequential, single untrained, single GRPO-trained and team MAGRPO-trained.
 
 Per system: the mean of each reward level, the mean return, each example's return (JSON, keyed by
 example id, for paired comparisons between runs) and pass@1 (the share of examples
 whose final joint answer reaches the task's success test: all unit tests pass for coding; the
 full reward for writing). Sampling is greedy by default (temperature 0) so a run is repeatable;
 pass `--temperature` to sample instead. With `naive` among the systems, every other system also
-gets its paired difference to it (mean over problems of system - naive, 95% bootstrap CI).
+gets its paired difference to it (mean over problems of system - naive, 95% bootstrap CI); the
+pairs in PAIRS that were both evaluated get theirs too (`paired`: team - single-trained, and
+single-trained - single, what GRPO training gave the single agent).
 `--compare A B` compares two saved results the same way (e.g. two training runs, or ours and
 comlrl's) without evaluating anything.
 """
@@ -24,6 +34,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -35,7 +46,12 @@ from collab_app import paths
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("team", "naive", "sequential", "single")
+SYSTEMS = ("team", "naive", "sequential", "single", "single-trained")
+DEFAULT_SYSTEMS = ("team", "naive", "sequential", "single")
+"""what runs without naming systems: everything but `single-trained`, which needs a trained single agent."""
+PAIRS = (("team", "single-trained"), ("single-trained", "single"))
+"""(B, A) pairs reported as B - A per problem with a 95% CI when both were evaluated: the trained team
+against the trained single agent (the paper's claim), and the single agent trained against untrained."""
 
 
 @dataclass
@@ -44,8 +60,8 @@ class EvalConfig:
     """task name (humaneval, tldr, expansion)."""
     split: str = "eval"
     """which split to evaluate: eval (held out) or train."""
-    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
-    """systems to compare: any of team, naive, sequential, single."""
+    systems: list[str] = field(default_factory=lambda: list(DEFAULT_SYSTEMS))
+    """systems to compare: any of team, naive, sequential, single, single-trained (in the table's order)."""
     limit: int = 0
     """evaluate only the first N examples of the split (0 = all)."""
     model: str = ""
@@ -54,6 +70,8 @@ class EvalConfig:
     """inference engine: auto, vllm or transformers."""
     adapters_dir: str = ""
     """where `collab train` / the trainer service keep adapter versions (empty = $COLLAB_HOME/adapters)."""
+    single_adapters_dir: str = ""
+    """single-trained: where `collab train --num-agents 1` kept the single agent's versions, e.g. its run's adapters/ (empty = --adapters-dir)."""
     num_turns: int = 1
     """turns per example; turn 2+ prompts carry Task.feedback (the paper reports 2 for HumanEval)."""
     max_new_tokens: int = 256
@@ -85,6 +103,11 @@ class EvalConfig:
             raise ValueError("--limit must be >= 0 and --batch-size >= 1")
         if self.engine not in ("auto", "vllm", "transformers"):
             raise ValueError("--engine must be auto, vllm or transformers")
+        if len(set(self.systems)) != len(self.systems):
+            raise ValueError(f"--systems names a system twice: {self.systems}")
+        if self.single_adapters_dir and "single-trained" not in self.systems:
+            raise ValueError("--single-adapters-dir is read only by the single-trained system: add "
+                             "single-trained to --systems, or drop --single-adapters-dir")
         if self.compare and len(self.compare) != 2:
             raise ValueError(f"--compare takes two result files (A B), got {len(self.compare)}")
 
@@ -167,10 +190,21 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
 
     team_task = load_task(cfg.task)
     model_path = ensure_model(cfg.model or None)
-    # Agent names in use: the team's roles (adapters), "base-<role>" for naive/sequential, and the
-    # single agent's "base-<role>": vLLM reserves LoRA slots per agent, so it must know them all.
-    engine = engine or make_engine(cfg.engine, model=model_path, num_agents=2 * team_task.num_agents + 1)
     adapters_dir = cfg.adapters_dir or paths.adapters_dir()
+    single_dir = cfg.single_adapters_dir or adapters_dir
+    if "single-trained" in cfg.systems:   # before anything is evaluated: a missing adapter is a typo, not a baseline
+        role = load_task(cfg.task, num_agents=1).roles[0]
+        found = latest_version(single_dir, role)
+        if found is None:
+            raise FileNotFoundError(f"single-trained: no version of the single agent {role!r} under {single_dir}: train it "
+                             f"with `collab train --task {cfg.task} --num-agents 1` and pass its run's adapters/ "
+                             f"as --single-adapters-dir")
+        if found[0] == 0:
+            log.warning("single-trained: %s has only version 0 (the untrained adapter, = single)", role)
+    # Agent names in use: the team's roles and the single agent's role (adapters), "base-<role>" for
+    # naive/sequential and the untrained single agent: vLLM reserves LoRA slots per agent, so it must
+    # know them all. The single role differs from every team role (tasks/), so none is served twice.
+    engine = engine or make_engine(cfg.engine, model=model_path, num_agents=2 * team_task.num_agents + 2)
     sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
     examples = team_task.examples(cfg.split)
     examples = examples[:cfg.limit] if cfg.limit else examples
@@ -180,13 +214,13 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
     total = len(examples) * len(cfg.systems)
     with tqdm(total=total, desc="eval", unit="ex", disable=None) as progress:
         for system in cfg.systems:
-            task = load_task(cfg.task, num_agents=1) if system == "single" else team_task
-            if system == "team":
+            task = load_task(cfg.task, num_agents=1) if system.startswith("single") else team_task
+            if system in ("team", "single-trained"):
                 # Agents named by role serve their latest adapter version (base if none yet).
                 names, versions = list(task.roles), {}
                 for role in task.roles:
                     engine.register_agent(role)
-                    found = latest_version(adapters_dir, role)
+                    found = latest_version(adapters_dir if system == "team" else single_dir, role)
                     if found:
                         engine.load_adapter(role, found[1], found[0])
                     versions[role] = found[0] if found else None
@@ -202,11 +236,16 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
                 summary["adapter_versions"] = versions
             result["systems"][system] = summary
     # each system against the untrained team, problem by problem (a paired CI, not just two means)
-    if "naive" in result["systems"]:
-        base = result["systems"]["naive"]["returns"]
-        for name, summary in result["systems"].items():
+    systems = result["systems"]
+    if "naive" in systems:
+        base = systems["naive"]["returns"]
+        for name, summary in systems.items():
             if name != "naive":
                 summary["vs_naive"] = paired_difference(base, summary["returns"])
+    paired = {f"{b} - {a}": paired_difference(systems[a]["returns"], systems[b]["returns"])
+              for b, a in PAIRS if a in systems and b in systems}
+    if paired:
+        result["paired"] = paired
     return result
 
 
@@ -224,7 +263,10 @@ def format_table(result: dict) -> str:
                      for name, s in systems.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     head = f"{result['task']} / {result['split']} on {result['engine']} ({result['model']})"
-    return head + "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    pairs = [f"{name}: {c['mean_diff']:+.3f} (95% CI {c['ci95'][0]:+.3f} .. {c['ci95'][1]:+.3f}) over "
+             f"{c['problems']} problems; better on {c['b_better']}, equal on {c['equal']}, worse on {c['b_worse']}"
+             for name, c in result.get("paired", {}).items()]
+    return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows] + pairs)
 
 
 # ------------------------------------------------------------------------------- paired comparison
@@ -295,7 +337,11 @@ def cli_main(argv: list[str] | None = None) -> int:
                 json.dump(comparison, f, indent=2)
         print(json.dumps(comparison, indent=2) if cfg.json else format_comparison(cfg.compare, comparison))
         return 0
-    result = evaluate(cfg)
+    try:
+        result = evaluate(cfg)
+    except FileNotFoundError as e:   # single-trained without a trained single agent: say how to make one
+        print(f"collab eval: {e}", file=sys.stderr)
+        return 2
     result["config"] = asdict(cfg)
     text = json.dumps(result, indent=2)
     if cfg.out:

@@ -130,3 +130,83 @@ def test_compare_reads_eval_json_and_run_metrics(tmp_path, capsys):
     assert out["mean_diff"] == pytest.approx(0.0) and (out["b_better"], out["b_worse"]) == (1, 1)
     with pytest.raises(SystemExit):
         cli_main(["--compare", str(ev)])
+
+
+# ------------------------------------------------------------------------------- single-trained
+class AdapterAwareEngine(ScriptedEngine):
+    """ScriptedEngine whose single agent, once an adapter is loaded for it, answers with prose and
+    no code (return 0): what single-trained evaluates is visibly the loaded adapter, and the paired
+    rows have a known value."""
+
+    def __init__(self, main_calls_aux: bool):
+        super().__init__(main_calls_aux)
+        self.paths = {}
+
+    def load_adapter(self, agent, path, version):
+        super().load_adapter(agent, path, version)
+        self.paths[agent] = path
+
+    def generate(self, requests, n, sampling):
+        out = super().generate(requests, n, sampling)
+        for r, samples in zip(requests, out):
+            if r.agent == "coder" and "coder" in self.loaded:
+                for s in samples:
+                    s.text = "I would loop over the list."
+        return out
+
+
+def _version(adapters_dir, agent, version):
+    from trainer import adapters
+
+    return adapters.save_version(str(adapters_dir), agent, version,
+                                 lambda d: open(f"{d}/adapter_config.json", "w").write("{}"), {"step": version})
+
+
+def test_single_trained_loads_its_adapter_and_pairs_with_the_team(tmp_path):
+    team_dir, single_dir = tmp_path / "team", tmp_path / "single"
+    for agent in ("helper", "main"):
+        _version(team_dir, agent, 0)
+    _version(single_dir, "coder", 0)
+    latest = _version(single_dir, "coder", 3)
+    engine = AdapterAwareEngine(main_calls_aux=False)
+    cfg = EvalConfig(task="humaneval", limit=3, batch_size=2, adapters_dir=str(team_dir),
+                     single_adapters_dir=str(single_dir),
+                     systems=["naive", "sequential", "single", "single-trained", "team"])
+    result = evaluate(cfg, engine=engine)
+    systems = result["systems"]
+    # the single agent's newest version, from its own folder, under the single role; the team's from theirs
+    assert (engine.loaded["coder"], engine.paths["coder"]) == (3, latest)
+    assert systems["single-trained"]["adapter_versions"] == {"coder": 3}
+    assert systems["team"]["adapter_versions"] == {"helper": 0, "main": 0}
+    assert {a for a, _ in engine.requests} == {"helper", "main", "base-helper", "base-main", "base-coder", "coder"}
+    # canonical answers: 2.5 of 4 (structure 1 + syntax 0.5 + tests 1, no cooperation); the trained single: 0
+    assert systems["team"]["mean_return"] == pytest.approx(2.5) and systems["single"]["mean_return"] == pytest.approx(2.5)
+    assert systems["single-trained"]["returns"] == {"HumanEval/0": 0.0, "HumanEval/1": 0.0, "HumanEval/2": 0.0}
+    pair = result["paired"]["team - single-trained"]
+    assert (pair["problems"], pair["b_better"]) == (3, 3)
+    assert pair["mean_diff"] == pytest.approx(2.5) and pair["ci95"] == pytest.approx([2.5, 2.5])
+    assert result["paired"]["single-trained - single"]["mean_diff"] == pytest.approx(-2.5)
+    assert systems["single-trained"]["vs_naive"]["mean_diff"] == pytest.approx(-2.5)
+    table = format_table(result)
+    assert "single-trained" in table and "team - single-trained: +2.500 (95% CI +2.500 .. +2.500)" in table
+
+
+def test_single_trained_without_a_trained_agent_stops_before_evaluating(tmp_path, capsys):
+    from collab_app.commands.evaluate import cli_main
+
+    engine = ScriptedEngine(main_calls_aux=False)
+    cfg = EvalConfig(task="humaneval", limit=1, adapters_dir=str(tmp_path), systems=["team", "single-trained"])
+    with pytest.raises(FileNotFoundError, match="collab train --task humaneval --num-agents 1"):
+        evaluate(cfg, engine=engine)
+    assert engine.requests == []
+    assert cli_main(["--systems", "single-trained", "--single-adapters-dir", str(tmp_path), "--limit", "1"]) == 2
+    assert "no version of the single agent 'coder'" in capsys.readouterr().err
+
+
+def test_eval_config_rules_for_single_trained():
+    assert "single-trained" not in EvalConfig().systems          # needs a trained agent: named, never implied
+    EvalConfig(systems=["single-trained"], single_adapters_dir="x")
+    with pytest.raises(ValueError, match="add single-trained to --systems"):
+        EvalConfig(systems=["team", "single"], single_adapters_dir="runs/single/adapters")
+    with pytest.raises(ValueError, match="twice"):
+        EvalConfig(systems=["team", "team"])
