@@ -12,7 +12,6 @@ import pytest
 from collab_app.commands import doctor
 from collab_app.engines.engine_types import Sample
 from collab_app.online.service import PAUSE_KEY, STATUS_KEY
-from collab_app.online.store import Store
 from tasks.base import Reward
 
 
@@ -26,7 +25,7 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
     monkeypatch.delenv("COLLAB_DB", raising=False)
     monkeypatch.delenv("COLLAB_ENGINE", raising=False)
-    return tmp_path
+    return tmp_path  # so sqlite_store (tmp_path/collab.db) is the store doctor finds here
 
 
 def test_report_names_what_this_machine_gives_without_making_a_store(home, capsys):
@@ -85,24 +84,17 @@ def _group(store, rated: bool) -> int:
     return gid
 
 
-@pytest.fixture
-def store(home):
-    s = Store(f"sqlite:///{home}/collab.db")
-    yield s
-    s.close()
-
-
-def test_training_verdicts_from_the_store(home, store, capsys):
+def test_training_verdicts_from_the_store(home, sqlite_store, capsys):
     adapters = home / "adapters"
     for v in (0, 1, 2):
         (adapters / "helper" / f"v{v:06d}").mkdir(parents=True)
         (adapters / "helper" / f"v{v:06d}" / "collab.json").write_text("{}")
-        store.record_adapter_version("helper", v, str(adapters / "helper" / f"v{v:06d}"))
-    store.pin_adapter("helper", 1)
-    store.record_train_step(3, {"task": "humaneval"}, [_group(store, rated=False)])
+        sqlite_store.record_adapter_version("helper", v, str(adapters / "helper" / f"v{v:06d}"))
+    sqlite_store.pin_adapter("helper", 1)
+    sqlite_store.record_train_step(3, {"task": "humaneval"}, [_group(sqlite_store, rated=False)])
 
     def verdict(state: str, beat_age: float = 0.0, **kw) -> dict:
-        store.set_state(STATUS_KEY, {"state": state, "heartbeat": time.time() - beat_age, "heartbeat_s": 5.0,
+        sqlite_store.set_state(STATUS_KEY, {"state": state, "heartbeat": time.time() - beat_age, "heartbeat_s": 5.0,
                                      "pid": 123, **kw})
         return json.loads(run(capsys, "--json", "--tasks", "humaneval", "--min-groups", "2"))
 
@@ -113,29 +105,29 @@ def test_training_verdicts_from_the_store(home, store, capsys):
     helper = rep["engine"]["agents"][0]
     assert (helper["served"], helper["pinned"], helper["disk_latest"]) == (1, True, 2)
 
-    _group(store, rated=True)
-    _group(store, rated=True)
-    _group(store, rated=False)   # not ready: nobody rated it and the timeout has not passed
+    _group(sqlite_store, rated=True)
+    _group(sqlite_store, rated=True)
+    _group(sqlite_store, rated=False)   # not ready: nobody rated it and the timeout has not passed
     assert verdict("idle")["training"]["ready_groups"] == {"humaneval": 2}
     assert verdict("idle")["training"]["verdict"].startswith("a step is due (humaneval")
     assert verdict("training", step=4)["training"]["verdict"].startswith("advancing")
     assert "NOT ADVANCING: no live trainer" in verdict("idle", beat_age=3600)["training"]["verdict"]
     assert "ValueError: boom" in verdict("error", message="ValueError: boom")["training"]["verdict"]
-    store.set_state(PAUSE_KEY, {"paused": True})
+    sqlite_store.set_state(PAUSE_KEY, {"paused": True})
     assert verdict("paused")["training"]["verdict"].startswith("PAUSED")
     text = run(capsys, "--tasks", "humaneval")
     assert "last step      #3," in text and "ready groups   humaneval 2" in text
     assert "helper         serves v1 (pinned); newest on disk v2" in text
 
 
-def test_probe_compares_each_agent_with_transformers_and_catches_wrong_weights(home, store, capsys, monkeypatch,
+def test_probe_compares_each_agent_with_transformers_and_catches_wrong_weights(home, sqlite_store, capsys, monkeypatch,
                                                                                 lora_adapter):
     """helper: a version row naming a real adapter; main: no version (a random LoRA). The engine is
     made to serve main with helper's weights: helper and the base row stay equal, main differs."""
     from collab_app.engines.engine_hf import TransformersEngine
 
     helper_dir = lora_adapter(1)
-    store.record_adapter_version("helper", 4, helper_dir)
+    sqlite_store.record_adapter_version("helper", 4, helper_dir)
     load = TransformersEngine.load_adapter
 
     def mixed_up(self, agent, path, version):

@@ -1,5 +1,6 @@
-"""Store test data: a 2-agent group with exact full-precision values, and throwaway PostgreSQL
-databases (tests/online/conftest.py has the fixtures that use them)."""
+"""Store test data: a 2-agent group with exact full-precision values, throwaway PostgreSQL
+databases (tests/online/conftest.py has the fixtures that use them), and the SQLite-only store
+fixture that tests/online and tests/commands share (their conftest.py files make it visible)."""
 from __future__ import annotations
 
 import itertools
@@ -7,6 +8,7 @@ import os
 import random
 import shutil
 
+import pytest
 import sqlalchemy as sa
 
 from collab_app.engines.engine_types import Sample
@@ -25,6 +27,16 @@ def pg_bin(name: str) -> str | None:
     return None
 
 
+@pytest.fixture
+def sqlite_store(tmp_path):
+    """An empty store at tmp_path/collab.db, SQLite only: for what sits on the store (the trainer
+    service, doctor) and checks that happen before any SQL. tests/online's `store` is the same on
+    every backend."""
+    st = Store(f"sqlite:///{tmp_path / 'collab.db'}")
+    yield st
+    st.close()
+
+
 _db_counter = itertools.count()
 
 
@@ -37,6 +49,18 @@ def pg_database(pg_server) -> str:
         c.execute(sa.text(f"CREATE DATABASE {name}"))
     admin.dispose()
     return f"postgresql+psycopg://{user}@{host}:{port}/{name}"
+
+
+def add_raw_group(conn, now) -> tuple[int, int]:
+    """One open group with one joint sample, written by SQL into a database at an older schema
+    version (the Store API writes only the current one). Returns (group id, joint sample id)."""
+    conn.execute(sa.text("INSERT INTO groups (task, example_id, example, turn, prompts, num_agents, "
+                         "num_generations, max_reward, created_at, status) VALUES "
+                         "('tldr', 'e1', '{\"id\": \"e1\"}', 0, '[\"a\"]', 1, 2, 3.0, :t, 'open')"), {"t": now})
+    gid = conn.scalar(sa.text("SELECT id FROM groups"))
+    conn.execute(sa.text("INSERT INTO joint_samples (group_id, joint_index, sample_ids) VALUES (:g, 0, '[]')"),
+                 {"g": gid})
+    return gid, conn.scalar(sa.text("SELECT id FROM joint_samples"))
 
 
 def make_sample(agent: str, rng: random.Random, n: int = 12, version: int | None = 3) -> Sample:

@@ -1,6 +1,7 @@
 """The store on every backend: `url` / `store` are an empty store on SQLite and, where the
 binaries exist, on a throwaway PostgreSQL server started once per session (skipped saying what
-is missing otherwise); `empty_url` is a database without any schema."""
+is missing otherwise); `empty_url` is a database without any schema; `sqlite_store` (from
+tests/helpers/store.py) an empty store on SQLite only."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from collab_app.online.store import Base, Store
-from helpers.store import pg_bin, pg_database
+from helpers.store import pg_bin, pg_database, sqlite_store  # noqa: F401 - sqlite_store: a fixture for tests/online
 
 
 @pytest.fixture(scope="session")

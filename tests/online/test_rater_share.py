@@ -25,15 +25,9 @@ from collab_app.online.service import (PUBLIC_RATER_SHARE, ServiceConfig, Traine
                                        take_capped)
 from collab_app.online.store import RATER_CAP_KEY, Store, migrate, utcnow
 from helpers.service import TASK, add_groups
+from helpers.store import add_raw_group
 
 HUMAN_FIRST = ReturnRule(mode="human_first", human_timeout_s=0)   # unrated groups: automatic returns at once
-
-
-@pytest.fixture
-def store(url):  # noqa: F811
-    s = Store(url)
-    yield s
-    s.close()
 
 
 def rate_all(store, gid: int, rater: str, base: float = 5.0) -> None:
@@ -113,13 +107,7 @@ def test_old_append_only_rows_stay_and_the_latest_is_replaced(tmp_path):
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     with eng.begin() as c:
         assert migrate(c, target=3) == (0, 3)
-        c.execute(sa.text("INSERT INTO groups (task, example_id, example, turn, prompts, num_agents, "
-                          "num_generations, max_reward, created_at, status) VALUES "
-                          "('tldr', 'e1', '{\"id\": \"e1\"}', 0, '[\"a\"]', 1, 2, 3.0, :t, 'open')"), {"t": now})
-        gid = c.scalar(sa.text("SELECT id FROM groups"))
-        c.execute(sa.text("INSERT INTO joint_samples (group_id, joint_index, sample_ids) VALUES (:g, 0, '[]')"),
-                  {"g": gid})
-        jid = c.scalar(sa.text("SELECT id FROM joint_samples"))
+        gid, jid = add_raw_group(c, now)
         for v in (1, 2):                                      # v3 appended every re-rating
             c.execute(sa.text("INSERT INTO ratings (joint_sample_id, rater, value, comment, created_at) "
                               "VALUES (:j, 'ann', :v, '', :t)"), {"j": jid, "v": v, "t": now})

@@ -11,7 +11,6 @@ from collab_app.engines.engine_types import Request, Sampling
 from collab_app.online.hotswap import AdapterWatcher
 from collab_app.online.service import (STATUS_KEY, ServiceConfig, TrainerService, is_paused, read_status,
                                 reconcile, set_paused)
-from collab_app.online.store import Store
 from tasks.base import Reward
 from trainer import adapters
 from helpers.service import AGENTS, TASK, add_groups, fake_sample
@@ -24,13 +23,6 @@ def engine(model_path):
     for a in AGENTS:
         eng.register_agent(a)
     return eng
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path}/collab.db")
-    yield s
-    s.close()
 
 
 def service(store, tmp_path, **kw) -> TrainerService:
@@ -74,7 +66,7 @@ def test_online_multi_turn_is_refused_with_a_way_out():
 # ----------------------------------------------------------------------------- store side, no model
 
 
-def test_reconcile_records_complete_versions_only(store, tmp_path):
+def test_reconcile_records_complete_versions_only(sqlite_store, tmp_path):
     root = str(tmp_path / "adapters")
 
     def write(d):
@@ -84,132 +76,132 @@ def test_reconcile_records_complete_versions_only(store, tmp_path):
         adapters.save_version(root, "svc_helper", v, write, {"step": v})
     (tmp_path / "adapters" / "svc_helper" / ".tmp-v000002-crash").mkdir()   # a save killed mid-write
     (tmp_path / "adapters" / "svc_helper" / "v000003").mkdir()              # no completeness marker
-    store.record_adapter_version("svc_helper", 0, adapters.version_dir(root, "svc_helper", 0), step=0)
+    sqlite_store.record_adapter_version("svc_helper", 0, adapters.version_dir(root, "svc_helper", 0), step=0)
 
-    assert reconcile(store, root) == [("svc_helper", 1)]
-    assert [a.version for a in store.adapter_versions("svc_helper")] == [0, 1]
-    assert reconcile(store, root) == []   # idempotent
+    assert reconcile(sqlite_store, root) == [("svc_helper", 1)]
+    assert [a.version for a in sqlite_store.adapter_versions("svc_helper")] == [0, 1]
+    assert reconcile(sqlite_store, root) == []   # idempotent
 
 
-def test_due_waits_for_K_groups_or_T_seconds(store, tmp_path):
-    svc = service(store, tmp_path, min_groups=3, max_wait_s=0.0)
-    add_groups(store, 2)
+def test_due_waits_for_K_groups_or_T_seconds(sqlite_store, tmp_path):
+    svc = service(sqlite_store, tmp_path, min_groups=3, max_wait_s=0.0)
+    add_groups(sqlite_store, 2)
     rule = svc.rule
-    assert svc.due(store.ready_groups(rule)) is None              # 2 < K and T off
-    add_groups(store, 1)
-    task, groups = svc.due(store.ready_groups(rule))
+    assert svc.due(sqlite_store.ready_groups(rule)) is None              # 2 < K and T off
+    add_groups(sqlite_store, 1)
+    task, groups = svc.due(sqlite_store.ready_groups(rule))
     assert task == TASK.name and len(groups) == 3
 
-    svc = service(store, tmp_path, min_groups=10, max_groups_per_step=10, max_wait_s=0.3)
-    assert svc.due(store.ready_groups(rule)) is None or \
-        time.time() - min(g.created_at.timestamp() for g in store.ready_groups(rule)) >= 0.3
+    svc = service(sqlite_store, tmp_path, min_groups=10, max_groups_per_step=10, max_wait_s=0.3)
+    assert svc.due(sqlite_store.ready_groups(rule)) is None or \
+        time.time() - min(g.created_at.timestamp() for g in sqlite_store.ready_groups(rule)) >= 0.3
     time.sleep(0.35)
-    task, groups = svc.due(store.ready_groups(rule))               # fewer than K, but waited T
+    task, groups = svc.due(sqlite_store.ready_groups(rule))               # fewer than K, but waited T
     assert len(groups) == 3
 
 
-def test_pause_flag_blocks_steps(store, tmp_path):
-    svc = service(store, tmp_path, min_groups=1)
-    add_groups(store, 1)
-    set_paused(store, True)
-    assert is_paused(store)
+def test_pause_flag_blocks_steps(sqlite_store, tmp_path):
+    svc = service(sqlite_store, tmp_path, min_groups=1)
+    add_groups(sqlite_store, 1)
+    set_paused(sqlite_store, True)
+    assert is_paused(sqlite_store)
     assert svc.poll_once() == "paused"
-    st = read_status(store)
+    st = read_status(sqlite_store)
     assert st["state"] == "paused" and st["alive"]
-    assert store.stats()["groups"]["trained"] == 0
+    assert sqlite_store.stats()["groups"]["trained"] == 0
 
 
 # ----------------------------------------------------------------------------- one real step
 
 
 @pytest.mark.slow
-def test_step_publishes_versions_after_rename_and_marks_groups(store, tmp_path, engine):
-    svc = service(store, tmp_path, min_groups=2)
+def test_step_publishes_versions_after_rename_and_marks_groups(sqlite_store, tmp_path, engine):
+    svc = service(sqlite_store, tmp_path, min_groups=2)
     assert svc.poll_once() == "idle"
-    ids = add_groups(store, 2, engine)
-    set_paused(store, True)
+    ids = add_groups(sqlite_store, 2, engine)
+    set_paused(sqlite_store, True)
     assert svc.poll_once() == "paused"
-    set_paused(store, False)
+    set_paused(sqlite_store, False)
 
     assert svc.poll_once() == "trained"
     root = svc.cfg.adapters_dir
     for a in AGENTS:
-        rows = store.adapter_versions(a)
+        rows = sqlite_store.adapter_versions(a)
         assert [r.version for r in rows] == [0, 1]           # v0 (fresh adapter) reconciled, v1 by step 1
         assert rows[1].step == 1
         for r in rows:   # every row names a complete version dir
             assert (r.version, r.path) in adapters.list_versions(root, a)
-    steps = store.train_steps()
+    steps = sqlite_store.train_steps()
     assert [s["step"] for s in steps] == [1] and steps[0]["group_ids"] == ids
     assert steps[0]["metrics"]["groups"] == 2 and steps[0]["metrics"]["task"] == TASK.name
-    assert {store.group(i).status for i in ids} == {"trained"}
-    st = store.get_state(STATUS_KEY)
+    assert {sqlite_store.group(i).status for i in ids} == {"trained"}
+    st = sqlite_store.get_state(STATUS_KEY)
     assert st["state"] == "idle" and st["last_step"]["step"] == 1
 
     # a second step continues the numbering and the versions; trained groups are not reused
-    add_groups(store, 2, engine, seed=10)
+    add_groups(sqlite_store, 2, engine, seed=10)
     assert svc.poll_once() == "trained"
-    assert store.current_adapter_versions()[AGENTS[0]][0] == 2
-    assert [s["step"] for s in store.train_steps()] == [1, 2]
+    assert sqlite_store.current_adapter_versions()[AGENTS[0]][0] == 2
+    assert [s["step"] for s in sqlite_store.train_steps()] == [1, 2]
     assert svc.poll_once() == "idle"
 
 
-def test_only_groups_in_the_gradient_are_marked_trained_late_ones_are_retired(store, tmp_path):
-    svc = service(store, tmp_path, min_groups=2, max_staleness=0)
-    first, second, waiting = add_groups(store, 3)
-    ready = {g.group_id: g for g in store.ready_groups(svc.rule)}
+def test_only_groups_in_the_gradient_are_marked_trained_late_ones_are_retired(sqlite_store, tmp_path):
+    svc = service(sqlite_store, tmp_path, min_groups=2, max_staleness=0)
+    first, second, waiting = add_groups(sqlite_store, 3)
+    ready = {g.group_id: g for g in sqlite_store.ready_groups(svc.rule)}
     svc.train_step(TASK.name, [ready[first], ready[second]])        # `waiting` sits out step 1
-    assert store.group(waiting).status == "ready"                   # not in the gradient: still ready
-    assert {store.group(i).status for i in (first, second)} == {"trained"}
+    assert sqlite_store.group(waiting).status == "ready"                   # not in the gradient: still ready
+    assert {sqlite_store.group(i).status for i in (first, second)} == {"trained"}
     # `waiting` arrived before version 1 was written: 1 version late > max_staleness 0
-    m = svc.train_step(TASK.name, store.ready_groups(svc.rule))
+    m = svc.train_step(TASK.name, sqlite_store.ready_groups(svc.rule))
     assert m["groups_dropped_stale"] == 1 and m["groups"] == 0
-    assert store.group(waiting).status == "expired"                 # retired, never retried
-    assert store.train_steps()[-1]["group_ids"] == []
-    assert store.ready_groups(svc.rule) == []
+    assert sqlite_store.group(waiting).status == "expired"                 # retired, never retried
+    assert sqlite_store.train_steps()[-1]["group_ids"] == []
+    assert sqlite_store.ready_groups(svc.rule) == []
 
 
-def test_own_coding_problems_wait_until_an_admin_allows_them(store, tmp_path):
+def test_own_coding_problems_wait_until_an_admin_allows_them(sqlite_store, tmp_path):
     """Groups of a person's own coding problem ("custom-coding") never reach the shared team's
     trainer unless the admin flag allows it; they stay in the store meanwhile."""
     from collab_app.online.returns import CUSTOM_TRAINING_KEY
 
-    svc = service(store, tmp_path, min_groups=1)
+    svc = service(sqlite_store, tmp_path, min_groups=1)
     ex = TASK.examples("train")[0]
     rewards = [Reward(float(g), {"score": float(g)}, 2.0) for g in range(2)]
-    gid, _ = store.add_group(task="custom-coding", example=ex, prompts=TASK.agent_prompts(ex, []),
+    gid, _ = sqlite_store.add_group(task="custom-coding", example=ex, prompts=TASK.agent_prompts(ex, []),
                              samples=[[fake_sample(a, g) for g in range(2)] for a in AGENTS],
                              joint=[(0, 0), (1, 1)], auto_rewards=rewards, session_id="person")
     assert svc.private_tasks_held() == ("custom-coding",)
-    assert svc.poll_once() == "idle" and store.group(gid).status == "ready"    # held, not trained, not lost
-    store.set_state(CUSTOM_TRAINING_KEY, {"allowed": True, "by": "admin", "at": 0})
+    assert svc.poll_once() == "idle" and sqlite_store.group(gid).status == "ready"    # held, not trained, not lost
+    sqlite_store.set_state(CUSTOM_TRAINING_KEY, {"allowed": True, "by": "admin", "at": 0})
     assert svc.private_tasks_held() == ()
-    assert [g.group_id for g in store.ready_groups(svc.rule, exclude_tasks=svc.private_tasks_held())] == [gid]
+    assert [g.group_id for g in sqlite_store.ready_groups(svc.rule, exclude_tasks=svc.private_tasks_held())] == [gid]
 
 
 # ----------------------------------------------------------------------------- hot-swap
 
 
-def test_watcher_follows_newest_honours_pin_and_survives_a_bad_version(store, engine, lora_adapter):
+def test_watcher_follows_newest_honours_pin_and_survives_a_bad_version(sqlite_store, engine, lora_adapter):
     agent = "svc_swap"
     engine.register_agent(agent)
-    watcher = AdapterWatcher(engine, store, [agent])
+    watcher = AdapterWatcher(engine, sqlite_store, [agent])
     assert watcher.poll_once() == [] and engine.adapter_version(agent) is None   # no rows: base model
 
-    store.record_adapter_version(agent, 1, lora_adapter(1))
-    store.record_adapter_version(agent, 2, lora_adapter(2))
+    sqlite_store.record_adapter_version(agent, 1, lora_adapter(1))
+    sqlite_store.record_adapter_version(agent, 2, lora_adapter(2))
     assert [s.version for s in watcher.poll_once()] == [2]
     out = engine.generate([Request(agent, "Hi")], 1, Sampling(max_new_tokens=4, temperature=0))
     assert out[0][0].adapter_version == 2
 
-    store.pin_adapter(agent, 1)                     # admin rollback
+    sqlite_store.pin_adapter(agent, 1)                     # admin rollback
     swaps = watcher.poll_once()
     assert [(s.previous, s.version) for s in swaps] == [(2, 1)] and engine.adapter_version(agent) == 1
     assert watcher.poll_once() == []                # nothing new: no reload
 
-    store.record_adapter_version(agent, 3, "/nonexistent/adapter")
+    sqlite_store.record_adapter_version(agent, 3, "/nonexistent/adapter")
     assert watcher.poll_once() == [] and engine.adapter_version(agent) == 1   # still pinned
-    store.pin_adapter(agent, None)
+    sqlite_store.pin_adapter(agent, None)
     assert watcher.poll_once() == []                # v3 cannot load: logged, v1 keeps serving
     assert engine.adapter_version(agent) == 1
     out = engine.generate([Request(agent, "Hi")], 1, Sampling(max_new_tokens=4, temperature=0))
@@ -217,13 +209,13 @@ def test_watcher_follows_newest_honours_pin_and_survives_a_bad_version(store, en
 
 
 @pytest.mark.slow
-def test_swap_waits_for_the_request_in_flight(store, engine, lora_adapter):
+def test_swap_waits_for_the_request_in_flight(sqlite_store, engine, lora_adapter):
     """A request running during a swap finishes on the version it started with; the next runs on
     the new one. The watcher's thread does the swap, as in `collab serve`."""
     agent = "svc_inflight"
     engine.register_agent(agent)
-    store.record_adapter_version(agent, 1, lora_adapter(1))
-    watcher = AdapterWatcher(engine, store, [agent], interval_s=0.05)
+    sqlite_store.record_adapter_version(agent, 1, lora_adapter(1))
+    watcher = AdapterWatcher(engine, sqlite_store, [agent], interval_s=0.05)
     watcher.poll_once()
     result = {}
 
@@ -237,7 +229,7 @@ def test_swap_waits_for_the_request_in_flight(store, engine, lora_adapter):
     while not engine._lock.locked() and time.time() < deadline:   # the batch is running
         time.sleep(0.005)
     assert t.is_alive(), "the request finished before the swap could overlap it: make it longer"
-    store.record_adapter_version(agent, 2, lora_adapter(2))
+    sqlite_store.record_adapter_version(agent, 2, lora_adapter(2))
     watcher.start()
     t.join(60)
     deadline = time.time() + 30

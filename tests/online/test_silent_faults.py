@@ -22,16 +22,8 @@ import pytest
 
 from collab_app.online.returns import scale_rating
 from collab_app.online.service import STATUS_KEY, ServiceConfig, TrainerService
-from collab_app.online.store import Store
 from tasks.base import Reward
 from helpers.service import AGENTS, TASK, add_groups, fake_sample
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path}/collab.db")
-    yield s
-    s.close()
 
 
 def make_service(store, tmp_path, **kw) -> TrainerService:
@@ -49,61 +41,61 @@ def add_group(store, G: int, joint) -> int:
     return gid
 
 
-def test_single_answer_group_beside_normal_groups_training_continues(store, tmp_path):
-    single = add_group(store, G=1, joint=[(0, 0)])          # n=1 through the API: the oldest group
-    normal = add_groups(store, 4)
-    svc = make_service(store, tmp_path, min_groups=2, max_groups_per_step=2, max_steps=2)
+def test_single_answer_group_beside_normal_groups_training_continues(sqlite_store, tmp_path):
+    single = add_group(sqlite_store, G=1, joint=[(0, 0)])          # n=1 through the API: the oldest group
+    normal = add_groups(sqlite_store, 4)
+    svc = make_service(sqlite_store, tmp_path, min_groups=2, max_groups_per_step=2, max_steps=2)
     runner = threading.Thread(target=svc.run, daemon=True)
     runner.start()
     runner.join(240)
     svc.stop_event.set()                                    # ends a loop stuck retrying (the fault)
     runner.join(30)
-    assert svc.steps_done == 2, f"training stopped: {store.get_state(STATUS_KEY)}"
-    assert [s["group_ids"] for s in store.train_steps()] == [normal[:2], normal[2:]]
-    assert {store.group(g).status for g in normal} == {"trained"}
-    assert store.group(single).status == "untrainable"      # says why it never trains, in the store
-    stats = store.stats()
+    assert svc.steps_done == 2, f"training stopped: {sqlite_store.get_state(STATUS_KEY)}"
+    assert [s["group_ids"] for s in sqlite_store.train_steps()] == [normal[:2], normal[2:]]
+    assert {sqlite_store.group(g).status for g in normal} == {"trained"}
+    assert sqlite_store.group(single).status == "untrainable"      # says why it never trains, in the store
+    stats = sqlite_store.stats()
     assert stats["single_sample_groups"] == 1 and stats["groups"]["untrainable"] == 1
 
 
-def test_a_group_that_makes_its_step_raise_is_set_aside_and_the_others_train(store, tmp_path):
-    bad = add_group(store, G=2, joint=[(0, 0), (0, 0)])     # sample 1 of each agent is in no joint action
-    good = add_groups(store, 2)
-    svc = make_service(store, tmp_path, min_groups=3)
+def test_a_group_that_makes_its_step_raise_is_set_aside_and_the_others_train(sqlite_store, tmp_path):
+    bad = add_group(sqlite_store, G=2, joint=[(0, 0), (0, 0)])     # sample 1 of each agent is in no joint action
+    good = add_groups(sqlite_store, 2)
+    svc = make_service(sqlite_store, tmp_path, min_groups=3)
     with pytest.raises(ValueError, match="in no joint action"):
         svc.poll_once()                                     # all three in one step: it raises
-    assert {store.group(g).status for g in (bad, *good)} == {"ready"}
+    assert {sqlite_store.group(g).status for g in (bad, *good)} == {"ready"}
 
-    svc = make_service(store, tmp_path, min_groups=3)       # a restart keeps what the failure taught
+    svc = make_service(sqlite_store, tmp_path, min_groups=3)       # a restart keeps what the failure taught
     with pytest.raises(ValueError, match="in no joint action"):
         svc.poll_once()                                     # the oldest suspect alone: fails again
-    assert store.group(bad).status == "untrainable"
-    assert [a["group"] for a in store.get_state(STATUS_KEY)["set_aside"]] == [bad]
+    assert sqlite_store.group(bad).status == "untrainable"
+    assert [a["group"] for a in sqlite_store.get_state(STATUS_KEY)["set_aside"]] == [bad]
     assert svc.poll_once() == "trained" and svc.poll_once() == "trained"   # each innocent one alone
-    assert [s["group_ids"] for s in store.train_steps()] == [[good[0]], [good[1]]]
-    assert {store.group(g).status for g in good} == {"trained"}
-    add_groups(store, 3, seed=5)                            # back to normal steps of K groups
-    assert svc.poll_once() == "trained" and len(store.train_steps()[-1]["group_ids"]) == 3
+    assert [s["group_ids"] for s in sqlite_store.train_steps()] == [[good[0]], [good[1]]]
+    assert {sqlite_store.group(g).status for g in good} == {"trained"}
+    add_groups(sqlite_store, 3, seed=5)                            # back to normal steps of K groups
+    assert svc.poll_once() == "trained" and len(sqlite_store.train_steps()[-1]["group_ids"]) == 3
 
 
-def test_rating_during_a_step_keeps_the_group_ready(store, tmp_path):
-    rated, other = add_groups(store, 2)                     # returns 0 and 1 (auto), max_reward 2
-    svc = make_service(store, tmp_path, return_mode="human_first", human_timeout_s=0.0, min_groups=2)
+def test_rating_during_a_step_keeps_the_group_ready(sqlite_store, tmp_path):
+    rated, other = add_groups(sqlite_store, 2)                     # returns 0 and 1 (auto), max_reward 2
+    svc = make_service(sqlite_store, tmp_path, return_mode="human_first", human_timeout_s=0.0, min_groups=2)
     trainer = svc.trainer_for(TASK.name)
     update = trainer.update
 
     def update_while_a_person_rates(groups):
-        store.add_rating(store.group(rated).joints[0].id, "person", 5)   # after the step read the groups
+        sqlite_store.add_rating(sqlite_store.group(rated).joints[0].id, "person", 5)   # after the step read the groups
         return update(groups)
 
     trainer.update = update_while_a_person_rates
     assert svc.poll_once() == "trained"
     trainer.update = update
-    assert store.group(other).status == "trained"
-    assert store.group(rated).status == "ready"             # its new return has not been trained on yet
-    step = store.train_steps()[-1]
+    assert sqlite_store.group(other).status == "trained"
+    assert sqlite_store.group(rated).status == "ready"             # its new return has not been trained on yet
+    step = sqlite_store.train_steps()[-1]
     assert step["group_ids"] == [rated, other] and step["metrics"]["groups_rerated"] == 1
-    (again,) = store.ready_groups(svc.rule)
+    (again,) = sqlite_store.ready_groups(svc.rule)
     assert again.group_id == rated and again.returns == [scale_rating(5, 2.0), 1.0]
-    svc = make_service(store, tmp_path, return_mode="human_first", human_timeout_s=0.0, min_groups=1)
-    assert svc.poll_once() == "trained" and store.group(rated).status == "trained"
+    svc = make_service(sqlite_store, tmp_path, return_mode="human_first", human_timeout_s=0.0, min_groups=1)
+    assert svc.poll_once() == "trained" and sqlite_store.group(rated).status == "trained"

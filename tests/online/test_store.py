@@ -18,17 +18,6 @@ from collab_app.online.store import (SCHEMA_VERSION, Base, NotFound, Store, Stor
                               utcnow)
 from helpers.store import make_group, make_sample
 
-# ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def sqlite_store(tmp_path):
-    """For checks that happen before any SQL (input validation): one backend is enough."""
-    st = Store(f"sqlite:///{tmp_path / 'collab.db'}")
-    yield st
-    st.close()
-
-
 # ----------------------------------------------------------------------------- round trip
 
 

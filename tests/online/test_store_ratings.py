@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from collab_app.online.store import NotEntitled, NotFound, Store, StoreError, migrate, utcnow
-from helpers.store import make_group
+from helpers.store import add_raw_group, make_group
 
 
 def test_kind_detail_and_session_are_kept(store):
@@ -46,13 +46,7 @@ def test_migration_from_v2_marks_old_ratings_as_stars(empty_url):  # noqa: F811
     with eng.begin() as c:
         assert migrate(c, target=2) == (0, 2)
         now = utcnow().replace(tzinfo=None)
-        c.execute(sa.text("INSERT INTO groups (task, example_id, example, turn, prompts, num_agents, "
-                          "num_generations, max_reward, created_at, status) VALUES "
-                          "('tldr', 'e1', '{\"id\": \"e1\"}', 0, '[\"a\"]', 1, 2, 3.0, :t, 'open')"), {"t": now})
-        gid = c.scalar(sa.text("SELECT id FROM groups"))
-        c.execute(sa.text("INSERT INTO joint_samples (group_id, joint_index, sample_ids) VALUES (:g, 0, '[]')"),
-                  {"g": gid})
-        jid = c.scalar(sa.text("SELECT id FROM joint_samples"))
+        gid, jid = add_raw_group(c, now)
         c.execute(sa.text("INSERT INTO ratings (joint_sample_id, rater, value, comment, created_at) "
                           "VALUES (:j, 'ann', 4, 'old', :t)"), {"j": jid, "t": now})
     eng.dispose()
