@@ -8,8 +8,8 @@
         │                      (store.py; returns.py holds the mapping)
         ▼
     returns.group_state        the group is "ready" once every joint answer has a return under
-        │                      the ReturnRule (human_first: the rating, else the automatic reward
-        │                      after human_timeout_s)
+        │                      the ReturnRule (weighted, the default: 0.5 x rating + 0.5 x the
+        │                      task's automatic reward; the automatic reward alone after human_timeout_s)
         ▼
     service.poll_once          ready_groups (a person's own coding problems held back unless an
         │                      admin allows them), a step when K are ready or the oldest waited T

@@ -9,13 +9,19 @@ Human ratings: a person gives a joint sample 1-5 (`RATING_MIN`..`RATING_MAX`). A
 and joint sample from schema v4 on, older stores may hold several), the human score is the mean over raters, mapped linearly from 1..5 onto the task's
 [0, max_reward] range (1 -> 0, 5 -> max_reward), so it is on the automatic reward's scale.
 
-Modes (the return R of one joint sample; h = human score, a = automatic total):
+Modes (the return R of one joint sample; h = human score, a = automatic total; `weighted` is the
+default of the rule and of the trainer service):
   - "auto":        R = a. Ratings are ignored.
   - "human":       R = h. Waits for every joint sample of the group to be rated.
   - "human_first": R = h where rated, else a. Waits up to `human_timeout_s` for ratings, then
                    falls back to a for the unrated ones (0 = never wait: the brief's plain rule).
   - "weighted":    R = w*h + (1-w)*a when both exist; h alone on human-only tasks (no a);
-                   a alone for samples still unrated after `human_timeout_s`.
+                   a alone for samples still unrated after `human_timeout_s`. The default, with
+                   w = 0.5: a person's preference moves the team while the task's checks keep
+                   what the task asks for in every return. Under "human_first" a rater who wants
+                   something the checks do not hold (e.g. shorter answers) gets it at the task's
+                   expense: the team trades the task away (docs/results: "Learning a preference
+                   without forgetting the task").
 
 `human_timeout_s` (measured from the group's creation) decides what happens to a group that is
 still not ready when it runs out: in "human_first" / "weighted" unrated samples **fall back to
@@ -68,10 +74,10 @@ the shared team only while "allowed" is true (an admin sets it in the app's Trai
 
 @dataclass(frozen=True)
 class ReturnRule:
-    mode: Literal["human_first", "auto", "human", "weighted"] = "human_first"
+    mode: Literal["human_first", "auto", "human", "weighted"] = "weighted"
     """how automatic rewards and human ratings combine: human_first | auto | human | weighted."""
     human_weight: float = 0.5
-    """weighted mode: w in w*human + (1-w)*auto (0..1)."""
+    """weighted mode: w in w*human + (1-w)*auto (0..1; 0.5 = a rating and the task's checks count equally)."""
     human_timeout_s: float = 300.0
     """seconds after a group's creation to wait for ratings; then human_first/weighted fall back
     to the automatic reward and groups that cannot get a return are expired (inf = wait forever)."""

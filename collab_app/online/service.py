@@ -137,10 +137,10 @@ class ServiceConfig(MAGRPOConfig):
     """seconds between store polls when there is nothing to do."""
     heartbeat_s: float = 5.0
     """refresh the status row this often, also during a step (a stale heartbeat = a dead service)."""
-    return_mode: Literal["human_first", "auto", "human", "weighted"] = "human_first"
-    """how automatic rewards and human ratings become a return (collab_app/online/returns.py)."""
+    return_mode: Literal["human_first", "auto", "human", "weighted"] = "weighted"
+    """how automatic rewards and human ratings become a return (collab_app/online/returns.py); weighted keeps the task's own checks in the return beside a rating."""
     human_weight: float = 0.5
-    """weighted mode: w in w*human + (1-w)*auto."""
+    """weighted mode: w in w*human + (1-w)*auto (0.5: a rating and the task's checks count equally)."""
     human_timeout_s: float = 300.0
     """seconds to wait for ratings before falling back to the automatic reward / expiring a group."""
     self_play: bool = False

@@ -51,11 +51,23 @@ def test_cli_is_parsed_from_the_config_dataclass():
     from trainer.configcli import parse_config
 
     cfg, _ = parse_config(ServiceConfig, ["--min-groups", "3", "--self-play", "--learning-rate", "1e-3",
-                                          "--return-mode", "weighted", "--db", "sqlite:///x.db"],
+                                          "--return-mode", "human_first", "--db", "sqlite:///x.db"],
                           description="test")
     assert (cfg.min_groups, cfg.self_play, cfg.learning_rate, cfg.return_mode, cfg.db) == \
-        (3, True, 1e-3, "weighted", "sqlite:///x.db")
-    assert cfg.rule().mode == "weighted"
+        (3, True, 1e-3, "human_first", "sqlite:///x.db")
+    assert cfg.rule().mode == "human_first"
+
+
+def test_default_return_keeps_the_tasks_checks_beside_a_rating():
+    """Online training's default return mixes a rating with the task's automatic reward (a rating
+    alone teaches a preference at the task's expense: docs/results)."""
+    from collab_app.online.returns import ReturnRule, group_returns
+
+    rule = ServiceConfig().rule()
+    assert rule == ReturnRule() and (rule.mode, rule.human_weight) == ("weighted", 0.5)
+    # max reward 3: rating 5 -> 3.0 and rating 1 -> 0.0, each averaged with the automatic total
+    returns, sources = group_returns(rule, [1.0, 2.0], [[("p", 5)], [("p", 1)]], 3.0, age_s=0)
+    assert returns == [2.0, 1.0] and sources == ["weighted", "weighted"]
 
 
 def test_online_multi_turn_is_refused_with_a_way_out():
