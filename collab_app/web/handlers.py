@@ -118,7 +118,14 @@ def _version(v) -> str:
 
 def render_candidate(cand: dict, index: int, coding: bool) -> str:
     """Markdown of one candidate: who wrote which part, adapter versions, automatic checks; while
-    it is still being written or checked, the text so far and that state."""
+    it is still being written or checked, the text so far and that state. The page shows the same
+    pieces side by side (`render_head`, one `render_part` per agent, `render_checks`)."""
+    return "\n".join([render_head(cand, index), ""] + [render_part(p, coding) for p in cand["parts"]]
+                     + [render_checks(cand)]).rstrip("\n")
+
+
+def render_head(cand: dict, index: int) -> str:
+    """A candidate's title: its number and automatic score (or that it is still written / checked)."""
     r, state = cand["reward"], cand.get("state", "checked")
     if state == "writing":
         score = "writing …"
@@ -129,30 +136,33 @@ def render_candidate(cand: dict, index: int, coding: bool) -> str:
     sub = (f"joint sample #{cand['joint_sample_id']}" if cand.get("joint_sample_id") is not None
            else "rating opens when all candidates are written and checked" if state == "checked"
            else "")
-    lines = [f"### Candidate {index + 1} — {score}", f"<sub>{sub}</sub>" if sub else "", ""]
-    for part in cand["parts"]:
-        who = f"**{part['role']}** · agent `{part['agent']}`"
-        if part.get("done", True):
-            lines.append(f"{who} · {_version(part['adapter_version'])}")
-        else:
-            lines.append(f"{who} · writing …")
-        if coding:
-            # the agent's raw answer (markdown fences included): a fence longer than any run of
-            # backticks inside it keeps it one verbatim code block
-            fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", part["text"])), default=0))
-            lines += [fence + "python", part["text"], fence]
-        else:
-            quoted = html.escape(part["text"]).strip() or "(empty)"
-            lines += ["> " + q for q in quoted.splitlines()]
-        lines.append("")
-    if state != "checked":
-        return "\n".join(lines)
+    return "\n".join([f"### Candidate {index + 1} — {score}", f"<sub>{sub}</sub>" if sub else ""])
+
+
+def render_part(part: dict, coding: bool) -> str:
+    """One agent's part of a candidate: its role, agent and adapter version, then its text."""
+    who = f"**{part['role']}** · agent `{part['agent']}`"
+    lines = [f"{who} · {_version(part['adapter_version'])}" if part.get("done", True) else f"{who} · writing …"]
+    if coding:
+        # the agent's raw answer (markdown fences included): a fence longer than any run of
+        # backticks inside it keeps it one verbatim code block
+        fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", part["text"])), default=0))
+        lines += [fence + "python", part["text"], fence]
+    else:
+        quoted = html.escape(part["text"]).strip() or "(empty)"
+        lines += ["> " + q for q in quoted.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def render_checks(cand: dict) -> str:
+    """A checked candidate's automatic checks: each reward level and what the check found."""
+    r = cand["reward"]
+    if cand.get("state", "checked") != "checked":
+        return ""
     if r is None:
-        lines.append(f"**Automatic checks** failed: {html.escape(cand.get('check_error') or '?')} "
-                     "(your rating is this candidate's only reward)")
-        return "\n".join(lines)
-    lines.append("**Automatic checks**: " + " · ".join(
-        f"{k} {v:+.2f}" for k, v in r["levels"].items()))
+        return (f"**Automatic checks** failed: {html.escape(cand.get('check_error') or '?')} "
+                "(your rating is this candidate's only reward)")
+    lines = ["**Automatic checks**: " + " · ".join(f"{k} {v:+.2f}" for k, v in r["levels"].items())]
     lines += [f"- {html.escape(x)}" for x in check_summary(r.get("details") or {})]
     return "\n".join(lines)
 

@@ -74,22 +74,27 @@ def _err(fn):
 
 
 class _Panel:
-    """The candidates area of a tab: status line, G side-by-side cards (text streams in; a 1-5
-    rating appears once a candidate is checked), comment + Submit, "pick the best", "rank",
-    and "another round"."""
+    """The candidates area of a tab: status line, G candidates one below the other, each with its
+    agents' parts side by side (one column per agent: `width` columns, the most agents of the tab's
+    teams; a team of fewer agents leaves the rest hidden), its automatic checks and a 1-5 rating
+    once it is checked (text streams in); comment + Submit, "pick the best", "rank", and "another
+    round"."""
 
-    def __init__(self, ctx: AppContext, name: str):
-        self.ctx, self.coding = ctx, name == "code"
+    def __init__(self, ctx: AppContext, name: str, width: int):
+        self.ctx, self.coding, self.width = ctx, name == "code", width
         G = ctx.max_generations
         self.status = gr.Markdown("", elem_id=f"{name}-status")
-        self.columns, self.cards, self.ratings = [], [], []
-        with gr.Row(equal_height=False):
-            for i in range(G):
-                with gr.Column(visible=False, min_width=280) as col:
-                    self.cards.append(gr.Markdown(elem_id=f"{name}-cand-{i}"))
-                    self.ratings.append(gr.Radio(RATING_CHOICES, label=f"your rating of candidate {i + 1}",
-                                                 visible=False, elem_id=f"{name}-rate-{i}"))
-                self.columns.append(col)
+        self.columns, self.heads, self.parts, self.checks, self.ratings = [], [], [], [], []
+        for i in range(G):
+            with gr.Column(visible=False, elem_id=f"{name}-cand-{i}") as col:
+                self.heads.append(gr.Markdown(elem_id=f"{name}-cand-{i}-head"))
+                with gr.Row(equal_height=False):
+                    self.parts.append([gr.Markdown(elem_id=f"{name}-cand-{i}-part-{a}", min_height=0)
+                                       for a in range(width)])
+                self.checks.append(gr.Markdown(elem_id=f"{name}-cand-{i}-checks"))
+                self.ratings.append(gr.Radio(RATING_CHOICES, label=f"your rating of candidate {i + 1}",
+                                             visible=False, elem_id=f"{name}-rate-{i}"))
+            self.columns.append(col)
         with gr.Row(visible=False) as self.rate_row:
             self.comment = gr.Textbox(label="comment (optional, kept with any feedback below)", scale=3,
                                       max_lines=3)
@@ -111,8 +116,9 @@ class _Panel:
             self.again = gr.Button("Another round (with the checks' feedback)", scale=1, elem_id=f"{name}-again")
 
     def outputs(self):
-        return [self.status, *self.columns, *self.cards, *self.ratings, self.rate_row, self.forms_row,
-                self.best, *self.ranks, self.rate_msg, self.round_row, self.continue_from]
+        return [self.status, *self.columns, *self.heads, *(p for row in self.parts for p in row), *self.checks,
+                *self.ratings, self.rate_row, self.forms_row, self.best, *self.ranks, self.rate_msg, self.round_row,
+                self.continue_from]
 
     def done(self, ep: dict, message: str) -> dict:
         """The stored round: every form of feedback opens."""
@@ -131,7 +137,7 @@ class _Panel:
                self.forms_row: gr.update(visible=False), self.round_row: gr.update(visible=False),
                self.rate_msg: ""}
         upd.update({c: gr.update(visible=False) for c in self.columns})
-        upd.update({c: "" for c in self.cards})
+        upd.update({c: "" for c in (*self.heads, *self.checks, *(p for row in self.parts for p in row))})
         upd.update({r: gr.update(visible=False, value=None) for r in self.ratings})
         return upd
 
@@ -141,18 +147,23 @@ class _Panel:
         (the person may pick stars while the others are still written; Submit opens when the
         group is stored), and the stored round opens every form."""
         yield self.hide("*starting ...*")
-        shown: list[str | None] = [None] * self.ctx.max_generations
+        shown: dict = {}                                   # component -> markdown last sent
         rating_on: set[int] = set()
         for ev in H.generate(self.ctx, ep, _caller(request)):
             done = ev["kind"] == "done"
             cands = ev["episode"]["candidates"] if done else ev["candidates"]
             upd: dict = {}
             for i, c in enumerate(cands):
-                if shown[i] is None:
+                if self.heads[i] not in shown:             # first sight: the candidate and one column per agent
                     upd[self.columns[i]] = gr.update(visible=True)
-                md = H.render_candidate(c, i, self.coding)
-                if md != shown[i]:
-                    upd[self.cards[i]] = shown[i] = md
+                    for a, part in enumerate(self.parts[i]):
+                        upd[part] = gr.update(visible=a < len(c["parts"]))
+                pieces = [(self.heads[i], H.render_head(c, i)), (self.checks[i], H.render_checks(c))]
+                pieces += [(self.parts[i][a], H.render_part(p, self.coding)) for a, p in enumerate(c["parts"])]
+                for comp, md in pieces:
+                    if shown.get(comp) != md:
+                        shown[comp] = md
+                        upd[comp] = gr.update(value=md, visible=True) if comp in upd else md
                 if c["state"] == "checked" and i not in rating_on:
                     rating_on.add(i)
                     upd[self.ratings[i]] = gr.update(visible=True)
@@ -265,7 +276,7 @@ def _code_tab(ctx: AppContext):
                             language="python", value="assert add(1, 2) == 3\nassert add(-1, 1) == 0\n")
         entry = gr.Textbox(label="entry point (function name; empty = the first def)", max_lines=1)
     gen = gr.Button("Generate", variant="primary", elem_id="code-generate")
-    panel = _Panel(ctx, "code")
+    panel = _Panel(ctx, "code", _team_width(ctx, "coding"))
 
     source.change(lambda s: (gr.update(visible=s == H.SOURCES[0]), gr.update(visible=s != H.SOURCES[0])),
                   [source], [he_box, own_box], **PRIVATE)
@@ -289,11 +300,17 @@ def _code_tab(ctx: AppContext):
     return refresh, [iso_md, off_md, source]
 
 
+def _team_width(ctx: AppContext, kind: str) -> int:
+    """Columns a tab's round view needs: the most agents of its tasks' teams (a person's own
+    coding problem is worked on by a coding task's team, so it needs no column of its own)."""
+    return max((len(ctx.team_for(n).agents) for n, t in ctx.tasks.items() if t.kind == kind), default=1)
+
+
 def _write_tab(ctx: AppContext):
     names = H.task_choices(ctx)["writing"]
     state = gr.State(H.new_episode())
-    labels = {"tldr": "TL;DR: a short summary + a detailed one", "expansion": "Expansion: background + method"}
-    task = gr.Radio([(labels.get(n, n), n) for n in names], value=names[0] if names else None,
+    # a task's label is its name and its team's roles (the task says them; no list of names here)
+    task = gr.Radio([(f"{n}: {' + '.join(ctx.tasks[n].roles)}", n) for n in names], value=names[0] if names else None,
                     label="writing task", elem_id="write-task")
     first = H.writing_examples(ctx, names[0]) if names else []
     sample = gr.Dropdown(first, value=None, label="or start from one of the project's texts")
@@ -303,7 +320,7 @@ def _write_tab(ctx: AppContext):
     sample.change(_err(lambda t, i: H.writing_example_text(ctx, t, i) if i else gr.update()), [task, sample],
                   [text], **PRIVATE)
     gen = gr.Button("Generate", variant="primary", elem_id="write-generate")
-    panel = _Panel(ctx, "write")
+    panel = _Panel(ctx, "write", _team_width(ctx, "writing"))
     panel.wire(state, lambda t, x: H.start_writing(ctx, t, x), [task, text], gen)
 
 
@@ -424,7 +441,7 @@ def _api(ctx: AppContext):
     def generate(task: str, problem: str = "", split: str = "eval", text: str = "", tests: str = "",
                  entry_point: str = "", request: gr.Request = None) -> dict:
         """One round of the team. task: humaneval (problem = its id), custom-coding (text = the
-        problem, tests), tldr / expansion (text = the pasted text). Returns the group id and its
+        problem, tests), a writing task such as tldr (text = the pasted text). Returns the group id and its
         candidates (joint_sample_id, parts per agent, automatic reward)."""
         if task in H.task_choices(ctx)["coding"]:
             src = H.SOURCES[1] if ctx.tasks.get(task) is None else H.SOURCES[0]   # no shipped problems: your own
