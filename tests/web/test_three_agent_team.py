@@ -35,6 +35,7 @@ def _ctx(engine, tmp_path, names, **kw) -> AppContext:
                       num_generations=2, home=str(tmp_path), adapters_dir=str(tmp_path / "adapters"), **kw)
 
 
+@pytest.mark.slow   # ~45 s on the 2-core box: two rounds of 3 agents x G=2 and a step of three adapters
 def test_three_agents_round_rating_and_step(engine, tmp_path):
     from collab_app.online.service import ServiceConfig, TrainerService
 
