@@ -44,18 +44,10 @@ def test_train_refuses_a_team_size_the_task_lacks(model_path, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_collab_train_single_agent_two_steps_then_eval(model_path, tmp_path, monkeypatch, capsys):
+def test_collab_train_single_agent_two_steps_then_eval(model_path, tmp_path, capsys, served_versions):
     from collab_app.commands import evaluate, train_cmd
 
-    served = {}
-    real_sampler = train_cmd.EngineSampler
-
-    class RecordingSampler(real_sampler):
-        def load_adapter(self, agent, path, version):
-            super().load_adapter(agent, path, version)
-            served[agent] = self.engine.adapter_version(agent)
-
-    monkeypatch.setattr(train_cmd, "EngineSampler", RecordingSampler)
+    served = served_versions
     out = tmp_path / "run"
     rc = train_cmd.cli_main([
         "--task", "tldr", "--num-agents", "1", "--engine", "transformers", "--model", model_path,

@@ -20,18 +20,10 @@ from trainer import adapters
 
 
 @pytest.mark.slow
-def test_collab_train_two_steps(model_path, tmp_path, monkeypatch):
+def test_collab_train_two_steps(model_path, tmp_path, served_versions):
     from collab_app.commands import train_cmd
 
-    served = {}
-    real_sampler = train_cmd.EngineSampler
-
-    class RecordingSampler(real_sampler):
-        def load_adapter(self, agent, path, version):
-            super().load_adapter(agent, path, version)
-            served[agent] = self.engine.adapter_version(agent)
-
-    monkeypatch.setattr(train_cmd, "EngineSampler", RecordingSampler)
+    served = served_versions
     out = tmp_path / "run"
     rc = train_cmd.cli_main([
         "--task", "tldr", "--engine", "transformers", "--model", model_path, "--num-steps", "2",
