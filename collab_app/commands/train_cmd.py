@@ -124,6 +124,13 @@ def cli_main(argv: list[str] | None = None) -> int:
             return 2
         log.info("torchrun: rollouts on the transformers engine of each rank")
         cfg = replace(cfg, engine="transformers")
+    try:   # before a run folder is made: a refused run leaves nothing behind
+        # --num-agents 1 is the task's single-agent variant (one agent does every role): MAGRPO with
+        # one agent is GRPO, the paper's single-agent baseline, trained by this same loop
+        task = load_task(cfg.task, num_agents=cfg.num_agents)
+    except ValueError as e:   # an unknown task, or a team size the task has no prompts for
+        print(f"collab train: --task {cfg.task} --num-agents {cfg.num_agents}: {e}", file=sys.stderr)
+        return 2
     t_start = time.time()
     single = "single-" if cfg.num_agents == 1 else ""   # a single agent's run folder says so
     output_dir = cfg.output_dir or os.path.join(collab_home(), "runs", f"{cfg.task}-{single}{time.strftime('%Y%m%d-%H%M%S')}")
@@ -135,13 +142,6 @@ def cli_main(argv: list[str] | None = None) -> int:
         with open(os.path.join(output_dir, "config.json"), "w") as f:
             json.dump(asdict(cfg), f, indent=1)
 
-    try:
-        # --num-agents 1 is the task's single-agent variant (one agent does every role): MAGRPO with
-        # one agent is GRPO, the paper's single-agent baseline, trained by this same loop
-        task = load_task(cfg.task, num_agents=cfg.num_agents)
-    except ValueError as e:   # an unknown task, or a team size the task has no prompts for
-        print(f"collab train: --task {cfg.task} --num-agents {cfg.num_agents}: {e}", file=sys.stderr)
-        return 2
     eval_examples = task.examples("eval")[:cfg.eval_examples]
     trainer = MAGRPOTrainer(cfg, task, cfg.adapters_dir)
     kw = {"seed": cfg.seed, "num_agents": cfg.num_agents}
