@@ -64,7 +64,7 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
     """Built BEFORE any candidate code runs: every builtin it uses is captured here, so that
     patching builtins later cannot change how the probe judges."""
     type_, len_, str_, repr_, callable_, builtins_ = type, len, str, repr, callable, builtins
-    sum_, zip_, any_, all_, abs_ = sum, zip, any, all, abs
+    sum_, zip_, any_, all_, abs_, min_, max_ = sum, zip, any, all, abs, min, max
     bool_, int_, float_, complex_, bytes_ = bool, int, float, complex, bytes
     list_, tuple_, dict_, set_, frozenset_, getframe = list, tuple, dict, set, frozenset, sys._getframe
     none_, getattr_ = type(None), getattr
@@ -280,7 +280,7 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
         rec = {"sites": {}, "order": [], "calls": [], "cur": None, "main_depth": 0, "aux_depth": 0}
         ns = {"__name__": "__candidate__", "__builtins__": builtins_}
         t0 = monotonic()
-        st["deadline"] = min(t0 + limit_s, st["end"])
+        st["deadline"] = min_(t0 + limit_s, st["end"])
         seed(0)
         st["in"] = True
         try:
@@ -404,7 +404,7 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             return "baseline_failed", n_calls, False, []
         if not base["order"]:
             return "ok", n_calls, False, []
-        limit = max(trial_floor_s, trial_factor * base["seconds"])
+        limit = max_(trial_floor_s, trial_factor * base["seconds"])
         ctrl = trial(i, None, None, None, limit)
         if ctrl is None or ctrl == "timeout":
             return ("budget" if st["expired"] else "nondeterministic"), n_calls, False, []

@@ -357,6 +357,17 @@ def test_probe_poison_catches_any_use_of_a_none_result_and_nondeterminism_counts
     assert r.probe["tests"][0]["status"] == "nondeterministic"
 
 
+def test_probe_judges_the_same_after_the_code_patches_min_and_max():
+    # the probe captures every builtin when it is made: code that replaces min/max (which set a
+    # trial's deadline and time limit) at import cannot make every trial time out unjudged
+    patched = "import builtins\nbuiltins.min = lambda *a, **k: 0.0\nbuiltins.max = lambda *a, **k: 0.0\n"
+    code = AUX + "import time\ndef f(x):\n    time.sleep(0.15)\n    return aux(x) + 1\n"   # outlives a 0 s deadline
+    r = run_tests(patched + code, ["assert f(1) == 3"], FAST, probe=PROBE | {"budget_s": 20.0})   # room on a busy box
+    assert r.tests[0].passed and r.probe["complete"], (r.tests, r.probe)
+    t0 = r.probe["tests"][0]
+    assert t0["status"] == "ok" and t0["aux_calls"] == 1 and list(t0["sites"].values()) == [True]
+
+
 def test_probe_state_left_by_earlier_tests_cannot_hide_calls():
     memo = AUX + "CACHE = {}\ndef f(x):\n    if x not in CACHE:\n        CACHE[x] = aux(x)\n    return CACHE[x]\n"
     r = run_tests(memo, ["assert f(1) == 2", "assert f(1) == 2"], FAST, probe=PROBE)
