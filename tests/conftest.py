@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded model and random-init LoRA adapters on it."""
+"""Shared fixtures: the embedded model, random-init LoRA adapters on it, and a tiny second base
+(another architecture and vocabulary, built locally: helpers/tiny_model.py)."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ import os
 import pytest
 
 from helpers.engines import vllm_importable
+from helpers.tiny_model import tiny_model_path  # noqa: F401 - a session fixture: the second base of heterogeneous teams
 
 # dtype "auto" on a CPU measures this machine once per COLLAB_HOME (engines/calibrate.py, ~15 s);
 # tests that start `collab serve` in a fresh COLLAB_HOME would pay it every time. They get the

@@ -32,8 +32,9 @@ def start(trainer: MAGRPOTrainer) -> None:
 
 def save(model, optimizer: torch.optim.Optimizer, cfg: MAGRPOConfig, adapters_dir: str, agent: str, version: int,
          meta: dict) -> str:
-    """Write `agent`'s adapter (peft format) and optimizer state as `version` (atomic, then prune
-    to cfg.keep_versions); returns the version's directory."""
+    """Write `agent`'s adapter (peft format, from `model`: the PeftModel holding it) and optimizer
+    state as `version` (atomic, then prune to cfg.keep_versions); returns the version's directory.
+    meta["base_model"]: the agent's base (default cfg.model), recorded in collab.json."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
@@ -44,7 +45,7 @@ def save(model, optimizer: torch.optim.Optimizer, cfg: MAGRPOConfig, adapters_di
         model.peft_config[agent].save_pretrained(tmp)
         torch.save(optimizer.state_dict(), os.path.join(tmp, versions_on_disk.OPTIMIZER))
 
-    meta = {**meta, "base_model": cfg.model, "config": asdict(cfg)}
+    meta = {"base_model": cfg.model, **meta, "config": asdict(cfg)}
     path = versions_on_disk.save_version(adapters_dir, agent, version, write, meta)
     versions_on_disk.prune_versions(adapters_dir, agent, cfg.keep_versions)
     return path
@@ -76,8 +77,16 @@ def _resume(trainer: MAGRPOTrainer, found: dict[str, tuple[int, str]]) -> None:
     from safetensors.torch import load_file
 
     for a, (version, path) in found.items():
-        set_peft_model_state_dict(trainer.model, load_file(os.path.join(path, "adapter_model.safetensors")),
-                                  adapter_name=a)
+        was_on = versions_on_disk.read_meta(path).get("base_model")
+        try:
+            set_peft_model_state_dict(trainer.model_of[a], load_file(os.path.join(path, "adapter_model.safetensors")),
+                                      adapter_name=a)
+        except RuntimeError as e:   # shapes of another base: torch's size-mismatch error
+            raise ValueError(f"{path} is agent {a!r}'s adapter on base {was_on}, which does not fit its base "
+                             f"now ({trainer.base_of[a]}): {str(e)[:300]}; resume with the same --model / "
+                             f"--agent-models, or use a fresh --adapters-dir") from e
+        if was_on and was_on != trainer.base_of[a]:
+            log.warning("%s was trained on base %s; resuming it on %s (same shapes)", path, was_on, trainer.base_of[a])
         opt = os.path.join(path, versions_on_disk.OPTIMIZER)
         if os.path.exists(opt):
             trainer.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=trainer.device))

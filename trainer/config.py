@@ -22,6 +22,8 @@ class MAGRPOConfig:
     """task name (humaneval, tldr, expansion); its roles name the agents."""
     model: str = ""
     """base model: HF id or local folder (empty = the embedded SmolLM2-135M-Instruct)."""
+    agent_models: tuple[str, ...] = ()
+    """each agent's own base model, a heterogeneous team: one entry per agent in role order ("" = --model), or ROLE=MODEL entries (roles not named: --model); empty = every agent on --model."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """inference engine for rollouts: auto (vLLM where it is faster/available), vllm or transformers."""
     num_agents: int = 2
@@ -119,6 +121,18 @@ class MAGRPOConfig:
                 raise ValueError(msg)
 
         need(self.num_agents >= 1, f"num_agents must be >= 1, got {self.num_agents}")
+        self.agent_models = tuple(self.agent_models)
+        named = [m for m in self.agent_models if "=" in m]
+        need(not named or len(named) == len(self.agent_models),
+             f"agent_models {list(self.agent_models)} mixes ROLE=MODEL entries with plain ones: give one model "
+             f"per agent in role order (\"\" = --model), or name every entry's role, e.g. main=/path/to/model")
+        need(named or not self.agent_models or len(self.agent_models) == self.num_agents,
+             f"agent_models has {len(self.agent_models)} entries for {self.num_agents} agents: give one per agent "
+             f"in role order (\"\" keeps an agent on --model), e.g. --agent-models \"\" /path/to/model, "
+             f"or ROLE=MODEL entries for some roles only")
+        roles = [m.split("=", 1)[0] for m in named]
+        need(all(r.strip() and m.split("=", 1)[1].strip() for r, m in zip(roles, named)) and len(set(roles)) == len(roles),
+             f"agent_models {named}: each ROLE=MODEL entry needs a role and a model, each role once")
         need(self.num_generations >= 2,
              f"num_generations must be >= 2, got {self.num_generations}: a group needs siblings: MAGRPO's "
              f"advantage is a return minus the mean of its group, so a group of one has advantage 0 and "
@@ -169,3 +183,17 @@ class MAGRPOConfig:
             need(self.keep_versions > self.max_staleness,
                  f"keep_versions ({self.keep_versions}) must exceed max_staleness ({self.max_staleness}): an "
                  f"engine may still serve a version the trainer accepts data from; raise --keep-versions or use 0")
+
+    def models_for(self, roles) -> list[str]:
+        """(N,) the base model of each agent of a team with these roles, in order: its agent_models
+        entry (positional, or ROLE=MODEL), else `model`. A positional list must match the team's size."""
+        roles = list(roles)
+        if any("=" in m for m in self.agent_models):
+            named = dict(m.split("=", 1) for m in self.agent_models)
+            return [named.get(r) or self.model for r in roles]
+        if not self.agent_models:
+            return [self.model] * len(roles)
+        if len(self.agent_models) != len(roles):
+            raise ValueError(f"agent_models has {len(self.agent_models)} entries for the {len(roles)} agents "
+                             f"{roles}: give one per agent, or ROLE=MODEL entries")
+        return [m or self.model for m in self.agent_models]

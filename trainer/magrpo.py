@@ -15,8 +15,15 @@ Offline training (`train`, trainer/offline.py) adds three things around that loo
 budget (cfg.max_minutes of rollout + update time, kept across a resume), a learning-rate
 schedule and dynamic sampling (prompts whose groups all tie are replaced by fresh prompts).
 
-Policies: ONE frozen base model with a peft LoRA adapter per agent (`set_adapter` switches),
-one optimizer per agent over that adapter's parameters only. Agent names are the task's roles.
+Policies: a peft LoRA adapter per agent on a frozen base, one optimizer per agent over that
+adapter's parameters only. Agent names are the task's roles. A homogeneous team has ONE base
+holding every adapter (`set_adapter` switches). A heterogeneous team (cfg.agent_models: an agent
+on its own base model, another architecture or vocabulary) keeps one frozen base per distinct
+model, each a PeftModel holding the adapters of the agents on it (`model_of[agent]`); each agent's
+log-probs come from its own base with its own EOS ids (`eos_of[agent]`), so its gradient is from
+its own samples only. Nothing else changes: the joint reward is shared text, and the samples
+carry the prompt token ids of the engine (the agent's own tokenizer and chat template) that made
+them, so MAGRPO needs no shared vocabulary and the trainer no tokenizer.
 
 Data arrives late when the app collects it online, so every sample keeps the adapter version
 and the (untempered) log-probs it was generated with (collab_app/engines/engine_types.py). A
@@ -46,8 +53,8 @@ and how it saves a version: trainer/adapter_state.py.
 
 Knows nothing of collab_app: the inference engine reaches rollout through the `Sampler`
 protocol below (collab_app.engines.sampler.EngineSampler wraps an Engine).
-Left out: heterogeneous agents (one base per agent), several optimizer epochs per batch,
-value baselines. Shapes in comments: B sequences, T completion tokens, G group size, J joint actions.
+Left out: several optimizer epochs per batch, value baselines; a base shared across task
+trainers (each trainer loads its own bases). Shapes in comments: B sequences, T completion tokens, G group size, J joint actions.
 """
 from __future__ import annotations
 
@@ -464,7 +471,8 @@ def adapter_parameters(model, agent: str) -> list[torch.nn.Parameter]:
 # the trainer
 # ---------------------------------------------------------------------------------------------
 class MAGRPOTrainer:
-    """Per-agent LoRA adapters on one frozen base; `update(groups)` = one MAGRPO step that also
+    """Per-agent LoRA adapters, each on its agent's frozen base (one base per distinct model:
+    `model_of[agent]`, `eos_of[agent]`); `update(groups)` = one MAGRPO step that also
     writes each changed agent's next adapter version; `train(engine)` loops rollout -> update ->
     hot-load. Resumes from the latest versions in `adapters_dir` when cfg.resume."""
 
@@ -487,15 +495,34 @@ class MAGRPOTrainer:
         torch.manual_seed(cfg.seed)  # the LoRA A matrices, so version 0 is reproducible
         self.device = resolve_device(cfg.device)   # auto: cuda > mps > cpu; a device torch lacks is refused with the fix
         self.dtype = resolve_dtype(cfg.dtype, self.device)  # "auto" -> bf16 only where the hardware has it natively
-        base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, self.dtype)).to(self.device)
-        eos = base.generation_config.eos_token_id
-        self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
-        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
-        self.model = get_peft_model(base, lora, adapter_name=self.agents[0])
-        for agent in self.agents[1:]:
-            self.model.add_adapter(agent, lora)
-        self.params = {a: adapter_parameters(self.model, a) for a in self.agents}
+
+        def lora():   # a fresh config per adapter: peft writes the adapter's base into it
+            return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                              target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+
+        # One frozen base per distinct model, the adapters of the agents on it inside its PeftModel
+        # (a homogeneous team: one base, one PeftModel holding every adapter).
+        self.base_of = dict(zip(self.agents, cfg.models_for(self.agents)))   # agent -> base model (path / HF id)
+        self.models: dict[str, Any] = {}          # base model -> PeftModel with its agents' adapters
+        self.model_of: dict[str, Any] = {}        # agent -> the PeftModel that holds its adapter
+        self.eos_of: dict[str, frozenset[int]] = {}   # agent -> its base's EOS token ids
+        for agent in self.agents:
+            name = self.base_of[agent]
+            if name not in self.models:
+                base = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, self.dtype)).to(self.device)
+                try:
+                    self.models[name] = get_peft_model(base, lora(), adapter_name=agent)
+                except ValueError as e:   # peft: "Target modules {...} not found in the base model"
+                    raise ValueError(f"agent {agent!r} on base {name}: {e}; pick --lora-target-modules that "
+                                     f"every agent's base has (q_proj k_proj v_proj o_proj: Llama, Qwen2, Mistral)") from e
+            else:
+                self.models[name].add_adapter(agent, lora())
+            self.model_of[agent] = self.models[name]
+            eos = self.models[name].get_base_model().generation_config.eos_token_id
+            self.eos_of[agent] = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
+        self.model = self.model_of[self.agents[0]]              # the first agent's (a homogeneous team's only) model
+        self.eos_token_ids = self.eos_of[self.agents[0]]
+        self.params = {a: adapter_parameters(self.model_of[a], a) for a in self.agents}
         self.optimizers = {a: torch.optim.AdamW(self.params[a], lr=cfg.learning_rate, weight_decay=0.0)
                            for a in self.agents}
         self.versions = {a: 0 for a in self.agents}
@@ -511,8 +538,8 @@ class MAGRPOTrainer:
         return versions_on_disk.version_dir(self.adapters_dir, agent, self.versions[agent])
 
     def _save(self, agent: str, meta: dict) -> str:
-        return adapter_state.save(self.model, self.optimizers[agent], self.cfg, self.adapters_dir, agent,
-                                  self.versions[agent], meta)
+        return adapter_state.save(self.model_of[agent], self.optimizers[agent], self.cfg, self.adapters_dir, agent,
+                                  self.versions[agent], {**meta, "base_model": self.base_of[agent]})
 
     def load_into(self, engine: Sampler) -> None:
         """Hand every agent's current version to the engine (only those that changed)."""
@@ -579,7 +606,7 @@ class MAGRPOTrainer:
     def _update_agent(self, agent: str, items: list[tuple[Any, float, float]]) -> dict:
         """Forward + backward over `items` = (sample, advantage, loss weight) in micro-batches,
         then one AdamW step on `agent`'s adapter. Returns the agent's metrics."""
-        cfg, model = self.cfg, self.model
+        cfg, model, eos = self.cfg, self.model_of[agent], self.eos_of[agent]   # the agent's own base and adapter
         # A zero advantage contributes nothing to the policy term: skip it unless the KL term needs it.
         live = [(s, a, w) for s, a, w in items if abs(a) > ADV_TOL or cfg.kl_coef > 0]
         stats = {"samples": len(items), "trained_samples": len(live), "loss": 0.0, "clip_frac": 0.0,
@@ -611,7 +638,7 @@ class MAGRPOTrainer:
         for start, batch in distributed.shard(list(enumerate(batches))):
             prompts = [list(s.prompt_token_ids) for s, _, _ in batch]
             completions = [list(s.token_ids) for s, _, _ in batch]
-            logp, mask = sequence_logprobs(model, prompts, completions, self.eos_token_ids)      # (B, T)
+            logp, mask = sequence_logprobs(model, prompts, completions, eos)                    # (B, T)
             engine_lp = _pad([list(s.logprobs) for s, _, _ in batch], logp.shape[1], logp.device)  # (B, T)
             on = torch.tensor([self._on_policy(agent, s) for s, _, _ in batch], device=logp.device)[:, None]  # (B, 1)
             behaviour = torch.where(on, logp.detach(), engine_lp)                              # (B, T)
@@ -622,7 +649,7 @@ class MAGRPOTrainer:
             ref = None
             if cfg.kl_coef > 0:
                 with torch.no_grad(), model.disable_adapter():
-                    ref, _ = sequence_logprobs(model, prompts, completions, self.eos_token_ids)  # (B, T)
+                    ref, _ = sequence_logprobs(model, prompts, completions, eos)                # (B, T)
             loss, t = magrpo_loss(logp, behaviour, A, W, mask, cfg.clip_epsilon, ref, cfg.kl_coef)
             loss.backward()
             ratio, clipped = t["ratio"], t["clipped"]                                          # (B, T)
@@ -631,7 +658,7 @@ class MAGRPOTrainer:
                 sums["kl_tokens"] += float(mask.sum())
             elif start == 0:
                 rows = min(len(batch), KL_ESTIMATE_ROWS)
-                kl, kl_mask = self._kl_estimate(prompts[:rows], completions[:rows])             # (rows, T')
+                kl, kl_mask = self._kl_estimate(agent, prompts[:rows], completions[:rows])      # (rows, T')
                 sums["kl"] += float((kl * kl_mask).sum())
                 sums["kl_tokens"] += float(kl_mask.sum())
             with torch.no_grad():
@@ -672,12 +699,13 @@ class MAGRPOTrainer:
         return stats
 
     @torch.no_grad()
-    def _kl_estimate(self, prompts, completions) -> tuple[torch.Tensor, torch.Tensor]:
-        """k3 KL(adapter || base) per token on a few rows, both log-probs from the same batch
-        shape (in bf16 a different padding alone shifts log-probs by ~1e-3)."""
-        logp, mask = sequence_logprobs(self.model, prompts, completions, self.eos_token_ids)   # (rows, T')
-        with self.model.disable_adapter():
-            ref, _ = sequence_logprobs(self.model, prompts, completions, self.eos_token_ids)   # (rows, T')
+    def _kl_estimate(self, agent, prompts, completions) -> tuple[torch.Tensor, torch.Tensor]:
+        """k3 KL(adapter || base) per token on a few rows of `agent` (its own base), both log-probs
+        from the same batch shape (in bf16 a different padding alone shifts log-probs by ~1e-3)."""
+        model, eos = self.model_of[agent], self.eos_of[agent]
+        logp, mask = sequence_logprobs(model, prompts, completions, eos)                      # (rows, T')
+        with model.disable_adapter():
+            ref, _ = sequence_logprobs(model, prompts, completions, eos)                      # (rows, T')
         d = ref - logp
         return torch.exp(d) - d - 1, mask
 

@@ -2,6 +2,7 @@
 
     collab train --task humaneval --num-steps 20 --engine transformers
     collab train --task humaneval --num-agents 1 ...   # the single-agent GRPO baseline
+    collab train --task tldr --agent-models "" /path/to/other-model   # a heterogeneous team
 
 Provisions the model (embedded SmolLM2 by default), starts an engine (`auto`: vLLM where it
 is the faster choice, see collab_app/engines/__init__.py), saves version 0 of every agent's adapter,
@@ -19,6 +20,11 @@ writes the whole answer, the same reward levels) with this same trainer: MAGRPO 
 GRPO, the paper's single-agent baseline. Its one adapter is named by the task's single role
 (`coder`, `tldr-writer`, ...), never one of the team's roles, so its versions cannot mix with the
 team's even in a shared `--adapters-dir`; `collab eval --systems single-trained` evaluates it.
+
+`--agent-models A B` puts each agent on its own base (one entry per agent in role order, "" =
+`--model`; or ROLE=MODEL entries): the trainer keeps one frozen base per distinct model, the
+rollouts run on one engine per base (collab_app/engines/team.py TeamEngine), and each version's
+collab.json records its agent's base.
 
 Data parallel on several GPUs (or CPU processes) with torchrun, one process per device:
 
@@ -103,8 +109,8 @@ def _fmt_eval(e: dict) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from collab_app.engines import make_engine
     from collab_app.engines.model import collab_home, ensure_model
+    from collab_app.engines.team import make_team_engine
     from collab_app.web.plots import save_summary_plot
     from tasks import load_task
     from trainer import distributed
@@ -131,12 +137,20 @@ def cli_main(argv: list[str] | None = None) -> int:
     except ValueError as e:   # an unknown task, or a team size the task has no prompts for
         print(f"collab train: --task {cfg.task} --num-agents {cfg.num_agents}: {e}", file=sys.stderr)
         return 2
+    unknown = [m.split("=", 1)[0] for m in cfg.agent_models if "=" in m and m.split("=", 1)[0] not in task.roles]
+    if unknown:
+        print(f"collab train: --agent-models names {unknown}, which are not roles of {cfg.task} "
+              f"(its roles: {list(task.roles)}); name those roles, or give one model per agent in role order",
+              file=sys.stderr)
+        return 2
     t_start = time.time()
     single = "single-" if cfg.num_agents == 1 else ""   # a single agent's run folder says so
     output_dir = cfg.output_dir or os.path.join(collab_home(), "runs", f"{cfg.task}-{single}{time.strftime('%Y%m%d-%H%M%S')}")
     output_dir = distributed.broadcast_object(output_dir)   # rank 0's clock names the run
     cfg = replace(cfg, output_dir=output_dir, adapters_dir=cfg.adapters_dir or os.path.join(output_dir, "adapters"),
                   model=ensure_model(cfg.model or None))
+    if cfg.agent_models:   # each agent's own base, resolved to a folder: positional from here on
+        cfg = replace(cfg, agent_models=tuple(ensure_model(m) for m in cfg.models_for(task.roles)))
     if main:
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, "config.json"), "w") as f:
@@ -147,7 +161,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     kw = {"seed": cfg.seed, "num_agents": cfg.num_agents}
     if cfg.lora_r > 16:  # vLLM's default max_lora_rank
         kw["max_lora_rank"] = cfg.lora_r
-    engine = make_engine(cfg.engine, model=cfg.model, **kw)
+    # a heterogeneous team (--agent-models): one engine per distinct base, as one Engine (engines/team.py)
+    engine = make_team_engine(cfg.engine, cfg.model, trainer.base_of, **kw)
     sampler = EngineSampler(engine)
     for role in task.roles:
         engine.register_agent(role)
@@ -160,7 +175,8 @@ def cli_main(argv: list[str] | None = None) -> int:
             distributed.close()
         return 0
     run = RunLog(output_dir)
-    print(f"collab train: task={cfg.task} engine={engine.name} model={cfg.model}"
+    bases = "".join(f"\n  {a} on {trainer.base_of[a]}" for a in trainer.agents) if cfg.agent_models else ""
+    print(f"collab train: task={cfg.task} engine={engine.name} model={cfg.model}{bases}"
           f"{f' ranks={world}' if world > 1 else ''}\n"
           f"  output {output_dir}\n  adapters {cfg.adapters_dir} (versions {trainer.versions})", flush=True)
 

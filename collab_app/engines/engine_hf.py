@@ -260,7 +260,7 @@ class TransformersEngine:
             agent=request.agent, adapter_version=agents[request.agent][1],
             prompt_token_ids=prompt_ids, text=self.tokenizer.decode(toks, skip_special_tokens=True),
             token_ids=toks, logprobs=lp, finish_reason="stop" if stopped else "length",
-            meta={"engine": self.name},
+            meta={"engine": self.name, "model": self.model_path},
         )
 
     def _samples(self, requests, rows, seqs, lps, prompt_ids, agents, n) -> list[list[Sample]]:

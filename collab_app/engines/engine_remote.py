@@ -515,7 +515,7 @@ class RemoteVLLMEngine:
                                   f"(stop reason {c.get('stop_reason')!r})")
             done[i][j] = Sample(agent=request.agent, adapter_version=version, prompt_token_ids=list(prompt),
                                 text=texts[i][j], token_ids=list(toks[i][j]), logprobs=list(lps[i][j]),
-                                finish_reason=reason, meta={"engine": self.name, "url": self.url})
+                                finish_reason=reason, meta={"engine": self.name, "url": self.url, "model": self.model_path})
         return bool(new_ids) or reason is not None
 
     def close(self) -> None:

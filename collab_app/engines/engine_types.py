@@ -53,7 +53,7 @@ class Sample:
     token_ids: list[int]              # generated tokens (EOS included if one was produced)
     logprobs: list[float]             # one per token_ids entry, see module doc
     finish_reason: str = "length"     # "stop" | "length"
-    meta: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)   # {"engine": its name, "model": the base it ran on, ...}
 
 
 @dataclass

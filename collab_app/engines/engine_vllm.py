@@ -280,7 +280,7 @@ class VLLMEngine:
         return Sample(
             agent=request.agent, adapter_version=served[request.agent][1], prompt_token_ids=prompt_ids,
             text=c.text, token_ids=toks, logprobs=[c.logprobs[t][tok].logprob for t, tok in enumerate(toks)],
-            finish_reason="stop" if c.finish_reason == "stop" else "length", meta={"engine": self.name},
+            finish_reason="stop" if c.finish_reason == "stop" else "length", meta={"engine": self.name, "model": self.model_path},
         )
 
     def _call(self, fn, *args, **kwargs):

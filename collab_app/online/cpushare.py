@@ -300,9 +300,10 @@ def _load_loop(args) -> None:
             pids = list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                 tokenize=True, return_dict=True)["input_ids"])
             comps = [[rng.choice(vocab) for _ in range(args.new_tokens)] for _ in range(args.num_generations)]
-            trainer.model.set_adapter(trainer.agents[i])
+            model = trainer.model_of[trainer.agents[i]]
+            model.set_adapter(trainer.agents[i])
             with torch.no_grad():
-                lp, _ = sequence_logprobs(trainer.model, [pids] * len(comps), comps, trainer.eos_token_ids)
+                lp, _ = sequence_logprobs(model, [pids] * len(comps), comps, trainer.eos_of[trainer.agents[i]])
             samples.append([Sample(agent=trainer.agents[i], adapter_version=0, prompt_token_ids=pids, text="",
                                    token_ids=c, logprobs=lp[j].tolist()) for j, c in enumerate(comps)])
         G = args.num_generations

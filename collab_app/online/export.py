@@ -2,7 +2,8 @@
 `datasets` folder (Dataset.save_to_disk) and Parquet.
 
 A row holds the group (task, example, turn, prompts, session, status), the joint action (per-agent
-texts, prompt/generated token ids, behaviour log-probs, adapter versions), the automatic reward
+texts, prompt/generated token ids, behaviour log-probs, adapter versions, the base model each part
+ran on: a heterogeneous team's agents have different bases and tokenizers), the automatic reward
 and its levels, every rating (one per rater, oldest first: its `revision` says how often its rater
 replaced it, `late` that it came after the group was trained / expired / set aside and so never
 trained it), the human score and the return assembled under a `ReturnRule` (None when the group is
@@ -49,6 +50,7 @@ SCHEMA = pa.schema([
     ("agents", pa.list_(pa.string())), ("texts", pa.list_(pa.string())),
     ("prompt_token_ids", pa.list_(pa.list_(pa.int64()))), ("token_ids", pa.list_(pa.list_(pa.int64()))),
     ("logprobs", pa.list_(pa.list_(pa.float64()))), ("adapter_versions", pa.list_(pa.int64())),
+    ("base_models", pa.list_(pa.string())),
     ("finish_reasons", pa.list_(pa.string())), ("combined", pa.string()),
     ("auto_total", pa.float64()), ("auto_max", pa.float64()), ("auto_levels", pa.string()),
     ("auto_details", pa.string()), ("auto_error", pa.string()), ("ratings", pa.list_(RATING)),
@@ -77,6 +79,8 @@ def group_rows(g: GroupRecord, rule: ReturnRule, now: datetime) -> list[dict]:
             "agents": [s.agent for s in parts], "texts": [s.text for s in parts],
             "prompt_token_ids": [s.prompt_token_ids for s in parts], "token_ids": [s.token_ids for s in parts],
             "logprobs": [s.logprobs for s in parts], "adapter_versions": [s.adapter_version for s in parts],
+            # the base each part ran on (Sample.meta["model"]; None for rows stored before it was recorded)
+            "base_models": [s.meta.get("model") for s in parts],
             "finish_reasons": [s.finish_reason for s in parts], "combined": j.combined,
             "auto_total": j.auto_total, "auto_max": j.auto_max, "auto_levels": _json(j.auto_levels),
             "auto_details": _json(j.auto_details), "auto_error": j.auto_error,

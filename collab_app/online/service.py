@@ -84,6 +84,10 @@ watcher also looks under its own `adapters_dir` when the share is mounted elsewh
 for display. Lateness and the UI's "alive" check compare times from different hosts: keep their
 clocks in sync (NTP).
 
+Heterogeneous teams (`--agent-models`, trainer/config.py): ROLE=MODEL entries put those roles on
+their own base in every task team; a positional list (one per agent) is `--task`'s team's, the
+other teams stay on `--model`. Each version's row records its agent's base (`base_model`).
+
 Left out: several trainer services on one store (no claims on groups), and a shared base model
 across task trainers (each loads its own: fine for the embedded 135M model).
 """
@@ -302,11 +306,24 @@ def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
             if version not in known:
                 meta = adapters.read_meta(path)
                 store.record_adapter_version(agent, version, path, step=None,
-                                             metrics={"reconciled": True, "task_step": meta.get("step")})
+                                             metrics={"reconciled": True, "task_step": meta.get("step")},
+                                             base_model=meta.get("base_model"))
                 done.append((agent, version))
     if done:
         log.warning("recorded adapter versions found on disk without a store row: %s", done)
     return done
+
+
+def resolve_agent_models(agent_models) -> tuple[str, ...]:
+    """cfg.agent_models with each model as a local folder (ensure_model), in the same form:
+    positional ("" stays "": --model) or ROLE=MODEL."""
+    from collab_app.engines.model import ensure_model
+
+    out = []
+    for m in agent_models:
+        role, sep, model = m.partition("=") if "=" in m else ("", "", m)
+        out.append(f"{role}{sep}{ensure_model(model)}" if model else "")
+    return tuple(out)
 
 
 def to_trainer_group(g):
@@ -328,7 +345,8 @@ class TrainerService:
         from collab_app.online.store import Store
 
         self.cfg = dataclasses.replace(cfg, model=ensure_model(cfg.model or None),
-                                       adapters_dir=cfg.adapters_dir or paths.adapters_dir())
+                                       adapters_dir=cfg.adapters_dir or paths.adapters_dir(),
+                                       agent_models=resolve_agent_models(cfg.agent_models))
         # data parallel: only rank 0 talks to the store; the other ranks follow its commands (run)
         self.store = store if store is not None else Store(cfg.db or None) if _dist().is_main() else None
         self.rule = cfg.rule()
@@ -365,7 +383,10 @@ class TrainerService:
                 from tasks import load_task
 
                 task = load_task(task_name)
-            cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents)
+            models = self.cfg.agent_models   # ROLE=MODEL entries: every team; a positional list: --task's team
+            if models and "=" not in models[0] and team_of(task_name) != team_of(self.cfg.task):
+                models = ()
+            cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents, agent_models=models)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
             if _dist().is_main():
                 reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
@@ -431,7 +452,7 @@ class TrainerService:
             for agent in trainer.agents:   # rows only now: update() renamed the dirs into place
                 if trainer.versions[agent] != before[agent]:
                     self.store.record_adapter_version(agent, trainer.versions[agent], trainer.adapter_path(agent),
-                                                      step=step, metrics=metrics)
+                                                      step=step, metrics=metrics, base_model=trainer.base_of[agent])
             rerated = self.store.record_train_step(step, metrics, used, stale_group_ids=stale,
                                                    ratings_seen={g.group_id: g.ratings_seen for g in ready})
         except Exception:
@@ -498,14 +519,14 @@ class TrainerService:
     def self_play_round(self) -> list[int]:
         """Sample `self_play_prompts` train prompts of cfg.task with the current adapters and store
         the groups with their automatic rewards. Returns the new group ids."""
-        from collab_app.engines import make_engine
         from collab_app.engines.sampler import EngineSampler
+        from collab_app.engines.team import make_team_engine
         from tasks.base import Reward
         from trainer.magrpo import rollout
 
         trainer = self.trainer_for(self.cfg.task)
         if self._sampler is None:
-            self._sampler = EngineSampler(make_engine(self.cfg.engine, model=self.cfg.model))
+            self._sampler = EngineSampler(make_team_engine(self.cfg.engine, self.cfg.model, trainer.base_of))
             for agent in trainer.agents:
                 self._sampler.engine.register_agent(agent)
         trainer.load_into(self._sampler)

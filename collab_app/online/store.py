@@ -213,6 +213,7 @@ class AdapterVersionRow(Base):
     created_at: Mapped[datetime]
     metrics: Mapped[dict]
     pinned: Mapped[bool] = mapped_column(server_default=sa.false())
+    base_model: Mapped[str | None] = mapped_column(Text)   # the base the adapter is on (schema v5; None: not recorded)
 
 
 class TrainStepRow(Base):
@@ -369,7 +370,13 @@ def _migration_4(conn: sa.Connection) -> None:
                              "LANGUAGE plpgsql"))
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
+def _migration_5(conn: sa.Connection) -> None:
+    """Heterogeneous teams: adapter_versions.base_model, the base model (folder / HF id) the
+    version's adapter is on; NULL for older rows (written when every agent was on the app's model)."""
+    conn.execute(sa.text("ALTER TABLE adapter_versions ADD COLUMN base_model TEXT"))
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
 """MIGRATIONS[i] takes the schema from version i to i + 1."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -475,6 +482,7 @@ class AdapterVersionRecord:
     created_at: datetime
     metrics: dict = field(default_factory=dict)
     pinned: bool = False
+    base_model: str | None = None     # the base the adapter is on (None: not recorded, older rows)
 
 
 def _rating(r: RatingRow) -> RatingRecord:
@@ -494,7 +502,8 @@ def _sample(s: SampleRow) -> Sample:
 
 
 def _adapter(a: AdapterVersionRow) -> AdapterVersionRecord:
-    return AdapterVersionRecord(a.agent, a.version, a.path, a.step, a.created_at, dict(a.metrics), a.pinned)
+    return AdapterVersionRecord(a.agent, a.version, a.path, a.step, a.created_at, dict(a.metrics), a.pinned,
+                                a.base_model)
 
 
 def _check_sample(s: Sample, where: str) -> None:
@@ -977,9 +986,10 @@ class Store:
     # -- adapter versions ------------------------------------------------------------------
 
     def record_adapter_version(self, agent: str, version: int, path: str, step: int | None = None,
-                               metrics: dict | None = None) -> None:
+                               metrics: dict | None = None, base_model: str | None = None) -> None:
         """Add a version row. Call only after the adapter directory was renamed into place
-        (docs/ARCHITECTURE.md "Contracts"): a row always names a complete adapter."""
+        (docs/ARCHITECTURE.md "Contracts"): a row always names a complete adapter. `base_model`:
+        the base it is on (its collab.json's "base_model"; each agent's own in a heterogeneous team)."""
         if not agent or not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise StoreError("record_adapter_version needs an agent name and an integer version >= 0")
         with self._write() as s:
@@ -987,7 +997,7 @@ class Store:
                                                            AdapterVersionRow.version == version)):
                 raise StoreError(f"agent {agent!r} already has version {version}: versions are never reused")
             s.add(AdapterVersionRow(agent=agent, version=version, path=str(path), step=step, created_at=utcnow(),
-                                    metrics=jsonable(metrics or {}), pinned=False))
+                                    metrics=jsonable(metrics or {}), pinned=False, base_model=base_model))
 
     def adapter_versions(self, agent: str) -> list[AdapterVersionRecord]:
         with self._read() as s:

@@ -271,8 +271,12 @@ class AppContext:
         remote one). Uses a private copy of the engine's tokenizer under its own lock: a Rust
         tokenizer used from two threads at once can fail ("Already borrowed"), and the engine's
         own is busy in the batcher's thread."""
+        if not isinstance(getattr(self.engine, "max_model_len", None), int):
+            return None
+        if hasattr(self.engine, "prompt_token_counts"):   # a heterogeneous team: each agent's own tokenizer
+            return self.engine.prompt_token_counts(requests)
         tok = getattr(self.engine, "tokenizer", None)
-        if tok is None or not isinstance(getattr(self.engine, "max_model_len", None), int):
+        if tok is None:
             return None
         from collab_app.engines import chat_prompt_ids
         with self._tokenizer_lock:
@@ -319,13 +323,14 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
                   task_names: tuple[str, ...] = ("humaneval", "tldr", "expansion"),
                   num_generations: int = 2, max_new_tokens: int = 256, temperature: float = 0.8,
                   public: bool = False, home: str | None = None, limits: dict | None = None,
-                  adapters_dir: str | None = None, admin_token: str | None = None, **engine_kw) -> AppContext:
+                  adapters_dir: str | None = None, admin_token: str | None = None,
+                  agent_models: dict[str, str] | None = None, **engine_kw) -> AppContext:
     """Everything the app needs, from settings: provision the model, start the engine, open the
     store, load tasks and their teams, load each agent's current adapter. Heavy imports happen
-    here, not at module import."""
-    from collab_app.engines import make_engine
+    here, not at module import. `agent_models`: role -> its own base (a heterogeneous team:
+    one engine per distinct base, engines/team.py TeamEngine); other roles run on `model`."""
     from collab_app.engines.model import ensure_model
-    from collab_app.engines.team import Agent, Team
+    from collab_app.engines.team import Agent, Team, make_team_engine
     from tasks import load_task
 
     limits = dict(limits or {})   # more AppContext fields, e.g. {"max_rounds_per_minute": 0, "loopback_admin": True}
@@ -339,9 +344,11 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     tasks = {name: load_task(name) for name in task_names}
     # one agent per task role; the agent name is the role (the engine's adapter key), so tasks
     # with the same roles share agents and adapters.
-    teams = {name: Team([Agent(role) for role in task.roles]) for name, task in tasks.items()}
+    agent_models = dict(agent_models or {})
+    teams = {name: Team([Agent(role, model=agent_models.get(role)) for role in task.roles]) for name, task in tasks.items()}
     num_agents = len({a.name for t in teams.values() for a in t.agents})   # vLLM sizes its agent slots by it
-    eng = make_engine(engine, model=ensure_model(model), **({"num_agents": num_agents} | engine_kw))
+    eng = make_team_engine(engine, ensure_model(model), {a.name: a.model or "" for t in teams.values() for a in t.agents},
+                           **({"num_agents": num_agents} | engine_kw))
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),

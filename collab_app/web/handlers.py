@@ -251,14 +251,18 @@ def set_custom_training(ctx, token: str, allowed: bool, caller: Caller | None = 
 
 def team_overview(ctx) -> str:
     """Markdown: base model, engine, G, sampling, and per task its agents with roles, role
-    prompts and the adapter version each serves (pinned marked)."""
+    prompts, the base each agent runs on and the adapter version it serves (pinned marked); a
+    heterogeneous team (engines/team.py TeamEngine) also gets one line per base: its agents and
+    the memory of its weights."""
     eng, smp = ctx.engine, ctx.sampling
+    name = lambda path: os.path.basename(str(path).rstrip("/"))   # noqa: E731 - a folder's last part
+    default = getattr(eng, "model_path", "?")
     current = ctx.store.current_adapter_versions()
     pinned = {a for a in ctx.agent_names() if any(v.pinned for v in ctx.store.adapter_versions(a))}
     lines = [f"**base model** `{os.path.basename(str(getattr(eng, 'model_path', '?')).rstrip('/'))}` · "
              f"**engine** `{getattr(eng, 'name', type(eng).__name__)}` · **G** = {ctx.num_generations} · "
              f"temperature {smp.temperature} · top-p {smp.top_p} · max new tokens {smp.max_new_tokens}", "",
-             "| task | agent (role) | role prompt | serving | newest stored |", "|---|---|---|---|---|"]
+             "| task | agent (role) | base model | role prompt | serving | newest stored |", "|---|---|---|---|---|---|"]
     for task_name, team in ctx.teams.items():
         for agent in team.agents:
             served = ctx.engine.adapter_version(agent.name)
@@ -266,7 +270,13 @@ def team_overview(ctx) -> str:
             prompt = html.escape(agent.role_prompt.strip().replace("\n", " ")[:120]) or "—"
             pin = " (pinned)" if agent.name in pinned else ""
             newest = f"v{cur[0]}{pin}" if cur else "none yet"
-            lines.append(f"| {task_name} | `{agent.name}` | {prompt} | {_version(served)} | {newest} |")
+            base = eng.model_of(agent.name) if hasattr(eng, "model_of") else (agent.model or default)
+            lines.append(f"| {task_name} | `{agent.name}` | `{name(base)}` | {prompt} | {_version(served)} | {newest} |")
+    if hasattr(eng, "memory"):
+        lines += ["", "| base model | agents | weights in memory |", "|---|---|---|"]
+        for base, m in eng.memory().items():
+            lines.append(f"| `{name(base)}` | {', '.join(m['agents']) or '—'} | "
+                         f"{m['weights_bytes'] / 2**20:,.0f} MiB ({m['how']}) |")
     return "\n".join(lines)
 
 

@@ -79,6 +79,8 @@ class ServeConfig:
     """with --engine-url: seconds a lost server is retried (with back-off) before a round or an adapter load fails (0 = at once)."""
     model: str = ""
     """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
+    agent_models: list[str] = field(default_factory=list)
+    """a heterogeneous team: ROLE=MODEL entries put that role's agent on its own base (HF id or folder) in every task that has the role, served and trained there; other roles stay on --model."""
     db: str = ""
     """store URL (empty = $COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db); the trainer gets the same."""
     adapters_dir: str = ""
@@ -147,6 +149,13 @@ class ServeConfig:
             raise ValueError(f"engine_retry_s must be >= 0 (0 = no retry), got {self.engine_retry_s}")
         if self.api_max_rounds_per_minute < 0 or self.api_max_ratings_per_minute < 0:
             raise ValueError("api_max_rounds_per_minute and api_max_ratings_per_minute must be >= 0 (0 = no limit)")
+        bad = [m for m in self.agent_models if not (m.partition("=")[0].strip() and m.partition("=")[2].strip())]
+        if bad:
+            raise ValueError(f"agent_models {bad}: give ROLE=MODEL entries (the app serves several tasks, so name "
+                             f"the role), e.g. --agent-models main=/path/to/model")
+        if self.agent_models and self.engine_url:
+            raise ValueError("--agent-models with --engine-url: a vLLM server serves one base model; serve a "
+                             "heterogeneous team with the in-process engines (--engine auto|vllm|transformers)")
         if self.engine_cores < -1:
             raise ValueError(f"engine_cores must be -1 (no split), 0 (auto) or a core count, got {self.engine_cores}")
 
@@ -247,7 +256,8 @@ class ChildTrainer:
             self.proc.wait()
 
 
-def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str) -> list[str]:
+def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str,
+                 agent_models: dict[str, str] | None = None) -> list[str]:
     """The child trainer's flags. `db` is not among them: a command line is readable by every user
     of the machine (/proc/<pid>/cmdline), and a store URL may hold a password; it goes in the
     child's environment (`trainer_env(db)`), which the trainer reads once and drops."""
@@ -262,7 +272,20 @@ def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str) -> list[s
     # has one person rating everything, whose groups would otherwise train one per step
     if is_public(cfg.host, cfg.share):
         argv += ["--max-rater-share", str(PUBLIC_RATER_SHARE)]
+    if agent_models:   # role -> its base's folder: the child trains each agent on the base it is served on
+        argv += ["--agent-models", *(f"{role}={path}" for role, path in agent_models.items())]
     return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
+
+
+def check_agent_roles(agent_models: dict, task_names) -> None:
+    """ValueError naming the served roles when --agent-models names a role no served task has."""
+    from tasks import load_task
+
+    roles = {r for name in task_names for r in load_task(name).roles}
+    unknown = sorted(set(agent_models) - roles)
+    if unknown:
+        raise ValueError(f"--agent-models names {unknown}, which no served task has (--tasks {list(task_names)}: "
+                         f"roles {sorted(roles)}); name one of those roles")
 
 
 def trainer_env(db: str) -> dict[str, str]:
@@ -314,6 +337,8 @@ def serve(cfg: ServeConfig) -> None:
     db = cfg.db or held.get("COLLAB_DB") or paths.store_url()
     adapters_dir = cfg.adapters_dir or paths.adapters_dir()
     model_path = ensure_model(cfg.model or None)   # once, before the child would race for it (HF token: secret_env.hf_token)
+    agent_models = {m.partition("=")[0]: ensure_model(m.partition("=")[2]) for m in cfg.agent_models}
+    check_agent_roles(agent_models, cfg.tasks)
     child = None
     if cfg.trainer == "child":
         # Cores are given out, never shared: OpenMP barriers of two torch processes on the same
@@ -326,7 +351,7 @@ def serve(cfg: ServeConfig) -> None:
         if split is not None:
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
-        child = ChildTrainer(trainer_argv(cfg, adapters_dir, model_path),
+        child = ChildTrainer(trainer_argv(cfg, adapters_dir, model_path, agent_models),
                              cores=split.trainer if split else None, env=trainer_env(db)).start()
     elif cfg.trainer == "external":
         log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store "
@@ -347,7 +372,7 @@ def serve(cfg: ServeConfig) -> None:
                                     "max_ratings_per_minute_global": cfg.max_ratings_per_minute_global,
                                     "require_login_to_rate": cfg.require_login_to_rate,
                                     "session_secret": signing_key},
-                            admin_token=admin_token, **engine_kwargs(cfg))
+                            admin_token=admin_token, agent_models=agent_models, **engine_kwargs(cfg))
         # the context's own watcher (the batcher polls it before each engine call), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two
         watcher = ctx.adapter_watcher()

@@ -1,0 +1,80 @@
+"""A heterogeneous team served as one Engine (engines/team.py TeamEngine, issue 23): agent `a` on
+the embedded SmolLM2, agent `b` on the tiny Qwen2 with its own tokenizer (helpers/tiny_model.py),
+on the transformers engine. One request list streams over both bases; each sample names its base
+and carries its own tokenizer's prompt ids; hot-swapping b's adapter changes b only; memory is
+reported per base; a homogeneous team still gets the plain engine."""
+from __future__ import annotations
+
+import pytest
+
+from collab_app.engines.engine_types import EngineError, Request, Sampling
+from helpers.engines import PROMPT
+
+
+@pytest.fixture(scope="module")
+def team_engine(model_path, tiny_model_path):
+    from collab_app.engines.team import make_team_engine
+
+    eng = make_team_engine("transformers", model_path, {"a": "", "b": tiny_model_path}, seed=0, dtype="float32")
+    eng.register_agent("a")
+    eng.register_agent("b")
+    yield eng
+    eng.close()
+
+
+def _tiny_adapter(tiny_model_path, out) -> str:
+    """A random-init LoRA (B non-zero) on the tiny model, in peft's format."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      init_lora_weights=False, task_type="CAUSAL_LM")
+    get_peft_model(model, lora).save_pretrained(str(out))
+    return str(out)
+
+
+def test_one_stream_over_two_bases_each_sample_on_its_own(team_engine, model_path, tiny_model_path):
+    from collab_app.engines.team import TeamEngine
+
+    assert isinstance(team_engine, TeamEngine) and team_engine.model_of("b") == tiny_model_path
+    reqs = [Request("b", PROMPT), Request("a", PROMPT)]
+    snaps = list(team_engine.generate_stream(reqs, 2, Sampling(max_new_tokens=6, temperature=0.8, seed=0)))
+    assert len(snaps) >= 2 and snaps[-1].finished and not snaps[0].finished   # streamed, base by base
+    b, a = snaps[-1].result()
+    assert [s.meta["model"] for s in a] == [model_path] * 2 and [s.meta["model"] for s in b] == [tiny_model_path] * 2
+    assert a[0].prompt_token_ids != b[0].prompt_token_ids                      # each base's own tokenizer
+    assert max(t for s in b for t in s.token_ids + s.prompt_token_ids) < 1100  # the tiny vocabulary
+    assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in a + b)
+    assert team_engine.prompt_token_counts(reqs) == [len(b[0].prompt_token_ids), len(a[0].prompt_token_ids)]
+    with pytest.raises(EngineError, match="unknown agent"):
+        team_engine.generate([Request("c", PROMPT)], 1, Sampling(max_new_tokens=2))
+
+
+def test_hot_swap_goes_to_the_agents_own_base(team_engine, tiny_model_path, tmp_path):
+    greedy = Sampling(max_new_tokens=4, temperature=0.0)
+    before = team_engine.generate([Request("a", PROMPT), Request("b", PROMPT)], 1, greedy)
+    team_engine.load_adapter("b", _tiny_adapter(tiny_model_path, tmp_path / "lora"), 3)
+    assert team_engine.adapter_version("b") == 3 and team_engine.adapter_version("a") is None
+    after = team_engine.generate([Request("a", PROMPT), Request("b", PROMPT)], 1, greedy)
+    assert after[1][0].adapter_version == 3 and after[0][0].adapter_version is None
+    assert after[0][0].token_ids == before[0][0].token_ids                     # a's base untouched
+    assert (after[1][0].token_ids, after[1][0].logprobs) != (before[1][0].token_ids, before[1][0].logprobs)
+    team_engine.load_adapter("b", None, None)                                  # back to b's base
+    assert team_engine.adapter_version("b") is None
+
+
+def test_memory_per_base_and_a_homogeneous_team_gets_the_plain_engine(team_engine, model_path, tiny_model_path):
+    from collab_app.engines.engine_hf import TransformersEngine
+    from collab_app.engines.team import make_team_engine
+
+    mem = team_engine.memory()
+    assert mem[model_path]["agents"] == ["a"] and mem[tiny_model_path]["agents"] == ["b"]
+    assert 0 < mem[tiny_model_path]["weights_bytes"] < mem[model_path]["weights_bytes"] / 50
+    plain = make_team_engine("transformers", model_path, {"a": "", "b": model_path}, dtype="float32")
+    try:
+        assert isinstance(plain, TransformersEngine)
+    finally:
+        plain.close()
