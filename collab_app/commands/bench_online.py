@@ -274,8 +274,9 @@ def held_out(cfg: BenchOnlineConfig, states: list[dict], engine=None) -> list[di
     joint answer per text, and `eval_samples` sampled joint answers per text (aligned: sample g of
     each agent forms joint answer g, as the server's candidates do), seeded where the engine honours
     a per-request seed (the transformers engine; vLLM on CPU keeps only its engine-wide seed)."""
+    from collab_app.commands.evaluate import generate_joint
     from collab_app.engines import make_engine
-    from collab_app.engines.engine_types import Request, Sampling
+    from collab_app.engines.engine_types import Sampling
     from collab_app.engines.model import ensure_model
     from tasks import load_task
     from tasks.base import check_prompts, check_reward
@@ -286,11 +287,9 @@ def held_out(cfg: BenchOnlineConfig, states: list[dict], engine=None) -> list[di
     own = engine is None
     engine = engine or make_engine(cfg.engine, model=ensure_model(None), num_agents=len(roles))
     prompts = [check_prompts(task, task.agent_prompts(ex, [])) for ex in examples]
-    requests = [Request(agent=roles[a], prompt=p[a]) for p in prompts for a in range(len(roles))]
 
-    def joint(out, g):   # the joint answer g of every example: (example, outputs)
-        n = len(roles)
-        return [(ex, [out[e * n + a][g].text for a in range(n)]) for e, ex in enumerate(examples)]
+    def joint(texts, g):   # the joint answer g of every example: (example, outputs)
+        return [(ex, [texts[e][a][g] for a in range(len(roles))]) for e, ex in enumerate(examples)]
 
     def score(pairs) -> dict:
         rewards = [check_reward(task, task.reward(ex, o)) for ex, o in pairs]
@@ -305,13 +304,13 @@ def held_out(cfg: BenchOnlineConfig, states: list[dict], engine=None) -> list[di
             for role in roles:
                 version, path = st["versions"][role]
                 engine.load_adapter(role, path, version)
-            greedy = engine.generate(requests, n=1, sampling=Sampling(max_new_tokens=cfg.max_new_tokens,
-                                                                       temperature=0.0, seed=0))
+            greedy = generate_joint(engine, roles, prompts, Sampling(max_new_tokens=cfg.max_new_tokens,
+                                                                     temperature=0.0, seed=0))
             row = {"t": st["t"], "step": st["step"], "versions": {r: v for r, (v, _) in st["versions"].items()},
                    "greedy": score(joint(greedy, 0))}
             if cfg.eval_samples:
-                sampled = engine.generate(requests, n=cfg.eval_samples, sampling=Sampling(
-                    max_new_tokens=cfg.max_new_tokens, temperature=0.8, seed=0))
+                sampled = generate_joint(engine, roles, prompts, Sampling(
+                    max_new_tokens=cfg.max_new_tokens, temperature=0.8, seed=0), n=cfg.eval_samples)
                 row["sampled"] = score([p for g in range(cfg.eval_samples) for p in joint(sampled, g)])
             log.info("held-out: versions %s at %.1f min: %s", row["versions"], st["t"] / 60,
                      {k: row[k] for k in ("greedy", "sampled") if k in row})

@@ -119,15 +119,17 @@ def _success(task, reward) -> bool:
     return math.isclose(reward.total, reward.max_total)
 
 
-def _generate(engine, agent_names, prompts_per_example, sampling):
-    """prompts_per_example[e][a] -> texts[e][a] (one sample each) in one batched engine call."""
+def generate_joint(engine, agent_names, prompts_per_example, sampling, n: int = 1):
+    """prompts_per_example[e][a] -> texts[e][a][g] (g < n) in one batched engine call: agent a's
+    sample g of every example (`collab bench online`'s held-out scoring pairs sample g of each
+    agent into joint answer g, as the server's candidates do)."""
     from collab_app.engines.engine_types import Request
 
     requests = [Request(agent=agent_names[a], prompt=p)
                 for ps in prompts_per_example for a, p in enumerate(ps)]
-    out = engine.generate(requests, n=1, sampling=sampling)
-    n = len(agent_names)
-    return [[out[e * n + a][0].text for a in range(n)] for e in range(len(prompts_per_example))]
+    out = engine.generate(requests, n=n, sampling=sampling)
+    k = len(agent_names)
+    return [[[s.text for s in out[e * k + a]] for a in range(k)] for e in range(len(prompts_per_example))]
 
 
 def run_system(system: str, task, examples, engine, agent_names, cfg: EvalConfig, sampling, progress):
@@ -144,12 +146,12 @@ def run_system(system: str, task, examples, engine, agent_names, cfg: EvalConfig
                 for k in range(task.num_agents):
                     prompts = [[check_prompts(task, task.agent_prompts(ex, h, tuple(o)))[k]]
                                for ex, h, o in zip(batch, histories, outputs)]
-                    texts = _generate(engine, [agent_names[k]], prompts, sampling)
+                    texts = generate_joint(engine, [agent_names[k]], prompts, sampling)
                     for o, t in zip(outputs, texts):
-                        o.append(t[0])
+                        o.append(t[0][0])
             else:
                 prompts = [check_prompts(task, task.agent_prompts(ex, h)) for ex, h in zip(batch, histories)]
-                outputs = _generate(engine, agent_names, prompts, sampling)
+                outputs = [[a[0] for a in ex] for ex in generate_joint(engine, agent_names, prompts, sampling)]
             for ex, h, o in zip(batch, histories, outputs):
                 h.append(Turn(tuple(o), tuple(task.feedback(ex, o))))
         for ex, o in zip(batch, outputs):

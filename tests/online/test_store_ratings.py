@@ -41,7 +41,7 @@ def test_other_session_is_refused_and_nothing_stored(store):
     assert store.group(gid).status == "ready"                # one submission readies the whole group
 
 
-def test_migration_from_v2_marks_old_ratings_as_stars(empty_url):  # noqa: F811
+def test_migration_from_v2_marks_old_ratings_as_stars(empty_url):
     eng = sa.create_engine(empty_url)
     with eng.begin() as c:
         assert migrate(c, target=2) == (0, 2)

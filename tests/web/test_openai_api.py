@@ -28,7 +28,7 @@ TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def ctx(engine, tmp_path_factory):  # noqa: F811
+def ctx(engine, tmp_path_factory):
     return make_ctx(engine, tmp_path_factory.mktemp("openai") / "store.db",
                     sampling=Sampling(max_new_tokens=TOKENS, temperature=0.8))
 
