@@ -9,6 +9,7 @@ import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
 from helpers.engines import PROMPT
+from helpers.tiny_model import make_tiny_lora
 
 
 @pytest.fixture(scope="module")
@@ -20,20 +21,6 @@ def team_engine(model_path, tiny_model_path):
     eng.register_agent("b")
     yield eng
     eng.close()
-
-
-def _tiny_adapter(tiny_model_path, out) -> str:
-    """A random-init LoRA (B non-zero) on the tiny model, in peft's format."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                      init_lora_weights=False, task_type="CAUSAL_LM")
-    get_peft_model(model, lora).save_pretrained(str(out))
-    return str(out)
 
 
 def test_one_stream_over_two_bases_each_sample_on_its_own(team_engine, model_path, tiny_model_path):
@@ -56,7 +43,7 @@ def test_one_stream_over_two_bases_each_sample_on_its_own(team_engine, model_pat
 def test_hot_swap_goes_to_the_agents_own_base(team_engine, tiny_model_path, tmp_path):
     greedy = Sampling(max_new_tokens=4, temperature=0.0)
     before = team_engine.generate([Request("a", PROMPT), Request("b", PROMPT)], 1, greedy)
-    team_engine.load_adapter("b", _tiny_adapter(tiny_model_path, tmp_path / "lora"), 3)
+    team_engine.load_adapter("b", make_tiny_lora(tiny_model_path, tmp_path / "lora"), 3)
     assert team_engine.adapter_version("b") == 3 and team_engine.adapter_version("a") is None
     after = team_engine.generate([Request("a", PROMPT), Request("b", PROMPT)], 1, greedy)
     assert after[1][0].adapter_version == 3 and after[0][0].adapter_version is None

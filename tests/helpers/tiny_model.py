@@ -51,6 +51,19 @@ def build_tiny_model(folder: str, chat_template_from: str, seed: int = 0) -> str
     return folder
 
 
+def make_tiny_lora(tiny_path: str, out_dir, seed: int = 3) -> str:
+    """A random-init r=8 LoRA (B non-zero, so it changes the outputs) on the tiny model, in peft's format."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      init_lora_weights=False, task_type="CAUSAL_LM")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_path), lora).save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(model_path, tmp_path_factory) -> str:
     """The tiny second base (module doc), built once per session."""
