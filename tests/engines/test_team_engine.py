@@ -65,3 +65,39 @@ def test_memory_per_base_and_a_homogeneous_team_gets_the_plain_engine(team_engin
         assert isinstance(plain, TransformersEngine)
     finally:
         plain.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_team_on_two_bases_on_vllm(model_path, tmp_path):
+    # the vLLM backend of a TeamEngine: one in-process vLLM engine per base (the embedded model
+    # and a 4-layer cut of it), one stream over both, a hot-swap on one base's agent only
+    from collab_app.engines import stream
+    from collab_app.engines.team import TeamEngine, make_team_engine
+    from helpers.engines import vllm_importable
+    from helpers.tiny_model import build_shallow_model
+
+    if not vllm_importable():
+        pytest.skip("vllm is not importable")
+    from conftest import make_lora_adapter
+
+    shallow = build_shallow_model(model_path, str(tmp_path / "shallow"))
+    eng = make_team_engine("vllm", model_path, {"a": "", "b": shallow}, num_agents=1, dtype="float32", seed=0)
+    try:
+        assert isinstance(eng, TeamEngine) and {e.name for e in eng.engines.values()} == {"vllm"}
+        eng.register_agent("a")
+        eng.register_agent("b")
+        greedy = Sampling(max_new_tokens=6, temperature=0.0)
+        reqs = [Request("a", PROMPT), Request("b", PROMPT)]
+        snaps = list(stream(eng, reqs, 2, greedy))
+        a, b = snaps[-1].done
+        assert [s.meta["model"] for s in a] == [model_path] * 2 and [s.meta["model"] for s in b] == [shallow] * 2
+        assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in a + b)
+        mem = eng.memory()
+        assert mem[model_path]["agents"] == ["a"] and 0 < mem[shallow]["weights_bytes"] < mem[model_path]["weights_bytes"]
+        eng.load_adapter("b", make_lora_adapter(shallow, tmp_path / "lora", seed=1), 1)
+        a2, b2 = eng.generate(reqs, 1, greedy)
+        assert b2[0].adapter_version == 1 and a2[0].adapter_version is None
+        assert a2[0].token_ids == a[0].token_ids and b2[0].token_ids != b[0].token_ids
+    finally:
+        eng.close()

