@@ -79,7 +79,8 @@ def test_a_team_on_two_bases_on_vllm(model_path, tmp_path):
 
     if not vllm_importable():
         pytest.skip("vllm is not importable")
-    from conftest import make_lora_adapter
+    from collab_app.commands.bench import make_random_lora   # not `from conftest import`: in a full run
+    # `conftest` may name another folder's conftest module
 
     shallow = build_shallow_model(model_path, str(tmp_path / "shallow"))
     eng = make_team_engine("vllm", model_path, {"a": "", "b": shallow}, num_agents=1, dtype="float32", seed=0)
@@ -95,7 +96,7 @@ def test_a_team_on_two_bases_on_vllm(model_path, tmp_path):
         assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in a + b)
         mem = eng.memory()
         assert mem[model_path]["agents"] == ["a"] and 0 < mem[shallow]["weights_bytes"] < mem[model_path]["weights_bytes"]
-        eng.load_adapter("b", make_lora_adapter(shallow, tmp_path / "lora", seed=1), 1)
+        eng.load_adapter("b", make_random_lora(shallow, tmp_path / "lora", 1, r=8, scale=2.0), 1)
         a2, b2 = eng.generate(reqs, 1, greedy)
         assert b2[0].adapter_version == 1 and a2[0].adapter_version is None
         assert a2[0].token_ids == a[0].token_ids and b2[0].token_ids != b[0].token_ids
