@@ -184,12 +184,16 @@ class MAGRPOConfig:
                  f"keep_versions ({self.keep_versions}) must exceed max_staleness ({self.max_staleness}): an "
                  f"engine may still serve a version the trainer accepts data from; raise --keep-versions or use 0")
 
+    def named_models(self) -> dict[str, str]:
+        """ROLE -> MODEL of ROLE=MODEL agent_models entries ({} for a positional list or none)."""
+        return dict(m.split("=", 1) for m in self.agent_models if "=" in m)
+
     def models_for(self, roles) -> list[str]:
         """(N,) the base model of each agent of a team with these roles, in order: its agent_models
         entry (positional, or ROLE=MODEL), else `model`. A positional list must match the team's size."""
         roles = list(roles)
-        if any("=" in m for m in self.agent_models):
-            named = dict(m.split("=", 1) for m in self.agent_models)
+        named = self.named_models()
+        if named:
             return [named.get(r) or self.model for r in roles]
         if not self.agent_models:
             return [self.model] * len(roles)

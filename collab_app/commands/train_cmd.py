@@ -137,7 +137,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     except ValueError as e:   # an unknown task, or a team size the task has no prompts for
         print(f"collab train: --task {cfg.task} --num-agents {cfg.num_agents}: {e}", file=sys.stderr)
         return 2
-    unknown = [m.split("=", 1)[0] for m in cfg.agent_models if "=" in m and m.split("=", 1)[0] not in task.roles]
+    unknown = [role for role in cfg.named_models() if role not in task.roles]
     if unknown:
         print(f"collab train: --agent-models names {unknown}, which are not roles of {cfg.task} "
               f"(its roles: {list(task.roles)}); name those roles, or give one model per agent in role order",
