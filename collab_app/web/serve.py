@@ -53,9 +53,11 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Literal
@@ -129,6 +131,8 @@ class ServeConfig:
     """how often the hot-swap watcher looks for new adapter versions."""
     engine_cores: int = 0
     """CPU cores for serving; the trainer child gets the others (0 = auto: half; -1 = share all, as before; no effect on GPU)."""
+    borrow_cores: bool = True
+    """with the split, the engine also decodes on the trainer child's cores while the trainer is not in a step (cpushare.CoreLease)."""
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -339,7 +343,7 @@ def serve(cfg: ServeConfig) -> None:
     model_path = ensure_model(cfg.model or None)   # once, before the child would race for it (HF token: secret_env.hf_token)
     agent_models = {m.partition("=")[0]: ensure_model(m.partition("=")[2]) for m in cfg.agent_models}
     check_agent_roles(agent_models, cfg.tasks)
-    child = None
+    child = lease_dir = lease_path = None
     if cfg.trainer == "child":
         # Cores are given out, never shared: OpenMP barriers of two torch processes on the same
         # cores spin against each other (a 16 s step took 9+ min beside rounds). cpushare's doc.
@@ -348,11 +352,15 @@ def serve(cfg: ServeConfig) -> None:
         # with a remote engine (--engine-url, COLLAB_ENGINE=URL) the generating engine is another
         # process (or machine): no split here
         split = None if remote_engine_url(cfg) else plan(cfg.engine_cores)
+        argv = trainer_argv(cfg, adapters_dir, model_path, agent_models)
         if split is not None:
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
-        child = ChildTrainer(trainer_argv(cfg, adapters_dir, model_path, agent_models),
-                             cores=split.trainer if split else None, env=trainer_env(db)).start()
+            if cfg.borrow_cores:   # the engine decodes on the child's cores between its steps
+                lease_dir = tempfile.mkdtemp(prefix="collab-cores-")
+                lease_path = os.path.join(lease_dir, "trainer-cores.lock")
+                argv += ["--core-lease", lease_path]
+        child = ChildTrainer(argv, cores=split.trainer if split else None, env=trainer_env(db)).start()
     elif cfg.trainer == "external":
         log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store "
                  "(or the URL in COLLAB_DB)", mask_url(db), adapters_dir)
@@ -373,6 +381,12 @@ def serve(cfg: ServeConfig) -> None:
                                     "require_login_to_rate": cfg.require_login_to_rate,
                                     "session_secret": signing_key},
                             admin_token=admin_token, agent_models=agent_models, **engine_kwargs(cfg))
+        if lease_path:
+            from collab_app.online.cpushare import lend_trainer_cores
+
+            n = lend_trainer_cores(ctx.engine, split, lease_path)
+            log.info("the engine borrows the trainer child's cores %s between its steps (%d engine part%s)",
+                     ",".join(map(str, split.trainer)), n, "" if n == 1 else "s")
         # the context's own watcher (the batcher polls it before each engine call), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two
         watcher = ctx.adapter_watcher()
@@ -388,6 +402,8 @@ def serve(cfg: ServeConfig) -> None:
             child.stop()
         if ctx is not None:
             ctx.engine.close()
+        if lease_dir is not None:
+            shutil.rmtree(lease_dir, ignore_errors=True)
 
 
 def api_config(cfg: ServeConfig):

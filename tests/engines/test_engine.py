@@ -256,3 +256,65 @@ def test_sampled_logprobs_processor_pairs_each_step_with_its_token():
     got = proc.finish(seq)                                                       # (rows, 3)
     want = torch.stack([torch.log_softmax(s, -1).gather(1, t).squeeze(1) for s, t in zip(steps, picked)], 1)
     assert got.shape == (2, 3) and torch.allclose(got, want)
+
+
+def test_row_segments_group_consecutive_rows_of_one_adapter():
+    from collab_app.engines.engine_hf import row_segments
+
+    assert row_segments(["a", "a", None, "b", "b", "a"]) == [(0, 2, "a"), (3, 5, "b"), (5, 6, "a")]
+    assert row_segments([None, None]) == [] and row_segments([]) == []
+
+
+def test_team_lora_forward_equals_peft_mixed_batch(model_path, adapters):
+    """The engine's one-pass team (engine_hf.team_lora: peft's layers off, each row group's delta
+    added by a hook) gives peft's own mixed batch (`adapter_names=`) for every row, base rows
+    between adapter rows included, and leaves the peft model as it was (hooks gone, adapters on)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from collab_app.engines.engine_hf import team_lora
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, adapters[1], adapter_name="one").eval()
+    peft_model.load_adapter(adapters[2], adapter_name="two")
+    tok = AutoTokenizer.from_pretrained(model_path)
+    ids = tok(["def add(a, b):", "The capital of France is"] * 3, return_tensors="pt", padding=True)["input_ids"]
+    names = ["one", "one", None, "two", "two", "one"]
+    with torch.no_grad():
+        want = peft_model(input_ids=ids, adapter_names=[n or "__base__" for n in names]).logits
+        with team_lora(peft_model, names):
+            got = peft_model(input_ids=ids).logits
+        plain = peft_model.get_base_model()(input_ids=ids).logits   # adapters on again: active "one" everywhere
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max().item()
+    assert not torch.allclose(got[0], got[2], atol=1e-2) and not torch.allclose(got[0], got[3], atol=1e-2)
+    assert torch.allclose(plain[0], want[0], atol=1e-4) and not torch.allclose(plain[2], want[2], atol=1e-2)
+    assert not any(m._forward_hooks for m in peft_model.modules())
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_borrows_the_trainers_cores_between_steps_and_gives_them_back(vllm_engine, adapters, tmp_path):
+    """`collab serve`'s lend_trainer_cores on the in-process vLLM engine: its steps run wide while
+    the trainer is idle, never while the trainer holds its cores; same greedy tokens either way."""
+    import os
+
+    from collab_app.online.cpushare import CoreLease, CpuSplit, lend_trainer_cores
+
+    cores = sorted(os.sched_getaffinity(0))
+    split = CpuSplit(engine=tuple(cores[:1]), trainer=tuple(cores[1:2] or cores[:1]))
+    path = str(tmp_path / "cores.lock")
+    setup_agents(vllm_engine, adapters)
+    assert lend_trainer_cores(vllm_engine, split, path) == 1
+    spare = vllm_engine.spare_cores
+    try:
+        free = _greedy(vllm_engine, ["a1", "base"])
+        probe = CoreLease(path)
+        assert spare.widened >= GREEDY.max_new_tokens and probe.try_borrow()   # given back at the end
+        probe.give_back()
+        before = spare.widened
+        with CoreLease(path).held():
+            busy = _greedy(vllm_engine, ["a1", "base"])
+        assert spare.widened == before and busy == free
+    finally:
+        vllm_engine.spare_cores = None

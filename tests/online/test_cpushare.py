@@ -328,3 +328,150 @@ def test_split_in_a_real_cpu_limited_cgroup():
     assert inside.returncode == 0, inside.stderr
     assert json.loads(inside.stdout) == [1, cores[:1], None]
     assert json.loads(outside.stdout)[:2] == [len(cores), cores]
+
+
+# ----------------------------------------------------------------------------- the core lease
+
+
+def test_the_trainer_waits_for_the_engine_to_give_its_cores_back(tmp_path):
+    """CoreLease: the engine borrows without waiting; a trainer that wants its cores marks that,
+    and gets them once the engine gives them back (at its next decode step); the engine cannot
+    borrow while the trainer works or waits, and can again once it is done."""
+    import threading
+
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path)
+    assert engine.try_borrow() and not engine.wanted()
+    inside, leave = threading.Event(), threading.Event()
+
+    def step():
+        with trainer.held():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=step)
+    t.start()
+    for _ in range(100):
+        if engine.wanted():
+            break
+        inside.wait(0.02)
+    assert engine.wanted() and not inside.is_set()       # marked, but blocked on the engine's lock
+    engine.give_back()
+    assert inside.wait(5)                                 # the trainer has its cores
+    assert not engine.try_borrow()                        # ... and keeps them for the whole step
+    leave.set()
+    t.join(5)
+    assert not engine.wanted() and engine.try_borrow()   # done: the engine may borrow again
+    engine.give_back()
+
+
+def test_a_stalled_engine_delays_the_trainer_by_wait_s_at_most(tmp_path):
+    """An engine that holds the lock without decoding (its stream's reader stalled) is not
+    spinning on the cores: after wait_s the trainer works anyway, and the want file tells the
+    engine to give the cores back at its next step."""
+    import time
+
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine = CoreLease(path)
+    assert engine.try_borrow()
+    t0 = time.monotonic()
+    with CoreLease(path).held(wait_s=0.3):
+        assert 0.3 <= time.monotonic() - t0 < 3 and engine.wanted()
+    engine.give_back()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to lend one")
+def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wants_them(tmp_path):
+    import threading
+
+    import torch
+
+    from collab_app.online.cpushare import CoreLease, SpareCores
+
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    split = CpuSplit(engine=(a,), trainer=(b,))
+    path = str(tmp_path / "cores.lock")
+    seen = {}
+
+    def decode():   # a thread of its own, like the engine's: only its affinity and threads change
+        os.sched_setaffinity(0, split.engine)
+        torch.set_num_threads(1)
+        spare = SpareCores(CoreLease(path), split)
+        spare.before_step()
+        seen["wide"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
+        with open(path + ".want", "w"):   # the trainer wants its core
+            pass
+        spare.before_step()
+        seen["narrow"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
+        os.unlink(path + ".want")
+        spare.before_step()
+        spare.end()
+        seen["end"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
+
+    main_before = (sorted(os.sched_getaffinity(0)), torch.get_num_threads())
+    t = threading.Thread(target=decode)
+    t.start()
+    t.join(10)
+    assert seen["wide"] == ([a, b], 2, 1)
+    assert seen["narrow"] == ([a], 1, 1)
+    assert seen["end"] == ([a], 1, 2)
+    assert (sorted(os.sched_getaffinity(0)), torch.get_num_threads()) == main_before   # this thread untouched
+    probe = CoreLease(path)
+    assert probe.try_borrow()   # the engine's end() gave the lock back
+    probe.give_back()
+
+
+def test_transformers_engine_decodes_on_borrowed_cores_only_while_the_trainer_is_idle(tmp_path, hf_engine):
+    """The engine's hook runs between decode steps: with the trainer idle every step borrows;
+    with the trainer in a step none does, and the round still completes on the engine's cores."""
+    from collab_app.engines.engine_types import Request, Sampling
+    from collab_app.online.cpushare import CoreLease, SpareCores
+
+    cores = sorted(os.sched_getaffinity(0))
+    split = CpuSplit(engine=tuple(cores[:1]), trainer=tuple(cores[1:2] or cores[:1]))
+    path = str(tmp_path / "cores.lock")
+    hf_engine.register_agent("lease")
+    sampling = Sampling(max_new_tokens=6, temperature=0.0)
+    hf_engine.spare_cores = spare = SpareCores(CoreLease(path), split)
+    try:
+        free = hf_engine.generate([Request("lease", "Say hi.")], 1, sampling)
+        probe = CoreLease(path)
+        assert spare.widened >= 2 and not spare.wide and probe.try_borrow()   # end() gave it back
+        probe.give_back()
+        before = spare.widened
+        with CoreLease(path).held():
+            busy = hf_engine.generate([Request("lease", "Say hi.")], 1, sampling)
+        assert spare.widened == before
+        assert busy[0][0].token_ids == free[0][0].token_ids
+    finally:
+        hf_engine.spare_cores = None
+
+
+def test_the_trainer_service_holds_its_cores_for_a_step_only(tmp_path, monkeypatch):
+    """`collab trainer --core-lease F` (serve passes it): a step runs holding the lease, polling
+    does not."""
+    from collab_app.online.cpushare import CoreLease
+    from collab_app.online.service import ServiceConfig, TrainerService
+
+    path = str(tmp_path / "cores.lock")
+    svc = TrainerService.__new__(TrainerService)
+    svc.cfg = ServiceConfig(core_lease=path)
+    held = []
+
+    def probe():
+        lease = CoreLease(path)
+        free = lease.try_borrow()
+        lease.give_back()
+        return not free
+
+    with svc._cores():
+        held.append(probe())
+    held.append(probe())
+    assert held == [True, False]
+    svc.cfg = ServiceConfig()
+    with svc._cores():   # no lease: nothing held
+        assert not probe()
