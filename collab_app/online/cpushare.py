@@ -16,6 +16,12 @@ and one 1-thread matmul loop on the other core slowed its steps by 22% (22 -> 27
 No split: with a CUDA GPU (both processes work on the GPU), with one usable core, with no trainer
 child (`--trainer off|external`: the engine gets every core), or with engine_cores = -1.
 
+Between its steps the trainer child lends its cores to the engine (`CoreLease`, `SpareCores`,
+`lend_trainer_cores`; serve's `borrow_cores`, on by default): the decoding thread widens to both
+sides' cores while the trainer is idle and narrows within one decode step when the trainer starts
+working, so a person's round is decoded on every core whenever no step runs, and the rule above
+(never two torch processes spinning on the same cores) still holds.
+
 The trainer does NOT also yield while a person waits. Measured 2026-11-23 on the 2-core box
 (shared with other jobs: load average 2-9, figures rough), `collab bench online --engine
 transformers` (G=4, 2 agents, 64 new tokens, K=2, the split on): rounds took 6-11 s while the
