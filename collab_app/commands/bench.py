@@ -62,8 +62,9 @@ VLLM_VARIANTS = {
     "vllm-onednn": {"quantize": None},                         # vLLM's own base GEMMs
     "vllm-fp16": {"quantize": "fp16"},                         # fp16 weights, fp32 activations and sums
     "vllm-int8": {"quantize": "int8"},                         # dynamic int8 (not exact)
-    "vllm-borrow": {"quantize": "auto", "borrow": True},       # serve's split, + the trainer's cores between steps
+    "vllm-borrow": {"quantize": "auto"},                       # serve's split, + the trainer's cores between steps
 }
+BORROWING = {"vllm-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
 
@@ -94,7 +95,7 @@ def _worker(args) -> None:
 
     status = Path(args.status)
     split = lease_path = None
-    borrow = VLLM_VARIANTS.get(args.engine, {}).get("borrow", False)
+    borrow = args.engine in BORROWING
     if args.beside_training or borrow:
         # As `collab serve` with its trainer child: the engine on its share of the cores, applied
         # before the engine starts (vLLM binds its OpenMP threads at start-up); the training loop
@@ -137,7 +138,7 @@ def _worker(args) -> None:
     elif args.engine in VLLM_VARIANTS:
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        kw = {k: v for k, v in VLLM_VARIANTS[args.engine].items() if k not in ("quantize", "borrow")}
+        kw = {k: v for k, v in VLLM_VARIANTS[args.engine].items() if k != "quantize"}
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
                             num_agents=2, quantize=quantize, **kw)
     else:
