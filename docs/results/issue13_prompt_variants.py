@@ -65,26 +65,38 @@ def v1(self, example, history, earlier=()):
 
 VARIANTS = {"v0": v0, "v1": v1, "v2": current}
 
-if __name__ == "__main__":
-    split, names = sys.argv[1], sys.argv[2].split(",")
+
+def measure(split: str, variants: dict, names: list[str]) -> dict:
+    """Each named variant's greedy team answers on `split` (every 4th train problem, or all of
+    another split): {name: (summary as `collab eval`, rewards, examples)}; prints each summary.
+    Also used by issue22_coop_prompts.py."""
     task = load_task("humaneval")
     examples = task.examples(split)[::4] if split == "train" else task.examples(split)
     engine = make_engine("auto", model=ensure_model(None), num_agents=2)
     for role in task.roles:
         engine.register_agent(role)
     out = {}
-    for name in names:
-        CodingTask.agent_prompts = VARIANTS[name]
-        task._cache.clear()
-        t0 = time.time()
-        with tqdm(total=len(examples), disable=True) as progress:
-            rewards = run_system("team", task, examples, engine, list(task.roles),
-                                 EvalConfig(systems=["team"], max_new_tokens=128),
-                                 Sampling(max_new_tokens=128, temperature=0.0, seed=0), progress)
-        s = summarize(task, rewards, examples)
-        s["seconds"] = round(time.time() - t0, 1)
-        out[name] = s
-        print(name, split, json.dumps({k: v for k, v in s.items() if k != "returns"}), flush=True)
+    try:
+        for name in names:
+            CodingTask.agent_prompts = variants[name]
+            task._cache.clear()
+            t0 = time.time()
+            with tqdm(total=len(examples), disable=True) as progress:
+                rewards = run_system("team", task, examples, engine, list(task.roles),
+                                     EvalConfig(systems=["team"], max_new_tokens=128),
+                                     Sampling(max_new_tokens=128, temperature=0.0, seed=0), progress)
+            s = summarize(task, rewards, examples)
+            s["seconds"] = round(time.time() - t0, 1)
+            out[name] = (s, rewards, examples)
+            print(name, split, json.dumps({k: v for k, v in s.items() if k != "returns"}), flush=True)
+    finally:
+        CodingTask.agent_prompts = current
+        engine.close()
+    return out
+
+
+if __name__ == "__main__":
+    split, names = sys.argv[1], sys.argv[2].split(",")
+    out = {name: s for name, (s, _, _) in measure(split, VARIANTS, names).items()}
     with open(f"issue13-prompts-{split}.json", "w") as f:
         json.dump(out, f, indent=1)
-    engine.close()

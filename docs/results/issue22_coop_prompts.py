@@ -19,17 +19,11 @@ CodingTask.agent_prompts in place; the variants are not a feature.
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from tqdm import tqdm  # noqa: E402
-
-from collab_app.commands.evaluate import EvalConfig, paired_difference, run_system, summarize  # noqa: E402
-from collab_app.engines import make_engine  # noqa: E402
-from collab_app.engines.engine_types import Sampling  # noqa: E402
-from collab_app.engines.model import ensure_model  # noqa: E402
-from tasks import load_task  # noqa: E402
+from collab_app.commands.evaluate import paired_difference  # noqa: E402
+from issue13_prompt_variants import measure  # noqa: E402 - this folder is on sys.path when run as a script
 from tasks.coding import AUX, CodingTask, _signature  # noqa: E402
 
 current = CodingTask.agent_prompts   # v2
@@ -71,26 +65,10 @@ VARIANTS = {"v2": current, "c1": c1, "c2": c2}
 
 if __name__ == "__main__":
     split, names = sys.argv[1], sys.argv[2].split(",")
-    task = load_task("humaneval")
-    examples = task.examples(split)[::4] if split == "train" else task.examples(split)
-    engine = make_engine("auto", model=ensure_model(None), num_agents=2)
-    for role in task.roles:
-        engine.register_agent(role)
     out = {}
-    for name in names:
-        CodingTask.agent_prompts = VARIANTS[name]
-        task._cache.clear()
-        t0 = time.time()
-        with tqdm(total=len(examples), disable=True) as progress:
-            rewards = run_system("team", task, examples, engine, list(task.roles),
-                                 EvalConfig(systems=["team"], max_new_tokens=128),
-                                 Sampling(max_new_tokens=128, temperature=0.0, seed=0), progress)
-        s = summarize(task, rewards, examples)
+    for name, (s, rewards, examples) in measure(split, VARIANTS, names).items():
         s["cooperation_levels"] = {str(ex["id"]): r.levels["cooperation"] for ex, r in zip(examples, rewards)}
-        s["seconds"] = round(time.time() - t0, 1)
         out[name] = s
-        print(name, split, json.dumps({k: v for k, v in s.items() if k not in ("returns", "cooperation_levels")}),
-              flush=True)
     if "v2" in out:
         for name in out:
             if name != "v2":
@@ -101,4 +79,3 @@ if __name__ == "__main__":
                                                  for k, v in out[name]["vs_v2"].items()}), flush=True)
     with open(f"issue22-coop-prompts-{split}.json", "w") as f:
         json.dump(out, f, indent=1)
-    engine.close()
