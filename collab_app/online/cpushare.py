@@ -267,8 +267,8 @@ class CoreLease:
     (docs/results). So the engine borrows those cores for its decode steps whenever the trainer
     does not need them, and gives them back within one decode step when it does.
 
-    Protocol, over two files (no shared memory: the trainer is a separate process, and files
-    survive neither process holding them in a bad state: an flock dies with its holder):
+    Protocol, over two files (the trainer is a separate process; an flock dies with its holder, so
+    a killed trainer or engine never leaves the cores locked):
       - `path`: an flock. The trainer holds it (exclusive, blocking) for each unit of work (a
         step, a self-play round, loading); the engine holds it (exclusive, non-blocking try)
         while it decodes on the borrowed cores.
@@ -292,7 +292,8 @@ class CoreLease:
         (~0.1-0.2 s), at most `wait_s`: an engine that holds the lock longer is not decoding (a
         stream whose reader stalled between two steps), so its threads do not spin on these cores;
         the work then goes ahead without the lock, and the engine gives the cores back at its next
-        step (the want file is there)."""
+        step (the want file is there). A want file left by a killed trainer is removed by the
+        next one's first unit of work (or `clear_stale`)."""
         import fcntl
 
         with open(self.want, "w"):
@@ -314,6 +315,12 @@ class CoreLease:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.want)
             os.close(fd)   # releases the flock
+
+    def clear_stale(self) -> None:
+        """At the trainer's start: a want file from a predecessor killed mid-step would keep the
+        engine from borrowing until the next step; nobody wants the cores yet."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.want)
 
     # -- the engine's side ---------------------------------------------------------------------
     def wanted(self) -> bool:

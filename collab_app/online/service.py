@@ -617,6 +617,10 @@ class TrainerService:
         for agent in os.listdir(self.cfg.adapters_dir):
             adapters.remove_partial(self.cfg.adapters_dir, agent)
         reconcile(self.store, self.cfg.adapters_dir)
+        if self.cfg.core_lease:   # a predecessor killed mid-step may have left its want file
+            from collab_app.online.cpushare import CoreLease
+
+            CoreLease(self.cfg.core_lease).clear_stale()
         self.status.start()
         self.status.set("idle", message="started")
         try:

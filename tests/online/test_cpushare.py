@@ -475,3 +475,16 @@ def test_the_trainer_service_holds_its_cores_for_a_step_only(tmp_path, monkeypat
     svc.cfg = ServiceConfig()
     with svc._cores():   # no lease: nothing held
         assert not probe()
+
+
+def test_a_want_file_left_by_a_killed_trainer_is_cleared_at_the_next_start(tmp_path):
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    with open(path + ".want", "w"):   # the trainer was killed -9 mid-step: its flock is gone, the file is not
+        pass
+    engine = CoreLease(path)
+    assert not engine.try_borrow()
+    CoreLease(path).clear_stale()     # TrainerService.run() does this at start
+    assert engine.try_borrow()
+    engine.give_back()
