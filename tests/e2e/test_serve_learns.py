@@ -53,10 +53,12 @@ def rate_by_length(candidates) -> list[int]:
 
 
 @pytest.mark.slow
-def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, model_path):
+def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_model_path):
+    """On the tiny base (tests/helpers/tiny_model.py; the next test learns on the embedded model):
+    what is under test is the loop store -> trainer -> hot-swap -> served, not what is written."""
     port = free_port()
     env = {**os.environ, "COLLAB_HOME": str(tmp_path), "GRADIO_ANALYTICS_ENABLED": "False",
-           "COLLAB_MODEL": model_path}
+           "COLLAB_MODEL": tiny_model_path}
     cmd = [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", "transformers",
            "--num-generations", "2", "--max-new-tokens", "32", "--min-groups", "2", "--tasks", "tldr",
            "--db", f"sqlite:///{tmp_path}/collab.db", "--adapters-dir", str(tmp_path / "adapters"),
