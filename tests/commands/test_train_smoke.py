@@ -1,12 +1,15 @@
-"""`collab train` end to end on CPU: the embedded model, the transformers engine, the real TLDR
-task, 2 MAGRPO steps (G=2, 2 prompts, 24 new tokens). Checks that both agents' adapters
-changed (weights differ from version 0), that the engine serves the new versions, and that the
-run folder has metrics.jsonl, TensorBoard events and the summary plot; the learning-rate schedule,
-the time counted for --max-minutes (kept across a resume) and per-problem eval returns.
+"""`collab train` end to end on CPU: the transformers engine, the real TLDR task, 2 MAGRPO steps
+(G=2, 2 prompts, 24 new tokens) on the tiny base (tests/helpers/tiny_model.py: the command's
+plumbing is under test, not what the model writes; the embedded model's training is tested by
+tests/trainer/test_learning.py and test_train_single.py, and this test took 95 s on it on an AVX2
+CPU against 6 s here). Checks that both agents' adapters changed (weights differ from version 0),
+that the engine serves the new versions, and that the run folder has metrics.jsonl, TensorBoard
+events and the summary plot; the learning-rate schedule, the time counted for --max-minutes (kept
+across a resume) and per-problem eval returns.
 
-advantage_mode=raw: at 24 tokens both TLDR texts are cut to about the same length, so a group's
-returns are often all equal and `mean` advantages would be 0 (no update, nothing to check);
-raw advantages are the returns themselves, non-zero whenever the length level passes."""
+advantage_mode=raw: a group's returns are often all equal at 24 tokens, and `mean` advantages
+would be 0 (no update, nothing to check); raw advantages are the returns themselves, non-zero
+whenever the length level passes."""
 from __future__ import annotations
 
 import json
@@ -20,7 +23,8 @@ from trainer import adapters
 
 
 @pytest.mark.slow
-def test_collab_train_two_steps(model_path, tmp_path, served_versions):
+def test_collab_train_two_steps(tiny_model_path, tmp_path, served_versions):
+    model_path = tiny_model_path     # module doc
     from collab_app.commands import train_cmd
 
     served = served_versions
