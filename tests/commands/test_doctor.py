@@ -121,9 +121,12 @@ def test_training_verdicts_from_the_store(home, sqlite_store, capsys):
 
 
 def test_probe_compares_each_agent_with_transformers_and_catches_wrong_weights(home, sqlite_store, capsys, monkeypatch,
-                                                                                lora_adapter):
+                                                                                lora_adapter, model_path):
     """helper: a version row naming a real adapter; main: no version (a random LoRA). The engine is
-    made to serve main with helper's weights: helper and the base row stay equal, main differs."""
+    made to serve main with helper's weights: helper and the base row stay equal, main differs.
+    COLLAB_MODEL: the provisioned model, not a second conversion into this fresh COLLAB_HOME (48 s
+    on an AVX2 CPU; provisioning has its own tests in tests/engines/test_model.py)."""
+    monkeypatch.setenv("COLLAB_MODEL", model_path)
     from collab_app.engines.engine_hf import TransformersEngine
 
     helper_dir = lora_adapter(1)
