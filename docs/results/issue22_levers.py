@@ -30,6 +30,10 @@ from collab_app.web.plots import eval_minutes, load_metrics, minutes_figure  # n
 ARMS = {"default (G=4 x 4 prompts, T=0.8)": "humaneval-issue22-team-metrics.jsonl",
         "g8 (G=8 x 2 prompts)": "humaneval-issue22-lever-g8-metrics.jsonl",
         "t10 (temperature 1.0)": "humaneval-issue22-lever-t10-metrics.jsonl"}
+# a second seed of the default and of g8 (`--seed 1 --eval-every 100`: evaluated at steps 0 and last),
+# the two again at the same time, one core each; used where present
+SEED1 = {"default, seed 1": "humaneval-issue22-lever-default-s1-metrics.jsonl",
+         "g8, seed 1": "humaneval-issue22-lever-g8-s1-metrics.jsonl"}
 
 
 def summary(records: list[dict]) -> dict:
@@ -51,9 +55,21 @@ def main() -> None:
     base_name = next(iter(ARMS))
     for arm in list(ARMS)[1:]:
         out[arm]["paired_vs_default"] = paired_difference(out[base_name]["returns"], out[arm]["returns"])
+    if all(os.path.exists(os.path.join(HERE, f)) for f in SEED1.values()):
+        d1, g1 = (summary(load_metrics(os.path.join(HERE, f))) for f in SEED1.values())
+        g1["paired_vs_default"] = paired_difference(d1["returns"], g1["returns"])
+        out["default, seed 1"], out["g8, seed 1"] = d1, g1
+        # both seeds: each problem's return averaged over the two seeds, then paired over problems
+        mean2 = lambda x, y: {k: (x[k] + y[k]) / 2 for k in x.keys() & y.keys()}   # noqa: E731
+        out["g8 - default, both seeds"] = paired_difference(
+            mean2(out[base_name]["returns"], d1["returns"]), mean2(out["g8 (G=8 x 2 prompts)"]["returns"], g1["returns"]))
     with open(os.path.join(HERE, "issue22-levers-train.json"), "w") as f:
         json.dump(out, f, indent=1)
     for arm, s in out.items():
+        if "steps" not in s:
+            print(f"{arm}: {s['mean_diff']:+.3f} ({s['ci95'][0]:+.3f} .. {s['ci95'][1]:+.3f}), "
+                  f"better {s['b_better']} / equal {s['equal']} / worse {s['b_worse']}")
+            continue
         pair = s.get("paired_vs_default")
         print(f"{arm:36s} steps {s['steps']:3d}  held-out return {s['return']:.3f}  pass@1 {s['pass@1']:.3f}  "
               f"cooperation {s['cooperation']}  train coop level {s['train_cooperation_level']}  "
