@@ -113,16 +113,17 @@ def _worker(args) -> None:
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
-    quantize = VLLM_VARIANTS[args.engine]["quantize"] if args.engine in VLLM_VARIANTS else None
+    quantize = VLLM_VARIANTS[args.engine]["quantize"] if args.engine in VLLM_VARIANTS else \
+        "auto" if args.engine == "transformers" else None
     if quantize not in (None, "auto"):
         args.dtype = "float32"   # fp16 / int8 base GEMMs run fp32 activations
     if args.dtype == "auto" and args.engine in (*VLLM_VARIANTS, "transformers"):
         precision = _auto_precision(args.model_path, "vllm" if args.engine in VLLM_VARIANTS else args.engine)
         args.dtype = precision.get("dtype", "auto")
-        if quantize == "auto":
-            quantize = precision.get("quantize")
-    if quantize == "auto":       # no calibration here (a GPU, COLLAB_CALIBRATE=0): vLLM's own GEMMs
-        quantize = None
+        if quantize == "auto" and "quantize" in precision:
+            quantize = precision["quantize"]
+    if quantize == "auto" and args.engine in VLLM_VARIANTS:   # no calibration here (a GPU, COLLAB_CALIBRATE=0): vLLM's own GEMMs
+        quantize = None                                        # (the transformers engine's "auto" is its flags rule)
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
@@ -145,7 +146,7 @@ def _worker(args) -> None:
         from collab_app.engines.engine_hf import TransformersEngine
 
         engine = TransformersEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
-                                    num_threads=args.hf_threads or None)
+                                    num_threads=args.hf_threads or None, quantize=quantize)
     startup = time.perf_counter() - t0
     if lease_path:
         from collab_app.online.cpushare import lend_trainer_cores
@@ -219,8 +220,8 @@ def _worker(args) -> None:
 
 def _auto_precision(model_path: str, kind: str) -> dict:
     """dtype "auto" as `collab serve` resolves it (engines.make_engine): on a CPU, this machine's
-    calibration (engines/calibrate.py: {"dtype", and "quantize" for vLLM where a less exact base
-    GEMM won}), so the bench times what the app would serve; else (a GPU, COLLAB_CALIBRATE=0, a
+    calibration (engines/calibrate.py: {"dtype", "quantize": a less exact base GEMM where one
+    won, else None}), so the bench times what the app would serve; else (a GPU, COLLAB_CALIBRATE=0, a
     failed calibration) {} = the engines' own "auto"."""
     import os
 

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 CPU_LORA_FASTER = "vllm"
 
 KINDS = ("auto", "vllm", "transformers", "remote")
+# base GEMMs on CPU (vllm_team.BASE_GEMMS): None = the engine's own in its dtype; "fp16" = fp16
+# weights, fp32 activations and sums; "int8" = dynamic int8 (not exact)
+QUANTIZE = (None, "fp16", "int8")
 # RemoteVLLMEngine's keywords (tests/engines/test_engine_remote_recovery.py checks them against its signature)
 REMOTE_KW = ("url", "served_model", "separate_base_rows", "send_seeds", "timeout_s", "connect_timeout_s", "max_streams",
              "retry_s")
@@ -143,8 +146,8 @@ def auto_choice() -> tuple[list[str], str]:
 
 def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
     """dtype "auto" on a CPU: what this machine's calibration chose (engines/calibrate.py, cached
-    in COLLAB_HOME): {"dtype": ...} plus {"quantize": "fp16"|"int8"} for vLLM where those base
-    GEMMs won. A folder the calibration cannot read (an HF id) or a failed measurement: the
+    in COLLAB_HOME): {"dtype": ..., "quantize": "fp16"|"int8"|None} (both local engines serve the
+    base GEMMs it measured fastest within its accuracy rules). A folder the calibration cannot read (an HF id) or a failed measurement: the
     CPU-flags rule."""
     from collab_app.engines.calibrate import calibrate
 
@@ -156,9 +159,21 @@ def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
         return {}
     log.info("dtype on this CPU (calibrated %s): %s", entry["measured_at"], entry["why"])
     out = {"dtype": entry["dtype"]}
-    if kind == "vllm" and entry.get("quantize"):
-        out["quantize"] = entry["quantize"]
+    if kind in ("vllm", "transformers"):   # both serve the measured base GEMMs (None included)
+        out["quantize"] = entry.get("quantize")
     return out
+
+
+def flags_quantize(device: str, dtype: str) -> str | None:
+    """The transformers engine's base GEMMs where no calibration ran (`quantize="auto"`): "fp16"
+    on a CPU engine in float32 with fbgemm (x86), else None. fp16 weights are exact for a 16-bit
+    checkpoint and halve what a decode step streams (1.7-1.9x on the AVX2 EPYC; engine_hf's doc).
+    The calibration (cpu_precision) measures instead where it runs."""
+    import torch
+
+    if device != "cpu" or dtype != "float32":
+        return None
+    return "fp16" if "fbgemm" in torch.backends.quantized.supported_engines else None
 
 
 def _build(kind: str, path: str, kw: dict) -> Engine:

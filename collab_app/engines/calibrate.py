@@ -10,7 +10,7 @@ A short calibration (a few seconds) on the model the app serves, on the CPU it r
 2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
    in fp16 weights, int8 or bf16, against fp32: mean and max |Δ log p| per token.
 Choice: the faster of fp32 and bf16 (bf16 only where it is faster: on AVX2-only CPUs torch's bf16
-GEMM is many times slower) is the engine's dtype; the vLLM engine then swaps its base GEMMs for a
+GEMM is many times slower) is the engine's dtype; the CPU engine (vLLM's or transformers') then swaps its base GEMMs for a
 less exact kind only where that kind is at least MIN_SPEEDUP x faster than what it would replace:
 fp16 weights if their log-prob gap is at most FP16_MAX_GAP (rounding noise: fp16 keeps 11
 significant bits), then int8 if its gap is no larger than bf16's (the engine already serves bf16

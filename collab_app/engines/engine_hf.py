@@ -22,6 +22,19 @@ an adapter must not be deleted under a running batch. A `load_adapter` during a 
 therefore waits for that batch (which finishes on the versions it started with); the old
 version is deleted right after the new one is in.
 
+Base GEMMs on CPU (`quantize`, as the vLLM engine's): None = torch's GEMM in the engine's dtype;
+"fp16" = fp16 weights widened to fp32 in registers, fp32 activations and sums (fbgemm,
+`vllm_team.fp16_linear`; exact for a checkpoint that came from 16-bit tensors, as the embedded
+model's did); "int8" = fbgemm's dynamic int8 (not exact). Every `nn.Linear` of the base (the LM head
+included; peft's LoRA layers wrap them and add their deltas in fp32 on top) gets the packed
+weights; the fp32 weights stay (peft reads their shapes, the tied embedding is the LM head's).
+Decode at a few rows streams the weights once per step, so half the bytes is most of a step on a
+CPU without native bf16: on the 2-core AVX2 EPYC, 64 greedy tokens at 1 row 1.68 -> 0.87 s, at 8
+rows 4.09 -> 2.38 s, the same tokens and log-probs to 4 decimals (docs/results "fp16-weight base
+GEMMs in the transformers engine"). "auto" = `flags_quantize`: fp16 where the engine runs fp32 on
+an x86 CPU with fbgemm (where bf16 is native the engine already runs bf16); `make_engine` passes
+what engines/calibrate.py measured instead, where it ran.
+
 Left out: KV-cache reuse across calls (a prompt's G samples each prefill it again).
 """
 from __future__ import annotations
@@ -39,7 +52,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, 
                           StoppingCriteria, StoppingCriteriaList)
 from transformers.generation.streamers import BaseStreamer
 
-from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_requests, resolve_dtype
+from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, flags_quantize, resolve_dtype
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 from trainer.dtypes import resolve_device
@@ -67,6 +80,11 @@ def _add_deltas(parts, module, args, out):
     for start, end, a, b, scaling in parts:
         out[start:end] += (F.linear(F.linear(x[start:end].to(a.dtype), a), b) * scaling).to(out.dtype)
     return out
+
+
+def _packed_forward(linear, bias, x):
+    """An nn.Linear's forward through a packed GEMM (`vllm_team.BASE_GEMMS`), which takes 2-D input."""
+    return linear(x.reshape(-1, x.shape[-1]), None, bias).reshape(*x.shape[:-1], -1)
 
 
 @contextlib.contextmanager
@@ -178,9 +196,12 @@ class TransformersEngine:
     name = "transformers"
 
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
-                 seed: int | None = None, device: str | None = None, num_threads: int | None = None):
+                 seed: int | None = None, device: str | None = None, num_threads: int | None = None,
+                 quantize: str | None = "auto"):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if quantize != "auto" and quantize not in QUANTIZE:
+            raise EngineError(f"quantize must be one of {QUANTIZE} or 'auto', got {quantize!r}")
         if num_threads:
             # torch's intra-op threads for this process. On a box whose cores other processes also
             # use, fewer threads can be much faster (`collab bench generate` measured 1 thread at
@@ -195,6 +216,9 @@ class TransformersEngine:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
+        self.quantize = flags_quantize(self.device, self.dtype) if quantize == "auto" else quantize
+        if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
+            self._pack_base_gemms(self.quantize)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
@@ -205,6 +229,20 @@ class TransformersEngine:
         self.spare_cores = None   # cpushare.SpareCores: `collab serve` lends the trainer child's cores between its steps
         if seed is not None:
             torch.manual_seed(seed)
+
+    def _pack_base_gemms(self, kind: str) -> None:
+        """Every nn.Linear of the base model computes through `kind`'s packed weights (module doc)."""
+        from collab_app.engines.vllm_team import BASE_GEMMS
+
+        if self.device != "cpu" or self.dtype != "float32":
+            raise EngineError(f"quantize={kind!r} is for a CPU engine in float32 (got {self.device}, {self.dtype}): "
+                              f"pass quantize=None, or dtype='float32' on a CPU")
+        try:
+            for module in self.model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.forward = functools.partial(_packed_forward, BASE_GEMMS[kind](module.weight), module.bias)
+        except (RuntimeError, AttributeError) as e:   # e.g. no fbgemm in this build of torch / on this CPU
+            raise EngineError(f"cannot switch the base GEMMs to {kind} here ({e}): pass quantize=None") from e
 
     # -- adapters ---------------------------------------------------------------------------
     def register_agent(self, agent: str) -> None:

@@ -58,15 +58,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from collab_app.engines import DTYPES, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
+from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "collab_app.engines.vllm_team.TeamLoRA"
-# base GEMMs on CPU (vllm_team.BASE_GEMMS): None = vLLM's own (oneDNN) in the engine's dtype;
-# "fp16" = fp16 weights, fp32 activations and sums; "int8" = dynamic int8 (not exact)
-QUANTIZE = (None, "fp16", "int8")
 
 
 class VLLMEngine:

@@ -61,7 +61,8 @@ def test_auto_precision_is_the_one_serve_would_use(monkeypatch):
 def test_every_vllm_variant_is_a_choice_with_valid_engine_keywords():
     import inspect
 
-    from collab_app.engines.engine_vllm import QUANTIZE, VLLMEngine
+    from collab_app.engines import QUANTIZE
+    from collab_app.engines.engine_vllm import VLLMEngine
 
     params = inspect.signature(VLLMEngine).parameters
     for name, kw in bench.VLLM_VARIANTS.items():

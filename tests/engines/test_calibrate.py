@@ -69,9 +69,13 @@ def test_engine_dtype_auto_on_cpu_follows_the_calibration(monkeypatch, tmp_path)
     from collab_app import engines
 
     monkeypatch.setattr(cal, "calibrate", lambda path, threads=None: {
-        "dtype": "bfloat16", "quantize": "int8", "why": "test", "measured_at": "now"})
-    assert engines.cpu_precision(str(tmp_path), "vllm") == {"dtype": "bfloat16", "quantize": "int8"}
-    assert engines.cpu_precision(str(tmp_path), "transformers") == {"dtype": "bfloat16"}   # int8 is vLLM's
+        "dtype": "float32", "quantize": "int8", "why": "test", "measured_at": "now"})
+    assert engines.cpu_precision(str(tmp_path), "vllm") == {"dtype": "float32", "quantize": "int8"}
+    assert engines.cpu_precision(str(tmp_path), "transformers") == {"dtype": "float32", "quantize": "int8"}
+    monkeypatch.setattr(cal, "calibrate", lambda path, threads=None: {
+        "dtype": "bfloat16", "quantize": None, "why": "test", "measured_at": "now"})
+    # None is a decision too: it overrides the transformers engine's flags rule ("auto")
+    assert engines.cpu_precision(str(tmp_path), "transformers") == {"dtype": "bfloat16", "quantize": None}
 
     def fails(path, threads=None):
         raise OSError("read-only")

@@ -92,7 +92,7 @@ def teacher(model_path, adapters):
 def hf_engine_fp32(model_path):
     from collab_app.engines.engine_hf import TransformersEngine
 
-    return TransformersEngine(model_path, dtype="float32", seed=0)
+    return TransformersEngine(model_path, dtype="float32", quantize=None, seed=0)   # the exact reference: torch's fp32 GEMMs
 
 
 @pytest.mark.parametrize("kind, mean_tol, max_tol", [("transformers-fp32", 0.01, 0.05), (VLLM, 0.02, 0.1)])
@@ -177,6 +177,45 @@ def test_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, hf_en
             assert diff.mean() < 0.02 and diff.max() < 0.1, (diff.mean().item(), diff.max().item())
     finally:
         eng.close()
+
+
+def test_transformers_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, hf_engine_fp32, adapters, teacher):
+    """The transformers engine's quantize="fp16" (its default for a CPU engine in fp32 on x86,
+    engines.flags_quantize): every base nn.Linear through fbgemm's fp16-weight GEMM, peft's LoRA
+    deltas in fp32 on top. Greedy tokens equal torch's fp32 GEMMs' for two agents and a base row
+    in one batch, and log-probs stay in the fp32 band of the teacher-forced peft model."""
+    import torch
+
+    from collab_app.engines.engine_hf import TransformersEngine
+
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no fbgemm (fp16 base GEMMs are x86-only)")
+    eng = TransformersEngine(model_path, dtype="float32", quantize="fp16", seed=0)
+    assert eng.quantize == "fp16"
+    for e in (eng, hf_engine_fp32):
+        e.register_agent("base")
+        e.load_adapter("h1", adapters[1], 1)
+        e.load_adapter("h2", adapters[2], 1)
+    agents = ["h1", "base", "h2"]
+    assert _greedy(eng, agents) == _greedy(hf_engine_fp32, agents)
+    out = eng.generate([Request("h1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5, seed=3))
+    for s in out[0]:
+        ids = torch.tensor([s.prompt_token_ids + s.token_ids])
+        with torch.no_grad():
+            logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1].float()
+        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        diff = (ref - torch.tensor(s.logprobs)).abs()
+        assert diff.mean() < 0.01 and diff.max() < 0.05, (diff.mean().item(), diff.max().item())
+
+
+def test_transformers_packed_base_gemms_are_refused_where_they_cannot_run(model_path):
+    from collab_app.engines.engine_hf import TransformersEngine
+
+    with pytest.raises(EngineError, match="CPU engine in float32"):
+        TransformersEngine(model_path, dtype="bfloat16", quantize="fp16")
+    with pytest.raises(EngineError, match="must be one of"):
+        TransformersEngine(model_path, dtype="float32", quantize="int4")
+    assert TransformersEngine(model_path, dtype="bfloat16").quantize is None   # auto: bf16 runs its own GEMMs
 
 
 @pytest.mark.vllm

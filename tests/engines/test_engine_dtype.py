@@ -125,6 +125,9 @@ class _FakeModel:
     def eval(self):
         return self
 
+    def modules(self):   # no nn.Linear to pack
+        return iter(())
+
 
 @pytest.mark.parametrize("cuda, mps, want_device, want_dtype", [
     (False, False, "cpu", "float32"), (False, True, "mps", "float32"), (True, True, "cuda", "bfloat16"),
@@ -142,6 +145,9 @@ def test_transformers_engine_picks_the_trainers_device(monkeypatch, gpus, cuda, 
     eng = engine_hf.TransformersEngine("unused-model-path")
     assert (eng.device, eng.dtype, eng.model.device, eng.model.dtype) == (
         want_device, want_dtype, want_device, getattr(torch, want_dtype))
+    # fp16-weight base GEMMs only for a CPU engine in fp32 with fbgemm (engines.flags_quantize)
+    fbgemm = "fbgemm" in torch.backends.quantized.supported_engines
+    assert eng.quantize == ("fp16" if want_device == "cpu" and fbgemm else None)
     assert engine_hf.TransformersEngine("unused-model-path", device="cpu").device == "cpu"   # explicit wins
 
 
