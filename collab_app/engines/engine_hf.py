@@ -3,9 +3,9 @@
 One base model, one peft LoRA adapter per agent (agents without one use the base). A batch that
 mixes agents runs as ONE `generate` call, left-padded: the base layers once for every row, and
 each row's own low-rank delta scaling * B(A(x)) added to the rows of its agent (`team_lora`:
-forward hooks on peft's LoRA layers, with peft's own adapters switched off for the call). The rows
-of one request are contiguous, so each agent's rows are a few slices of the batch, and the delta
-is two small matmuls per slice and layer. peft's mixed-batch `adapter_names=[...]` computes the
+forward hooks on peft's LoRA layers, with peft's own adapters switched off for the call): per
+layer, two GEMMs over all the batch's adapters stacked, and a mask that keeps each row's own
+adapter's rank columns. peft's mixed-batch `adapter_names=[...]` computes the
 same sums but indexes the batch with a Python list per layer and step: on a GPU that is a host-
 to-device copy and a gather per layer, and a round of 2 agents x 4 rows x 128 tokens of SmolLM2
 took 13.3 s on an H200 against 2.6 s for plain `generate` (docs/results "On a GPU"). Adapters are
@@ -72,13 +72,16 @@ def row_segments(names: list[str | None]) -> list[tuple[int, int, str]]:
     return out
 
 
-def _add_deltas(parts, module, args, out):
-    """Forward hook on one peft LoRA layer whose adapters are switched off: adds each slice's own
-    delta, peft's vanilla-LoRA sum `lora_B(lora_A(x)) * scaling` in the adapter's dtype (dropout
-    is the identity in eval), to the base layer's output. x: (rows, T, d_in), out: (rows, T, d_out)."""
-    x = args[0]
-    for start, end, a, b, scaling in parts:
-        out[start:end] += (F.linear(F.linear(x[start:end].to(a.dtype), a), b) * scaling).to(out.dtype)
+def _add_deltas(a, b, mask, scaling, module, args, out):
+    """Forward hook on one peft LoRA layer whose adapters are switched off: adds every row's own
+    delta, peft's vanilla-LoRA `lora_B(lora_A(x)) * scaling` in the adapters' dtype (dropout is the
+    identity in eval), to the base layer's output, for all the batch's adapters at once: `a` stacks
+    their A matrices (sum of ranks R, d_in), `b` their B matrices side by side (d_out, R), `mask`
+    (rows, 1, R) is 1 in the columns of each row's own adapter and 0 in the others' (which then add
+    exact zeros), `scaling` (rows, 1, 1) each row's adapter's scaling, applied last as peft does.
+    x: (rows, T, d_in), out: (rows, T, d_out)."""
+    h = F.linear(args[0].to(a.dtype), a) * mask            # (rows, T, R)
+    out += (F.linear(h, b) * scaling).to(out.dtype)         # (rows, T, d_out)
     return out
 
 
@@ -91,9 +94,16 @@ def _packed_forward(linear, bias, x):
 def team_lora(peft_model, names: list[str | None]):
     """For one batched forward pass (or `generate`) of `peft_model` whose row r runs peft adapter
     names[r] (None = the base): peft's own adapter layers off, a hook per LoRA layer adding each
-    row group's delta (none for a batch of base rows only: the plain base). Nothing to do when there
-    is no peft model. Variants other than vanilla LoRA (DoRA, ...) are refused: the engine loads
-    only what the trainer saves (plain LoRA)."""
+    row's delta (none for a batch of base rows only: the plain base). Nothing to do when there is
+    no peft model. Variants other than vanilla LoRA (DoRA, ...) are refused: the engine loads
+    only what the trainer saves (plain LoRA).
+
+    One hook per layer does two GEMMs and a mask for the whole batch whatever the number of
+    agents, rather than two per agent slice: on a GPU every kernel launch is a fixed cost per layer
+    and step, and the per-slice version was 2.3x the launches of the base model alone (H200,
+    8 rows x 128 tokens, same generate call: 8.2 s per slice, 5.8 s fused, 4.1 s without adapters;
+    docs/results "On a GPU"). The cost on a CPU: the rank columns of the other agents (2 x 8
+    instead of 8 per row), nothing next to the base GEMMs."""
     if peft_model is None:
         yield
         return
@@ -106,17 +116,29 @@ def team_lora(peft_model, names: list[str | None]):
             for module in peft_model.modules():
                 if not isinstance(module, LoraLayer):
                     continue
-                parts = []
+                a_parts, b_parts, spans, width = [], [], [], 0
                 for start, end, name in segments:
                     if name not in module.lora_A:
                         continue
                     if name in getattr(module, "lora_variant", {}):
                         raise EngineError(f"adapter {name!r} is a LoRA variant (e.g. DoRA) this engine does not "
                                           f"serve; save plain LoRA adapters")
-                    parts.append((start, end, module.lora_A[name].weight, module.lora_B[name].weight,
-                                  module.scaling[name]))
-                if parts:
-                    handles.append(module.register_forward_hook(functools.partial(_add_deltas, parts)))
+                    a, b = module.lora_A[name].weight, module.lora_B[name].weight    # (r, d_in), (d_out, r)
+                    a_parts.append(a)
+                    b_parts.append(b)
+                    spans.append((start, end, width, width + a.shape[0], module.scaling[name]))
+                    width += a.shape[0]
+                if not spans:
+                    continue
+                mask = torch.zeros(len(names), 1, width, dtype=a_parts[0].dtype)
+                scale = torch.zeros(len(names), 1, 1, dtype=a_parts[0].dtype)
+                for start, end, c0, c1, scaling in spans:
+                    mask[start:end, :, c0:c1] = 1
+                    scale[start:end] = scaling
+                device = a_parts[0].device
+                hook = functools.partial(_add_deltas, torch.cat(a_parts), torch.cat(b_parts, 1),
+                                         mask.to(device), scale.to(device))
+                handles.append(module.register_forward_hook(hook))
             yield
         finally:
             for h in handles:
@@ -297,16 +319,17 @@ class TransformersEngine:
 
     def _generate(self, requests: list[Request], n: int, sampling: Sampling, progress: bool):
         """generate_stream's body. progress=False (`generate`, the trainer's rollouts): no
-        streamer and no per-step decoding, which would hold the GIL against the generate thread
-        once per step for every row (on a GPU that thread is what sets the pace)."""
+        streamer and no per-step decoding (which would hold the GIL against the generating thread
+        once per step for every row; on a GPU that thread sets the pace), and no thread of its own
+        unless cores are lent (`spare_cores`): `generate` runs on the caller's."""
         check_requests(self, requests, n, sampling, self._agents)
         prompt_ids = [chat_prompt_ids(self.tokenizer, r) for r in requests]
         check_lengths(prompt_ids, sampling, self.max_model_len)
         with self._lock:
             agents = {r.agent: self._agents.served(r.agent) for r in requests}  # versions this batch runs on
             # requests sorted by adapter (stable), each request's n rows together: every agent's
-            # rows are one slice of the batch, so team_lora adds 2 small matmuls per agent and layer
-            # whatever the batch (a rollout interleaves agents per example: 32 slices for 16 x 2)
+            # rows are one slice of the batch (team_lora's mask is the same either way; sorted, a
+            # prefix shared by one agent's rows is easy to see in a profile)
             order = sorted(range(len(requests)), key=lambda i: agents[requests[i].agent][0] or "")
             rows = [(i, prompt_ids[i]) for i in order for _ in range(n)]
             batch = self.tokenizer.pad({"input_ids": [ids for _, ids in rows]}, padding=True, return_tensors="pt")
@@ -320,7 +343,7 @@ class TransformersEngine:
             )
             criteria = [streamer] if progress else []
             spare = self.spare_cores
-            if spare is not None:   # called after each step's forward, on the generate thread
+            if spare is not None:   # called after each step's forward, on the generating thread
                 criteria.append(_BeforeStep(spare))
             if progress:
                 kw["streamer"] = streamer
@@ -349,8 +372,18 @@ class TransformersEngine:
                         spare.end()
                     streamer.queue.put(None)
 
-            thread = threading.Thread(target=run, name="hf-generate", daemon=True)
-            thread.start()
+            if progress or spare is not None:
+                # a stream is read here while generate runs; lent cores change the affinity and
+                # torch threads of the thread that decodes, which must not be the caller's
+                thread = threading.Thread(target=run, name="hf-generate", daemon=True)
+                thread.start()
+            else:
+                # no stream to read: generate on the caller's thread. On an H200 the same
+                # generate call took 2x as long on a thread of its own as on the main thread
+                # (15.9 vs 8.2 s, 8 rows x 128 tokens, docs/results "On a GPU"; the cause is not
+                # known); on the AVX2 CPU the two are equal (6.56 vs 6.54 s).
+                thread = None
+                run()
             texts = [[""] * n for _ in requests]
             done: list[list[Sample | None]] = [[None] * n for _ in requests]
             try:
@@ -382,7 +415,8 @@ class TransformersEngine:
                         yield Progress([list(t) for t in texts], [list(d) for d in done])
             finally:
                 streamer.cancel = True  # a stream abandoned early stops generate at its next step
-                thread.join()
+                if thread is not None:
+                    thread.join()
             if streamer.error is not None:
                 raise streamer.error
             out = streamer.result

@@ -305,8 +305,8 @@ def test_row_segments_group_consecutive_rows_of_one_adapter():
 
 
 def test_team_lora_forward_equals_peft_mixed_batch(model_path, adapters):
-    """The engine's one-pass team (engine_hf.team_lora: peft's layers off, each row group's delta
-    added by a hook) gives peft's own mixed batch (`adapter_names=`) for every row, base rows
+    """The engine's one-pass team (engine_hf.team_lora: peft's layers off, every row's delta added
+    by one hook per layer over the stacked adapters) gives peft's own mixed batch (`adapter_names=`) for every row, base rows
     between adapter rows included, and leaves the peft model as it was (hooks gone, adapters on)."""
     import torch
     from peft import PeftModel
@@ -325,7 +325,9 @@ def test_team_lora_forward_equals_peft_mixed_batch(model_path, adapters):
         with team_lora(peft_model, names):
             got = peft_model(input_ids=ids).logits
         plain = peft_model.get_base_model()(input_ids=ids).logits   # adapters on again: active "one" everywhere
-    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max().item()
+    # fp32 rounding only: one GEMM over all rows and both adapters' stacked ranks sums in another
+    # order than peft's per-adapter sub-batches (measured 1.3e-4 on logits up to 38; per slice it was 5e-5)
+    assert torch.allclose(got, want, atol=5e-4), (got - want).abs().max().item()
     assert not torch.allclose(got[0], got[2], atol=1e-2) and not torch.allclose(got[0], got[3], atol=1e-2)
     assert torch.allclose(plain[0], want[0], atol=1e-4) and not torch.allclose(plain[2], want[2], atol=1e-2)
     assert not any(m._forward_hooks for m in peft_model.modules())
