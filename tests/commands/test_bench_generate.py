@@ -68,3 +68,18 @@ def test_every_vllm_variant_is_a_choice_with_valid_engine_keywords():
     for name, kw in bench.VLLM_VARIANTS.items():
         assert kw["quantize"] in (*QUANTIZE, "auto"), name
         assert all(k in params for k in kw), name
+
+
+def test_each_engine_gets_the_base_gemms_it_names(monkeypatch):
+    """`transformers` = the app's transformers engine (the calibration's base GEMMs, else its flags
+    rule "auto"); `transformers-torch` = torch's own GEMMs whatever was measured; vLLM variants as named."""
+    calibrated = {"dtype": "float32", "quantize": "fp16"}
+    monkeypatch.setattr(bench, "_auto_precision", lambda path, kind: calibrated)
+    assert bench.engine_precision("transformers", "auto", "/m") == ("float32", "fp16")
+    assert bench.engine_precision("transformers-torch", "auto", "/m") == ("float32", None)
+    assert bench.engine_precision("vllm", "auto", "/m") == ("float32", "fp16")
+    assert bench.engine_precision("vllm-onednn", "auto", "/m") == ("float32", None)
+    assert bench.engine_precision("vllm-int8", "bfloat16", "/m") == ("float32", "int8")   # int8 runs fp32 activations
+    monkeypatch.setattr(bench, "_auto_precision", lambda path, kind: {})                  # no calibration (a GPU, ...)
+    assert bench.engine_precision("transformers", "auto", "/m") == ("auto", "auto")
+    assert bench.engine_precision("vllm", "auto", "/m") == ("auto", None)
