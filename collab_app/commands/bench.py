@@ -18,7 +18,7 @@ from engines/calibrate.py, vLLM in this process); `vllm-spawn` the same with vLL
 worker in two spawned processes, `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` /
 `vllm-int8` with the base GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=).
 `transformers` is the transformers engine as the app builds it (base GEMMs by the calibration, or
-fp16 weights on an x86 CPU in fp32), `transformers-torch` the same with torch's own GEMMs.
+fp16 weights on an x86 CPU in fp32 for a 16-bit checkpoint), `transformers-torch` the same with torch's own GEMMs.
 `vllm-borrow` is `vllm` under `collab serve`'s CPU split (engine cores + trainer cores, always,
 not only with `--beside-training`) that borrows the trainer's cores for its decode steps while
 the training loop is not in a step (cpushare.CoreLease; serve's `borrow_cores`): compare it with

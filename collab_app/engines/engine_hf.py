@@ -32,8 +32,9 @@ Decode at a few rows streams the weights once per step, so half the bytes is mos
 CPU without native bf16: on the 2-core AVX2 EPYC, 64 greedy tokens at 1 row 1.68 -> 0.87 s, at 8
 rows 4.09 -> 2.38 s, the same tokens and log-probs to 4 decimals (docs/results "fp16-weight base
 GEMMs in the transformers engine"). "auto" = `flags_quantize`: fp16 where the engine runs fp32 on
-an x86 CPU with fbgemm (where bf16 is native the engine already runs bf16); `make_engine` passes
-what engines/calibrate.py measured instead, where it ran.
+an x86 CPU with fbgemm and the checkpoint is stored in 16 bits (where bf16 is native the engine
+already runs bf16; an fp32 checkpoint would be rounded); `make_engine` passes what
+engines/calibrate.py measured instead, where it ran.
 
 Left out: KV-cache reuse across calls (a prompt's G samples each prefill it again).
 """
@@ -52,7 +53,8 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, 
                           StoppingCriteria, StoppingCriteriaList)
 from transformers.generation.streamers import BaseStreamer
 
-from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, flags_quantize, resolve_dtype
+from collab_app.engines import (DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, checkpoint_dtype,
+                               flags_quantize, resolve_dtype)
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 from trainer.dtypes import resolve_device
@@ -238,7 +240,7 @@ class TransformersEngine:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
-        self.quantize = flags_quantize(self.device, self.dtype) if quantize == "auto" else quantize
+        self.quantize = flags_quantize(self.device, self.dtype, checkpoint_dtype(model_path)) if quantize == "auto" else quantize
         if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
             self._pack_base_gemms(self.quantize)
         eos = self.model.generation_config.eos_token_id

@@ -145,9 +145,7 @@ def test_transformers_engine_picks_the_trainers_device(monkeypatch, gpus, cuda, 
     eng = engine_hf.TransformersEngine("unused-model-path")
     assert (eng.device, eng.dtype, eng.model.device, eng.model.dtype) == (
         want_device, want_dtype, want_device, getattr(torch, want_dtype))
-    # fp16-weight base GEMMs only for a CPU engine in fp32 with fbgemm (engines.flags_quantize)
-    fbgemm = "fbgemm" in torch.backends.quantized.supported_engines
-    assert eng.quantize == ("fp16" if want_device == "cpu" and fbgemm else None)
+    assert eng.quantize is None   # a checkpoint whose stored dtype is not known keeps torch's GEMMs
     assert engine_hf.TransformersEngine("unused-model-path", device="cpu").device == "cpu"   # explicit wins
 
 
@@ -166,3 +164,27 @@ def test_collab_models_reports_the_engines_device(monkeypatch, gpus, cuda, mps, 
     info = model._dtype_info()
     assert (info["device"], info["dtype"]) == (want_device, want_dtype)
     assert isinstance(info["cpu_capability"], str)
+
+
+def test_flags_quantize_takes_fp16_weights_only_where_they_are_exact_and_run(tmp_path):
+    """engines.flags_quantize (the transformers engine's base GEMMs where no calibration ran):
+    fp16 weights for a CPU engine in fp32, with fbgemm, on a checkpoint stored in 16 bits."""
+    import json
+
+    import torch
+
+    from collab_app.engines import checkpoint_dtype, flags_quantize
+
+    fp16 = "fp16" if "fbgemm" in torch.backends.quantized.supported_engines else None
+    assert flags_quantize("cpu", "float32", "bfloat16") == fp16
+    assert flags_quantize("cpu", "float32", "float16") == fp16
+    assert flags_quantize("cpu", "float32", "float32") is None     # fp16 would round an fp32 checkpoint
+    assert flags_quantize("cpu", "float32", None) is None
+    assert flags_quantize("cpu", "bfloat16", "bfloat16") is None   # bf16 runs its own GEMMs
+    assert flags_quantize("cuda", "float32", "bfloat16") is None
+    assert flags_quantize("mps", "float32", "bfloat16") is None
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert checkpoint_dtype(str(tmp_path)) == "float16"
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16", "torch_dtype": "float32"}))
+    assert checkpoint_dtype(str(tmp_path)) == "bfloat16"            # transformers 5 writes "dtype"
+    assert checkpoint_dtype(str(tmp_path / "missing")) is None and checkpoint_dtype("org/model-id") is None
