@@ -34,8 +34,8 @@ class MAGRPOConfig:
     """where the trainer's model and optimizers live: auto (cuda when a GPU is visible, else mps on Apple silicon, else cpu; trainer/dtypes.py), cpu, cuda or mps."""
 
     # -- groups and joint actions (paper §4) --------------------------------------------------
-    num_generations: int = 4
-    """G: completions each agent samples per prompt (the group size)."""
+    num_generations: int = 8
+    """G: completions each agent samples per prompt (the group size). 8 with 2 prompts per step: the same 16 samples per agent and step as 4 x 4, and a better held-out team at equal minutes on HumanEval (two seeds) and TL;DR (docs/results "More cooperation: two training levers")."""
     joint_mode: Literal["aligned", "cross"] = "aligned"
     """aligned: sample g of every agent forms joint action g (G joint actions); cross: Cartesian product (G^N)."""
     cross_credit: Literal["mean", "max"] = "mean"
@@ -88,8 +88,8 @@ class MAGRPOConfig:
     """new tokens per agent completion."""
 
     # -- schedule -----------------------------------------------------------------------------
-    prompts_per_step: int = 4
-    """prompts (groups at turn 1) per MAGRPO step."""
+    prompts_per_step: int = 2
+    """prompts (groups at turn 1) per MAGRPO step (x num_generations = samples per agent and step)."""
     num_steps: int = 100
     """MAGRPO steps (one update of every agent each)."""
     max_minutes: float = 0.0
