@@ -21,6 +21,17 @@ def _greedy(engine, agents, prompt=PROMPT):
     return [o[0].token_ids for o in out]
 
 
+def _teacher_gap(teacher, sample, temperature: float = 1.0):
+    """|engine log-prob - teacher-forced log-prob| per token of `sample` (the teacher's logits / T)."""
+    import torch
+
+    ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
+    with torch.no_grad():
+        logits = teacher(input_ids=ids).logits[0, len(sample.prompt_token_ids) - 1:-1].float()
+    ref = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+    return (ref - torch.tensor(sample.logprobs)).abs()
+
+
 def test_adapters_in_one_batch_differ(engine, adapters):
     setup_agents(engine, adapters)
     base, a1, a2 = _greedy(engine, ["base", "a1", "a2"])
@@ -103,20 +114,13 @@ def test_logprobs_match_teacher_forced_forward(request, kind, mean_tol, max_tol,
     only batching/kernel noise remains: mean < 0.01 / 0.02, max
     0.05 / 0.1 per sequence. The tempered log-probs (T=0.5, the wrong convention) must be outside
     the band, so the check can fail."""
-    import torch
-
     engine = request.getfixturevalue("hf_engine_fp32" if kind == "transformers-fp32" else "vllm_engine")
     setup_agents(engine, adapters)
     out = engine.generate([Request("a1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5, seed=3))
     for s in out[0]:
-        ids = torch.tensor([s.prompt_token_ids + s.token_ids])
-        with torch.no_grad():
-            logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1].float()
-        tok = torch.tensor(s.token_ids)[:, None]
-        got = torch.tensor(s.logprobs)
-        diff = (torch.log_softmax(logits, -1).gather(1, tok)[:, 0] - got).abs()
+        diff = _teacher_gap(teacher, s)
         assert diff.mean() < mean_tol and diff.max() < max_tol, (diff.mean().item(), diff.max().item())
-        tempered = (torch.log_softmax(logits / 0.5, -1).gather(1, tok)[:, 0] - got).abs()
+        tempered = _teacher_gap(teacher, s, temperature=0.5)
         assert tempered.mean() > mean_tol, tempered.mean().item()
 
 
@@ -169,11 +173,7 @@ def test_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, hf_en
         assert _greedy(eng, agents) == _greedy(hf_engine_fp32, agents)
         out = eng.generate([Request("f1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5))
         for s in out[0]:
-            ids = torch.tensor([s.prompt_token_ids + s.token_ids])
-            with torch.no_grad():
-                logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1].float()
-            ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
-            diff = (ref - torch.tensor(s.logprobs)).abs()
+            diff = _teacher_gap(teacher, s)
             assert diff.mean() < 0.02 and diff.max() < 0.1, (diff.mean().item(), diff.max().item())
     finally:
         eng.close()
@@ -200,11 +200,7 @@ def test_transformers_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(mode
     assert _greedy(eng, agents) == _greedy(hf_engine_fp32, agents)
     out = eng.generate([Request("h1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5, seed=3))
     for s in out[0]:
-        ids = torch.tensor([s.prompt_token_ids + s.token_ids])
-        with torch.no_grad():
-            logits = teacher(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1:-1].float()
-        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
-        diff = (ref - torch.tensor(s.logprobs)).abs()
+        diff = _teacher_gap(teacher, s)
         assert diff.mean() < 0.01 and diff.max() < 0.05, (diff.mean().item(), diff.max().item())
 
 
