@@ -239,8 +239,11 @@ class TransformersEngine:
         self.tokenizer.padding_side = "left"  # decoder-only batched generate needs left padding
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
         self.quantize = flags_quantize(self.device, self.dtype, checkpoint_dtype(model_path)) if quantize == "auto" else quantize
+        if self.quantize and (self.device != "cpu" or self.dtype != "float32"):   # refused before the weights load
+            raise EngineError(f"quantize={self.quantize!r} is for a CPU engine in float32 (got {self.device}, "
+                              f"{self.dtype}): pass quantize=None, or dtype='float32' on a CPU")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
         if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
             self._pack_base_gemms(self.quantize)
         eos = self.model.generation_config.eos_token_id
@@ -258,9 +261,6 @@ class TransformersEngine:
         """Every nn.Linear of the base model computes through `kind`'s packed weights (module doc)."""
         from collab_app.engines.vllm_team import BASE_GEMMS
 
-        if self.device != "cpu" or self.dtype != "float32":
-            raise EngineError(f"quantize={kind!r} is for a CPU engine in float32 (got {self.device}, {self.dtype}): "
-                              f"pass quantize=None, or dtype='float32' on a CPU")
         try:
             for module in self.model.modules():
                 if isinstance(module, torch.nn.Linear):
@@ -330,8 +330,8 @@ class TransformersEngine:
         with self._lock:
             agents = {r.agent: self._agents.served(r.agent) for r in requests}  # versions this batch runs on
             # requests sorted by adapter (stable), each request's n rows together: every agent's
-            # rows are one slice of the batch (team_lora's mask is the same either way; sorted, a
-            # prefix shared by one agent's rows is easy to see in a profile)
+            # rows are one slice of the batch (team_lora's mask is the same either way; sorted, it
+            # is filled from one span per agent instead of one per request)
             order = sorted(range(len(requests)), key=lambda i: agents[requests[i].agent][0] or "")
             rows = [(i, prompt_ids[i]) for i in order for _ in range(n)]
             batch = self.tokenizer.pad({"input_ids": [ids for _, ids in rows]}, padding=True, return_tensors="pt")
