@@ -75,7 +75,7 @@ from trainer import adapter_state
 from trainer import adapters as versions_on_disk
 from trainer import distributed
 from trainer.config import MAGRPOConfig
-from trainer.dtypes import resolve_device, resolve_dtype
+from trainer.dtypes import gqa_attention, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -510,6 +510,7 @@ class MAGRPOTrainer:
             name = self.base_of[agent]
             if name not in self.models:
                 base = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, self.dtype)).to(self.device)
+                gqa_attention(base, self.device)   # on a CPU: masked attention without copied key/value heads
                 try:
                     self.models[name] = get_peft_model(base, lora(), adapter_name=agent)
                 except ValueError as e:   # peft: "Target modules {...} not found in the base model"

@@ -88,6 +88,27 @@ def test_sample_shape_and_eos(engine, adapters):
     assert out[1][0].adapter_version == 1 and out[0][0].adapter_version is None
 
 
+def test_a_prompts_rows_share_one_prefill_and_give_its_own_tokens(hf_engine, adapters, monkeypatch):
+    """transformers engine: a request's n rows are prefilled once (`_shared_prefill`: one cache row
+    per request, repeated n times) and give the tokens and log-probs the request gets alone (n=1, no
+    shared prefill), for base and adapter rows, with prompts of different lengths (left padding)."""
+    setup_agents(hf_engine, adapters)
+    seen = []
+    real = hf_engine._shared_prefill
+    monkeypatch.setattr(hf_engine, "_shared_prefill",
+                        lambda model, prompts, names, n: seen.append((prompts["input_ids"].shape[0], names, n))
+                        or real(model, prompts, names, n))
+    reqs = [Request("a1", PROMPT), Request("base", "Say hi."), Request("a2", PROMPT + " Answer in one line.")]
+    alone = hf_engine.generate(reqs, 1, GREEDY)
+    assert seen == []
+    rows = hf_engine.generate(reqs, 3, GREEDY)
+    assert len(seen) == 1 and seen[0][0] == 3 and seen[0][2] == 3 and seen[0][1].count(None) == 1
+    for one, three in zip(alone, rows):
+        for s in three:
+            assert s.token_ids == one[0].token_ids
+            assert max(abs(a - b) for a, b in zip(s.logprobs, one[0].logprobs)) < 1e-4
+
+
 @pytest.fixture(scope="session")
 def teacher(model_path, adapters):
     """fp32 peft model with adapter 1, for teacher-forced log-probs."""

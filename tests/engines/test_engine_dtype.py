@@ -188,3 +188,34 @@ def test_flags_quantize_takes_fp16_weights_only_where_they_are_exact_and_run(tmp
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16", "torch_dtype": "float32"}))
     assert checkpoint_dtype(str(tmp_path)) == "bfloat16"            # transformers 5 writes "dtype"
     assert checkpoint_dtype(str(tmp_path / "missing")) is None and checkpoint_dtype("org/model-id") is None
+
+
+def test_gqa_attention_gives_sdpas_sums_on_a_padded_batch(tiny_model_path):
+    """trainer.dtypes.gqa_attention (masked grouped-query attention without copied key/value
+    heads, CPU): the same logits, greedy tokens and gradients as transformers' sdpa on a
+    left-padded batch of a GQA model (the tiny base: 4 query heads, 2 key/value heads); a model on
+    another attention implementation is left alone."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tok.padding_side = "left"
+    tok.pad_token = tok.pad_token or tok.eos_token
+    ref, ours = (AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval() for _ in range(2))
+    dtypes.gqa_attention(ours, "cpu")
+    assert ours.config._attn_implementation == dtypes.GQA_SDPA and ref.config._attn_implementation == "sdpa"
+    batch = tok(["Hello there, how are you today?", "Hi", "A much longer prompt " * 8], padding=True, return_tensors="pt")
+    assert not batch["attention_mask"].all(), "the batch must be padded: the mask is what changes the path"
+    with torch.no_grad():
+        assert torch.equal(ref(**batch).logits, ours(**batch).logits)
+        assert torch.equal(ref.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id),
+                           ours.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id))
+    for m in (ref, ours):
+        m(**batch).logits[:, -4:].logsumexp(-1).sum().backward()
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6 * p.grad.abs().max().item()), name
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="eager")
+    dtypes.gqa_attention(eager, "cpu")
+    gpu = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    dtypes.gqa_attention(gpu, "cuda")   # CUDA's fused kernels take no mask with GQA: the copy stays there
+    assert eager.config._attn_implementation == "eager" and gpu.config._attn_implementation == "sdpa"
