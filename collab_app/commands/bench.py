@@ -139,7 +139,8 @@ def _worker(args) -> None:
         from collab_app.engines.engine_hf import TransformersEngine
 
         engine = TransformersEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
-                                    num_threads=args.hf_threads or None, quantize=quantize)
+                                    num_threads=args.hf_threads or None, quantize=quantize,
+                                    decode_thread=True)   # as `collab serve` builds it
     startup = time.perf_counter() - t0
     if lease_path:
         from collab_app.online.cpushare import lend_trainer_cores

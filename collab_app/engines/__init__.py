@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from collab_app.engines.engine_types import Engine, EngineError, Progress, Request, Sampling
 from trainer.dtypes import DTYPES, cpu_capability, resolve_dtype  # noqa: F401 - re-exported: one rule for engines and trainer
@@ -152,7 +153,10 @@ def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
     from collab_app.engines.calibrate import calibrate
 
     try:
-        entry = calibrate(path, threads=threads)
+        # on a thread that ends with it: torch work on a thread leaves that thread's OpenMP workers
+        # behind, and two live teams on a machine's cores slow both (engine_hf's doc, "Threads")
+        with ThreadPoolExecutor(1, thread_name_prefix="calibrate") as one:
+            entry = one.submit(calibrate, path, threads=threads).result()
     except Exception as e:  # noqa: BLE001 - calibration is an optimisation, never a reason not to start
         log.warning("calibration failed (%s: %s); dtype from the CPU flags (%s)", type(e).__name__, e,
                     resolve_dtype("auto", "cpu"))
@@ -206,7 +210,7 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
     if kind == "vllm":
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        return VLLMEngine(path, **{k: v for k, v in kw.items() if k != "num_threads"})
+        return VLLMEngine(path, **{k: v for k, v in kw.items() if k not in ("num_threads", "decode_thread")})
     from collab_app.engines.engine_hf import TransformersEngine
 
     kw = {k: v for k, v in kw.items() if k not in ("num_agents", "gpu_memory_utilization")}

@@ -22,6 +22,18 @@ an adapter must not be deleted under a running batch. A `load_adapter` during a 
 therefore waits for that batch (which finishes on the versions it started with); the old
 version is deleted right after the new one is in.
 
+Threads (`decode_thread`). torch's OpenMP runtime (libgomp) keeps a team of worker threads for
+every thread that has run parallel torch work, for as long as that thread lives; once the live
+teams hold more threads than the machine has cores, libgomp stops letting idle workers spin
+between parallel regions, and every op pays a wake-up. On the 2-core AVX2 EPYC, 8 rows x 128
+tokens on a fresh thread while the loading thread's team was alive took 19.3 s against 15.3 s on
+that thread itself (4 alternations; docs/results "One prefill per prompt..."). So a server,
+whose requests arrive on many threads, builds its engine with decode_thread=True: the weights
+load, every batch (streamed or not) and every adapter load run on one thread, `decoder_thread()`,
+shared by the process's engines (a team on two bases: one after the other, as TeamEngine calls
+them). Without it (a training process, whose updates run on the caller's thread), non-streamed
+`generate` runs on the caller's thread and a stream on a fresh thread per call.
+
 Base GEMMs on CPU (`quantize`, as the vLLM engine's): None = torch's GEMM in the engine's dtype;
 "fp16" = fp16 weights widened to fp32 in registers, fp32 activations and sums (fbgemm,
 `vllm_team.fp16_linear`; exact for a checkpoint that came from 16-bit tensors, as the embedded
@@ -47,6 +59,7 @@ import itertools
 import queue
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -148,6 +161,22 @@ def team_lora(peft_model, names: list[str | None]):
                 h.remove()
 
 
+_DECODER: tuple[ThreadPoolExecutor, int] | None = None
+_DECODER_LOCK = threading.Lock()
+
+
+def decoder_thread() -> tuple[ThreadPoolExecutor, int]:
+    """The process's one decode thread (an executor of one worker) and its thread id, shared by
+    every engine built with decode_thread=True (module doc, "Threads"). Lives as long as the
+    process; at exit it finishes the batch in hand (an abandoned stream stops at its next step)."""
+    global _DECODER
+    with _DECODER_LOCK:
+        if _DECODER is None:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="hf-decode")
+            _DECODER = (pool, pool.submit(threading.get_ident).result())
+        return _DECODER
+
+
 class SampledLogprobs(LogitsProcessor):
     """log pi(sampled token) per step without keeping the logits: step t's log_softmax waits
     until step t+1's call, whose input_ids end with the token sampled at t; `finish` takes the
@@ -222,7 +251,7 @@ class TransformersEngine:
 
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, device: str | None = None, num_threads: int | None = None,
-                 quantize: str | None = "auto"):
+                 quantize: str | None = "auto", decode_thread: bool = False):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         if quantize != "auto" and quantize not in QUANTIZE:
@@ -244,10 +273,10 @@ class TransformersEngine:
         if self.quantize and (self.device != "cpu" or self.dtype != "float32"):   # refused before the weights load
             raise EngineError(f"quantize={self.quantize!r} is for a CPU engine in float32 (got {self.device}, "
                               f"{self.dtype}): pass quantize=None, or dtype='float32' on a CPU")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
-        gqa_attention(self.model, self.device)   # on a CPU: masked attention without copied key/value heads (trainer.dtypes)
-        if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
-            self._pack_base_gemms(self.quantize)
+        # decode_thread: one thread of the engine's own loads the weights and runs every batch and
+        # adapter load (module doc, "Threads"); else they run on the caller's thread
+        self._decoder, self._decoder_ident = decoder_thread() if decode_thread else (None, None)
+        self._on_decoder(self._load_model)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
@@ -258,6 +287,18 @@ class TransformersEngine:
         self.spare_cores = None   # cpushare.SpareCores: `collab serve` lends the trainer child's cores between its steps
         if seed is not None:
             torch.manual_seed(seed)
+
+    def _on_decoder(self, fn, *args):
+        """fn(*args) on the engine's decode thread where it has one (and the caller is not it), else here."""
+        if self._decoder is None or threading.get_ident() == self._decoder_ident:
+            return fn(*args)
+        return self._decoder.submit(fn, *args).result()
+
+    def _load_model(self) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
+        gqa_attention(self.model, self.device)   # on a CPU: masked attention without copied key/value heads (trainer.dtypes)
+        if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
+            self._pack_base_gemms(self.quantize)
 
     def _pack_base_gemms(self, kind: str) -> None:
         """Every nn.Linear of the base model computes through `kind`'s packed weights (module doc)."""
@@ -279,32 +320,35 @@ class TransformersEngine:
         return self._agents.version(agent)
 
     def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
+        with self._lock:   # taken before the hop to the decode thread, which only lock holders use
+            self._on_decoder(self._load_adapter, agent, path, version)
+
+    def _load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
         from peft import PeftModel
 
-        with self._lock:
-            name = None
-            if path is not None:
-                # A fresh peft name per load: the new weights never mix with the old ones.
-                name = f"v{next(self._names)}_{re.sub(r'[^0-9A-Za-z_]', '_', agent)}"
-                try:
-                    if self._peft is None:
-                        self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
-                    else:
-                        self._peft.load_adapter(path, adapter_name=name)
-                except (OSError, ValueError) as e:
-                    raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}; "
-                                      f"pass a peft LoRA directory (adapter_config.json + weights)") from e
-            old = self._agents.set(agent, name, version)
-            if old is not None:
-                # Make some other adapter active first: deleting the active one makes peft warn
-                # ("... was active which is now deleted") on every hot-swap.
-                others = [n for n in self._peft.peft_config if n != old]
-                if others and self._peft.active_adapter == old:
-                    self._peft.set_adapter(others[-1])
-                self._peft.delete_adapter(old)
-                if not self._peft.peft_config:  # no adapter left: peft cannot run with none, go back to the base
-                    self.model = self._peft.unload()
-                    self._peft = None
+        name = None
+        if path is not None:
+            # A fresh peft name per load: the new weights never mix with the old ones.
+            name = f"v{next(self._names)}_{re.sub(r'[^0-9A-Za-z_]', '_', agent)}"
+            try:
+                if self._peft is None:
+                    self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
+                else:
+                    self._peft.load_adapter(path, adapter_name=name)
+            except (OSError, ValueError) as e:
+                raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}; "
+                                  f"pass a peft LoRA directory (adapter_config.json + weights)") from e
+        old = self._agents.set(agent, name, version)
+        if old is not None:
+            # Make some other adapter active first: deleting the active one makes peft warn
+            # ("... was active which is now deleted") on every hot-swap.
+            others = [n for n in self._peft.peft_config if n != old]
+            if others and self._peft.active_adapter == old:
+                self._peft.set_adapter(others[-1])
+            self._peft.delete_adapter(old)
+            if not self._peft.peft_config:  # no adapter left: peft cannot run with none, go back to the base
+                self.model = self._peft.unload()
+                self._peft = None
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, requests: list[Request], n: int, sampling: Sampling) -> list[list[Sample]]:
@@ -380,7 +424,9 @@ class TransformersEngine:
                         spare.end()
                     streamer.queue.put(None)
 
-            if progress or spare is not None:
+            if self._decoder is not None and threading.get_ident() != self._decoder_ident:
+                thread = self._decoder.submit(run)   # the engine's own decode thread (module doc, "Threads")
+            elif progress or spare is not None:
                 # a stream is read here while generate runs; lent cores change the affinity and
                 # torch threads of the thread that decodes, which must not be the caller's
                 thread = threading.Thread(target=run, name="hf-generate", daemon=True)
@@ -423,8 +469,10 @@ class TransformersEngine:
                         yield Progress([list(t) for t in texts], [list(d) for d in done])
             finally:
                 streamer.cancel = True  # a stream abandoned early stops generate at its next step
-                if thread is not None:
+                if isinstance(thread, threading.Thread):
                     thread.join()
+                elif thread is not None:
+                    thread.result()   # run() keeps its errors in streamer.error
             if streamer.error is not None:
                 raise streamer.error
             out = streamer.result

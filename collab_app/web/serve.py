@@ -306,8 +306,9 @@ def remote_engine_url(cfg: ServeConfig) -> str:
 
 def engine_kwargs(cfg: ServeConfig) -> dict:
     """make_engine's keywords from cfg beyond kind and model: the retry window where the engine is a
-    vLLM server (`remote_engine_url`); the in-process engines take no such keyword."""
-    return {"retry_s": cfg.engine_retry_s} if remote_engine_url(cfg) else {}
+    vLLM server (`remote_engine_url`); for the in-process engines, the transformers engine's decode
+    thread (requests arrive on many server threads: engine_hf's doc, "Threads"; vLLM ignores it)."""
+    return {"retry_s": cfg.engine_retry_s} if remote_engine_url(cfg) else {"decode_thread": True}
 
 
 PRIVATE_UMASK = 0o077

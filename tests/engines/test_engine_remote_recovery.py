@@ -281,11 +281,12 @@ def test_serve_sets_retry_s_only_for_a_remote_engine(monkeypatch):
     cfg, _ = parse_config(ServeConfig, ["--engine-url", "http://127.0.0.1:8000", "--engine-retry-s", "2.5"],
                           description="x")
     assert cfg.engine_retry_s == 2.5 and engine_kwargs(cfg) == {"retry_s": 2.5}
-    assert engine_kwargs(ServeConfig()) == {}                        # in-process engines: no such keyword
-    assert engine_kwargs(ServeConfig(engine="transformers")) == {}
+    # in-process engines: no retry window; the transformers engine's decode thread (vLLM drops it)
+    assert engine_kwargs(ServeConfig()) == {"decode_thread": True}
+    assert engine_kwargs(ServeConfig(engine="transformers")) == {"decode_thread": True}
     monkeypatch.setenv("COLLAB_ENGINE", "http://127.0.0.1:8000")      # auto -> the URL, as make_engine reads it
     assert engine_kwargs(ServeConfig(engine_retry_s=0)) == {"retry_s": 0}
-    assert engine_kwargs(ServeConfig(engine="vllm")) == {}
+    assert engine_kwargs(ServeConfig(engine="vllm")) == {"decode_thread": True}
     # the same rule decides that serve does not split the cores for its trainer child: the
     # generating engine is elsewhere (before, COLLAB_ENGINE=URL still split them)
     from collab_app.web.serve import remote_engine_url
