@@ -432,10 +432,9 @@ class TransformersEngine:
                 thread = threading.Thread(target=run, name="hf-generate", daemon=True)
                 thread.start()
             else:
-                # no stream to read: generate on the caller's thread. On an H200 the same
-                # generate call took 2x as long on a thread of its own as on the main thread
-                # (15.9 vs 8.2 s, 8 rows x 128 tokens, docs/results "On a GPU"; the cause is not
-                # known); on the AVX2 CPU the two are equal (6.56 vs 6.54 s).
+                # no stream to read: generate on the caller's thread, whose OpenMP team already
+                # exists (module doc, "Threads": a thread of its own next to a live team took 19.3
+                # vs 15.3 s on the AVX2 CPU; on an H200 15.9 vs 8.2 s, docs/results "On a GPU")
                 thread = None
                 run()
             texts = [[""] * n for _ in requests]
