@@ -59,7 +59,7 @@ import itertools
 import queue
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 import torch.nn.functional as F
@@ -161,19 +161,43 @@ def team_lora(peft_model, names: list[str | None]):
                 h.remove()
 
 
-_DECODER: tuple[ThreadPoolExecutor, int] | None = None
+class _DecodeThread:
+    """One daemon thread that runs submitted calls in order (`submit` -> concurrent.futures.Future).
+    Not a ThreadPoolExecutor: its worker is not a daemon, and the interpreter waits for it at exit,
+    so stopping `collab serve` in the middle of a round would wait for the round to finish."""
+
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self.ident = self._thread.ident
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._calls.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(e)
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+
+_DECODER: _DecodeThread | None = None
 _DECODER_LOCK = threading.Lock()
 
 
-def decoder_thread() -> tuple[ThreadPoolExecutor, int]:
-    """The process's one decode thread (an executor of one worker) and its thread id, shared by
-    every engine built with decode_thread=True (module doc, "Threads"). Lives as long as the
-    process; at exit it finishes the batch in hand (an abandoned stream stops at its next step)."""
+def decoder_thread() -> _DecodeThread:
+    """The process's one decode thread, shared by every engine built with decode_thread=True
+    (module doc, "Threads"). Lives as long as the process (a daemon: exit does not wait for it)."""
     global _DECODER
     with _DECODER_LOCK:
         if _DECODER is None:
-            pool = ThreadPoolExecutor(1, thread_name_prefix="hf-decode")
-            _DECODER = (pool, pool.submit(threading.get_ident).result())
+            _DECODER = _DecodeThread("hf-decode")
         return _DECODER
 
 
@@ -275,7 +299,7 @@ class TransformersEngine:
                               f"{self.dtype}): pass quantize=None, or dtype='float32' on a CPU")
         # decode_thread: one thread of the engine's own loads the weights and runs every batch and
         # adapter load (module doc, "Threads"); else they run on the caller's thread
-        self._decoder, self._decoder_ident = decoder_thread() if decode_thread else (None, None)
+        self._decoder = decoder_thread() if decode_thread else None
         self._on_decoder(self._load_model)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
@@ -290,7 +314,7 @@ class TransformersEngine:
 
     def _on_decoder(self, fn, *args):
         """fn(*args) on the engine's decode thread where it has one (and the caller is not it), else here."""
-        if self._decoder is None or threading.get_ident() == self._decoder_ident:
+        if self._decoder is None or threading.get_ident() == self._decoder.ident:
             return fn(*args)
         return self._decoder.submit(fn, *args).result()
 
@@ -424,7 +448,7 @@ class TransformersEngine:
                         spare.end()
                     streamer.queue.put(None)
 
-            if self._decoder is not None and threading.get_ident() != self._decoder_ident:
+            if self._decoder is not None and threading.get_ident() != self._decoder.ident:
                 thread = self._decoder.submit(run)   # the engine's own decode thread (module doc, "Threads")
             elif progress or spare is not None:
                 # a stream is read here while generate runs; lent cores change the affinity and

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from collab_app.engines.engine_types import Request, Sampling
+from collab_app.engines.engine_types import EngineError, Request, Sampling
 from helpers.engines import PROMPT, setup_agents
 
 GREEDY = Sampling(max_new_tokens=16, temperature=0.0)
@@ -46,10 +46,12 @@ def test_every_batch_runs_on_the_one_decode_thread_with_the_callers_tokens(threa
     assert [[s.token_ids for s in o] for o in other["out"]] == [[w, w] for w in want]   # from another thread
     last = list(threaded.generate_stream(reqs, 1, GREEDY))[-1]                             # a stream
     assert [d[0].token_ids for d in last.done] == want
-    assert seen and set(seen) == {decoder_thread()[1]} != {threading.get_ident()}
+    assert seen and set(seen) == {decoder_thread().ident} != {threading.get_ident()}
+    # a daemon: stopping the process mid-round does not wait for the round
+    assert next(t for t in threading.enumerate() if t.ident == decoder_thread().ident).daemon
 
 
-def test_an_adapter_load_during_a_stream_waits_for_it(threaded, adapters):
+def test_an_adapter_load_during_a_stream_waits_for_it(threaded, adapters, tmp_path):
     setup_agents(threaded, adapters)
     stream = threaded.generate_stream([Request("a1", "Tell me a long story about a cat.")], 2,
                                       Sampling(max_new_tokens=48, temperature=0.0))
@@ -66,3 +68,6 @@ def test_an_adapter_load_during_a_stream_waits_for_it(threaded, adapters):
     (after,) = threaded.generate([Request("a1", PROMPT)], 1, GREEDY)
     assert after[0].adapter_version == 2
     threaded.load_adapter("a1", adapters[1], 1)   # back to what setup_agents expects
+    with pytest.raises(EngineError, match="cannot load adapter"):   # an error on the decode thread reaches the caller
+        threaded.load_adapter("a1", str(tmp_path), 3)
+    assert threaded.adapter_version("a1") == 1
