@@ -90,14 +90,15 @@ def row_segments(names: list[str | None]) -> list[tuple[int, int, str]]:
 
 def _add_deltas(a, b, mask, scaling, module, args, out):
     """Forward hook on one peft LoRA layer whose adapters are switched off: adds every row's own
-    delta, peft's vanilla-LoRA `lora_B(lora_A(x)) * scaling` in the adapters' dtype (dropout is the
-    identity in eval), to the base layer's output, for all the batch's adapters at once: `a` stacks
+    delta, peft's vanilla-LoRA `lora_B(lora_A(x)) * scaling` in `a`'s dtype (team_lora: the
+    adapters' on a GPU, fp32 on a CPU; dropout is the identity in eval), to the base layer's
+    output, for all the batch's adapters at once: `a` stacks
     their A matrices (sum of ranks R, d_in), `b` their B matrices side by side (d_out, R), `mask`
     (rows, 1, R) is 1 in the columns of each row's own adapter and 0 in the others' (which then add
     exact zeros), `scaling` (rows, 1, 1) each row's adapter's scaling, applied last as peft does.
     x: (rows, T, d_in), out: (rows, T, d_out)."""
     h = F.linear(args[0].to(a.dtype), a) * mask            # (rows, T, R)
-    out += (F.linear(h, b) * scaling).to(out.dtype)         # (rows, T, d_out)
+    out += F.linear(h, b) * scaling                         # (rows, T, d_out), rounded once to out's dtype
     return out
 
 
@@ -119,7 +120,12 @@ def team_lora(peft_model, names: list[str | None]):
     and step, and the per-slice version was 2.3x the launches of the base model alone (H200,
     8 rows x 128 tokens, same generate call: 8.2 s per slice, 5.8 s fused, 4.1 s without adapters;
     docs/results "On a GPU"). The cost on a CPU: the rank columns of the other agents (2 x 8
-    instead of 8 per row), nothing next to the base GEMMs."""
+    instead of 8 per row), nothing next to the base GEMMs.
+
+    On a CPU the deltas are computed in fp32 whatever the model's dtype: torch's bf16 GEMM at
+    LoRA's shapes (8 rows x rank 16) is several times slower than fp32 (Xeon with AMX, one thread:
+    ~90 vs ~30 µs per layer, about a base GEMM's time), and fp32 rounds the delta once, not at each
+    GEMM. On a GPU they stay in the adapters' dtype (a cast would be one more kernel per layer)."""
     if peft_model is None:
         yield
         return
@@ -146,13 +152,14 @@ def team_lora(peft_model, names: list[str | None]):
                     width += a.shape[0]
                 if not spans:
                     continue
-                mask = torch.zeros(len(names), 1, width, dtype=a_parts[0].dtype)
-                scale = torch.zeros(len(names), 1, 1, dtype=a_parts[0].dtype)
+                device = a_parts[0].device
+                dtype = torch.float32 if device.type == "cpu" else a_parts[0].dtype
+                mask = torch.zeros(len(names), 1, width, dtype=dtype)
+                scale = torch.zeros(len(names), 1, 1, dtype=dtype)
                 for start, end, c0, c1, scaling in spans:
                     mask[start:end, :, c0:c1] = 1
                     scale[start:end] = scaling
-                device = a_parts[0].device
-                hook = functools.partial(_add_deltas, torch.cat(a_parts), torch.cat(b_parts, 1),
+                hook = functools.partial(_add_deltas, torch.cat(a_parts).to(dtype), torch.cat(b_parts, 1).to(dtype),
                                          mask.to(device), scale.to(device))
                 handles.append(module.register_forward_hook(hook))
             yield

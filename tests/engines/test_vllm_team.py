@@ -148,6 +148,42 @@ def test_weights_are_never_modified_and_a_dropped_key_is_refused(tmp_path):
     assert w.collab_check()["keys"] == ["x1-v2-2"]
 
 
+def test_a_key_loaded_again_serves_its_new_matrices(tmp_path):
+    """The batch's keys are stacked once per key set and cached: loading another adapter under a
+    key already in the cache (and dropping one) must reach the next forward, for the same key set."""
+    torch.manual_seed(0)
+    w = FakeWorker()
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "o_proj"], seed=1)
+    a2 = save_adapter(tmp_path / "a2", ["q_proj", "v_proj", "o_proj"], seed=2)
+    w.collab_load("k", a1)
+    out, x = w.run([("r1", "k", 3), ("r2", None, 1)])
+    torch.testing.assert_close(out["o"][:3], expected(w, x[:3], a1)[1], rtol=1e-5, atol=1e-5)
+    w.collab_load("k", a2)   # same key, same key set in the batch: the cached stack is stale
+    out, x = w.run([("r1", "k", 3), ("r2", None, 1)], x)
+    torch.testing.assert_close(out["qkv"][:3], expected(w, x[:3], a2)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["o"][:3], expected(w, x[:3], a2)[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["o"][3:], expected(w, x[3:], None)[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_bf16_layer_gets_the_fp32_delta_rounded_once(tmp_path):
+    """A bf16 engine's layer: its output stays bf16, and the delta is computed in fp32 and added
+    once, so the row is the fp32 sum of base (in bf16) and delta, rounded to bf16."""
+    torch.manual_seed(0)
+    w = FakeWorker()
+    attn = w.model_runner.get_model().model.layers[0].self_attn
+    for mod in (attn.qkv_proj, attn.o_proj):
+        mod.weight.data = mod.weight.data.to(torch.bfloat16)
+    a1 = save_adapter(tmp_path / "a1", ["o_proj"], seed=1)
+    w.collab_load("k", a1)
+    x = torch.randn(4, IN).to(torch.bfloat16)
+    out, _ = w.run([("r1", "k", 2), ("r2", None, 2)], x)
+    assert out["o"].dtype == torch.bfloat16
+    a, b, scale = read_adapter(a1)["model.layers.0.self_attn.o_proj"]
+    base = F.linear(x, attn.o_proj.weight)                                # bf16, as vLLM's GEMM gives it
+    want = (base[:2].float() + scale * (x[:2].float() @ a.t()) @ b.t()).to(torch.bfloat16)
+    torch.testing.assert_close(out["o"][:2], want, rtol=0, atol=0)
+    assert torch.equal(out["o"][2:], base[2:])
+
 def test_adapters_the_engine_cannot_serve_are_refused(tmp_path):
     w = FakeWorker()
     bad = save_adapter(tmp_path / "bad", ["q_proj"], seed=1)
