@@ -158,8 +158,9 @@ def agent_names(tasks: list[str]) -> list[str]:
     return names
 
 
-def engine_choice(kind: str) -> dict:
-    """The engine `make_engine(kind)` would build, without starting it (collab_app/engines/__init__.py)."""
+def engine_choice(kind: str, model: str = "") -> dict:
+    """The engine `make_engine(kind)` would build, without starting it (collab_app/engines/__init__.py;
+    on a CPU the engine race cached for `model` if any: never raced here)."""
     from collab_app.engines import auto_choice
 
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
@@ -168,7 +169,11 @@ def engine_choice(kind: str) -> dict:
         return {"kind": "remote", "why": f"COLLAB_ENGINE={kind}", "vllm_installed": vllm}
     if kind != "auto":
         return {"kind": kind, "why": "asked for", "vllm_installed": vllm}
-    order, why = auto_choice()
+    from collab_app.engines.model import EMBEDDED_NAME, embedded_dir
+
+    model = model or os.environ.get("COLLAB_MODEL") or EMBEDDED_NAME
+    folder = str(embedded_dir()) if model == EMBEDDED_NAME else os.path.expanduser(model)
+    order, why = auto_choice(folder if os.path.isdir(folder) else None)
     then = "".join(f"; {b} if {a} does not start" for a, b in zip(order, order[1:]))
     return {"kind": order[0], "vllm_installed": vllm,
             "why": f"auto: {why}{then}" + (" (--probe starts it)" if then else "")}
@@ -393,7 +398,7 @@ def report(cfg: DoctorConfig) -> dict:
         agents = agent_names(cfg.tasks)
         versions = served_versions(store, agents, adapters_dir)
         rep = {"cpu": cpu_info(), "cpu_budget": budget_info(cfg.engine_cores), "sandbox": sandbox_info(),
-               "engine": {**engine_choice(cfg.engine), "agents": versions, "adapters_dir": adapters_dir},
+               "engine": {**engine_choice(cfg.engine, cfg.model), "agents": versions, "adapters_dir": adapters_dir},
                "training": {"store": _redact(url), **training_info(store, why, cfg.min_groups)}}
         if cfg.probe:
             rep["probe"] = probe(cfg, agents, versions, adapters_dir)

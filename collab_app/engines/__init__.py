@@ -110,7 +110,7 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
         raise EngineError(f"unknown engine kind {kind!r}: use one of {KINDS}")
     path = ensure_model(model)
     if kind == "auto":
-        order, why = auto_choice()
+        order, why = auto_choice(path, measure=True)
         for want, fallback in zip(order, order[1:]):
             try:
                 eng = _build(want, path, kw)
@@ -124,25 +124,47 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
     return _build(kind, path, kw)
 
 
-def auto_choice() -> tuple[list[str], str]:
+def auto_choice(model_path: str | None = None, measure: bool = False) -> tuple[list[str], str]:
     """The engines `make_engine("auto")` tries here, in order (platform.auto_candidates: vLLM only
-    where this project installs it and its module is there), and why the first (logs, `collab doctor`)."""
+    where this project installs it and its module is there), and why the first (logs, `collab doctor`).
+    On a CPU where both engines are candidates, the faster of the two on this machine
+    (engine_race: cached, or with `measure` raced now for `model_path`); unmeasured (no
+    `model_path`, COLLAB_CALIBRATE=0, `measure` off and nothing cached, or a race neither engine
+    finished): CPU_LORA_FASTER, and `why` says so."""
     import importlib.util
 
     from collab_app.engines.platform import auto_candidates, this_platform, vllm_installable
 
     order = auto_candidates(cpu_prefer=CPU_LORA_FASTER)
     cuda = cuda_available()
+    unmeasured = f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of " \
+                 f"`collab bench generate` on the CPUs measured (not measured on this one)"
+    if order[0] == "vllm" and cuda:
+        return order, "a CUDA GPU is present"
     if order[0] == "vllm":
-        why = "a CUDA GPU is present" if cuda else \
-            f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of `collab bench generate`"
-    elif not vllm_installable(*this_platform(), cuda):
-        why = "no vLLM wheel for {} {}{}".format(*this_platform(), " with CUDA" if cuda else "")
-    elif importlib.util.find_spec("vllm") is None:
-        why = "vllm is not installed"
-    else:
-        why = f"CPU with LoRA adapters: {CPU_LORA_FASTER} was faster on the interactive workload of `collab bench generate`"
-    return order, why
+        raced = _raced(model_path, measure)
+        if raced is None or raced.get("engine") is None:
+            return order, unmeasured + (f"; {raced['why']}" if raced else "")
+        return auto_candidates(cpu_prefer=raced["engine"]), raced["why"]
+    if not vllm_installable(*this_platform(), cuda):
+        return order, "no vLLM wheel for {} {}{}".format(*this_platform(), " with CUDA" if cuda else "")
+    if importlib.util.find_spec("vllm") is None:
+        return order, "vllm is not installed"
+    return order, unmeasured
+
+
+def _raced(model_path: str | None, measure: bool) -> dict | None:
+    """engine_race's entry for `model_path` on this machine: cached, or measured now if `measure`
+    (None where there is no local model folder or COLLAB_CALIBRATE=0)."""
+    if model_path is None or os.environ.get("COLLAB_CALIBRATE", "1") == "0" or not os.path.isdir(model_path):
+        return None
+    from collab_app.engines import engine_race
+
+    try:
+        return engine_race.race(model_path) if measure else engine_race.cached(model_path)
+    except Exception as e:  # noqa: BLE001 - the race is an optimisation, never a reason not to start
+        log.warning("engine race failed (%s: %s); engine order from figures taken elsewhere", type(e).__name__, e)
+        return None
 
 
 def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:

