@@ -68,27 +68,10 @@ VLLM_VARIANTS = {
 }
 HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
 BORROWING = {"vllm-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
+from collab_app.engines.model import make_random_lora  # noqa: E402,F401 - where benches, tests and docs/results scripts find it
+
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
-
-
-def make_random_lora(model_path: str, out_dir, seed: int, r: int = 8, scale: float = 1.0) -> str:
-    """A random-init peft LoRA adapter (q/k/v/o, B non-zero, every weight x `scale`) in `out_dir`."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                     init_lora_weights=False, task_type="CAUSAL_LM")
-    model = get_peft_model(base, cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.mul_(scale)
-    model.save_pretrained(str(out_dir))
-    return str(out_dir)
 
 
 # -- worker: one engine, in its own process ------------------------------------------------------

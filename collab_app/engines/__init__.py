@@ -5,9 +5,11 @@
   the regular wheel with CUDA) and its module is there: `platform.auto_candidates`, so macOS and
   Windows get transformers+peft without trying vLLM;
 - a CUDA GPU and vllm -> vLLM (multi-LoRA kernels);
-- CPU: the engine the bench showed faster on the interactive workload *with adapters loaded*
-  (`CPU_LORA_FASTER` below) on both CPU kinds: vLLM, which runs the whole team in one decoder
-  pass (engine_vllm, vllm_team); if it fails to import or start, the next candidate (transformers).
+- CPU: the engine that was faster on THIS machine on a short interactive round with adapters
+  loaded (engine_race.py: raced once per machine and model, cached); unmeasured (COLLAB_CALIBRATE=0,
+  an HF id): `CPU_LORA_FASTER` below, vLLM, faster on every CPU measured so far (it runs the whole
+  team in one decoder pass: engine_vllm, vllm_team); if it fails to import or start, the next
+  candidate (transformers).
   Its dtype "auto" on a CPU is measured on this machine (`cpu_precision`, engines/calibrate.py).
 - Override with `kind="vllm"|"transformers"` or env COLLAB_ENGINE.
 - `kind="remote"` with `url=...`, or the URL itself as kind ("http://host:8000"): a running vLLM

@@ -5,8 +5,9 @@ attention, scheduling and one decoder pass, against transformers+peft's `generat
 more than the GEMMs and differs between CPUs (docs/results: vLLM 11.3 s vs transformers 13.7 s a
 round on a Xeon with AMX, 14.7 vs 17.6 s on an AVX2 EPYC). So both engines run the same short
 interactive round here, each in a child process of its own (a clean start: no second engine's
-memory or OpenMP threads beside it), under `collab serve`'s CPU split (the engine on its share
-of the cores, cpushare.apply_to_serving), dtype "auto" as serve resolves it:
+memory or OpenMP threads beside it), on the cores this process may use (as `collab serve`'s
+engine decodes while its trainer child is not in a step: the child lends it its cores; the split
+itself lives in collab_app/online, a room above this one), dtype "auto" as serve resolves it:
 
     2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
     one warm-up round, then the best of ROUNDS timed rounds.
@@ -40,7 +41,11 @@ ENGINES = ("vllm", "transformers")
 NEW_TOKENS = 32
 NUM_GENERATIONS = 4
 ROUNDS = 2
-TIMEOUT_S = 600
+# the round's team and prompt (those of `collab bench generate`'s interactive workload)
+ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
+         "main": "You write the task's main Python function; it may call the helper. Code only."}
+TASK = "Task: reverse the words of a sentence."
+TIMEOUT_S = 300   # per engine: start-up (12-50 s measured) and three short rounds
 
 
 def race_key(model_path: str) -> str:
@@ -86,7 +91,7 @@ def race(model_path: str, refresh: bool = False) -> dict:
     took = time.perf_counter() - t
     timed = {k: r for k, r in results.items() if "round_s" in r}
     entry = {"engines": results, "workload": f"2 agents x G={NUM_GENERATIONS} x {NEW_TOKENS} tokens, streamed, "
-                                              f"best of {ROUNDS} after a warm-up, serve's CPU split",
+                                              f"best of {ROUNDS} after a warm-up, all cores",
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
     if not timed:
@@ -126,15 +131,10 @@ def _run_child(kind: str, model_path: str) -> dict:
 
 def _child(kind: str, model_path: str) -> dict:
     """In the child: build `kind` as `collab serve` does, time the round (module doc)."""
-    from collab_app.commands.bench import ROLES, TASKS, make_random_lora
     from collab_app.engines import make_engine
     from collab_app.engines.engine_types import Sampling
+    from collab_app.engines.model import make_random_lora
     from collab_app.engines.team import Agent, Team
-    from collab_app.online.cpushare import apply_to_serving, plan
-
-    split = plan(0)
-    if split is not None:
-        apply_to_serving(split)
     t = time.perf_counter()
     engine = make_engine(kind, model_path, **({"decode_thread": True} if kind == "transformers" else {}))
     startup = time.perf_counter() - t
@@ -145,7 +145,7 @@ def _child(kind: str, model_path: str) -> dict:
         for k, agent in enumerate(team.agents):
             engine.register_agent(agent.name)
             engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp.name) / f"lora{k}", k, scale=2.0), 1)
-        prompt = [[f"Task: {TASKS[0]}."] * 2]
+        prompt = [[TASK] * 2]
         team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
         best = float("inf")
         for _ in range(ROUNDS):
@@ -155,7 +155,7 @@ def _child(kind: str, model_path: str) -> dict:
                 pass
             best = min(best, time.perf_counter() - t)
         return {"startup_s": round(startup, 1), "round_s": round(best, 2), "dtype": getattr(engine, "dtype", None),
-                "cores": None if split is None else len(split.engine)}
+                "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
     finally:
         engine.close()
         if tmp is not None:

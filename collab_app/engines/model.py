@@ -83,6 +83,26 @@ def ensure_model(model: str | None = None) -> str:
         ) from e
 
 
+def make_random_lora(model_path: str, out_dir, seed: int, r: int = 8, scale: float = 1.0) -> str:
+    """A random-init peft LoRA adapter (q/k/v/o, B non-zero, every weight x `scale`) in `out_dir`: what
+    the benches, the engine race (engine_race.py), `collab doctor --probe` and the tests serve."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                     init_lora_weights=False, task_type="CAUSAL_LM")
+    model = get_peft_model(base, cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.mul_(scale)
+    model.save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -70,7 +70,7 @@ def test_a_race_an_engine_did_not_finish_decides_but_is_run_again(raced):
     assert engine_race.cached(raced["model"]) is None
     auto_choice(raced["model"], measure=True)
     assert raced["runs"] == ["vllm", "transformers"] * 2
-    raced["times"] = {"vllm": "no result within 600 s", "transformers": "exit 1: MemoryError"}
+    raced["times"] = {"vllm": "no result within 300 s", "transformers": "exit 1: MemoryError"}
     order, why = auto_choice(raced["model"], measure=True)
     assert order == ["vllm", "transformers"] and "not measured on this one" in why and "neither engine" in why
 

@@ -1,0 +1,46 @@
+"""Rounds of one engine in this process, as `collab serve` builds it under its CPU split: 2 agents
+with random rank-8 LoRA adapters (scale 2), 1 prompt x G=4 x 128 tokens, printed one per line.
+The A/B of docs/results "LoRA deltas in fp32" ran this alternately before and after the change
+(`git stash` between processes), one process at a time under `flock`:
+
+    python docs/results/engine_rounds.py vllm 8 bfloat16
+    python docs/results/engine_rounds.py transformers 6 bfloat16
+"""
+import os
+import sys
+import time
+
+from collab_app.online.cpushare import apply_to_serving, plan
+
+split = plan(0)
+if split is not None:
+    apply_to_serving(split)   # the engine on its share of the cores, as serve with its trainer child
+
+from collab_app.commands.bench import ROLES, TASKS, make_random_lora  # noqa: E402
+from collab_app.engines.engine_types import Sampling  # noqa: E402
+from collab_app.engines.model import ensure_model  # noqa: E402
+from collab_app.engines.team import Agent, Team  # noqa: E402
+
+kind, rounds, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+quantize = sys.argv[4] if len(sys.argv) > 4 else None
+path = ensure_model(None)
+if kind == "vllm":
+    from collab_app.engines.engine_vllm import VLLMEngine
+
+    eng = VLLMEngine(path, dtype=dtype, max_model_len=1024, num_agents=2, quantize=quantize)
+else:
+    from collab_app.engines.engine_hf import TransformersEngine
+
+    eng = TransformersEngine(path, dtype=dtype, max_model_len=1024, decode_thread=True, quantize=quantize)
+team = Team([Agent(n, r) for n, r in ROLES.items()])
+for i, a in enumerate(team.agents):
+    eng.register_agent(a.name)
+    eng.load_adapter(a.name, make_random_lora(path, f"/tmp/engine_rounds/{kind}-lora{i}", i, scale=2.0), 1)
+sampling = Sampling(max_new_tokens=128, temperature=0.8, seed=0)
+team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 1, Sampling(max_new_tokens=8, temperature=0.8))   # warm-up
+print("pid", os.getpid(), "load", os.getloadavg()[0], flush=True)
+for k in range(rounds):
+    t = time.perf_counter()
+    out = team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 4, sampling)
+    print("round", round(time.perf_counter() - t, 2), sum(len(s.token_ids) for per in out[0] for s in per), flush=True)
+eng.close()
