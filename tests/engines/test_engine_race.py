@@ -94,3 +94,18 @@ def test_a_child_times_a_real_round(model_path):
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
     assert result["round_s"] > 0 and result["startup_s"] > 0 and result["dtype"] in ("float32", "bfloat16")
+
+
+def test_the_race_is_found_whatever_the_callers_thread_count(model_path):
+    """`collab serve` sets torch's threads to its engine cores before the engine starts; the race
+    that `collab models` ran at install (all threads) must be the one it finds."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = engine_race.race_key(model_path)
+        torch.set_num_threads(2)
+        assert engine_race.race_key(model_path) == one
+    finally:
+        torch.set_num_threads(before)
