@@ -103,6 +103,10 @@ def race(model_path: str, refresh: bool = False) -> dict:
     failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if k not in timed)
     entry.update(engine=winner, why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
     if len(timed) == len(ENGINES):   # a failed start is not a measurement: try again next time
+        try:   # read again: the children may have cached the dtype calibration meanwhile
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}
         cache[key] = entry
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

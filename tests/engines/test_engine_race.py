@@ -109,3 +109,21 @@ def test_the_race_is_found_whatever_the_callers_thread_count(model_path):
         assert engine_race.race_key(model_path) == one
     finally:
         torch.set_num_threads(before)
+
+
+def test_what_the_children_cached_meanwhile_is_kept(raced, tmp_path, monkeypatch):
+    """The children calibrate the dtype on a fresh machine and write calibration.json while the
+    race runs; the race's own entry must not overwrite theirs."""
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": 1.9, "transformers": 2.4}
+    real_child = engine_race._run_child
+
+    def child_that_calibrates(kind, path):
+        (tmp_path / "calibration.json").write_text(json.dumps({"dtype entry": {"dtype": "bfloat16"}}))
+        return real_child(kind, path)
+
+    monkeypatch.setattr(engine_race, "_run_child", child_that_calibrates)
+    auto_choice(raced["model"], measure=True)
+    cache = json.loads((tmp_path / "calibration.json").read_text())
+    assert set(cache) == {"dtype entry", f"race {raced['model']}"}

