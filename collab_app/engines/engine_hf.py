@@ -124,7 +124,7 @@ def team_lora(peft_model, names: list[str | None]):
 
     On a CPU the deltas are computed in fp32 whatever the model's dtype: torch's bf16 GEMM at
     LoRA's shapes (8 rows x rank 16) is several times slower than fp32 (Xeon with AMX, one thread:
-    ~90 vs ~30 µs per layer, about a base GEMM's time), and fp32 rounds the delta once, not at each
+    ~90 vs ~40 µs per layer, about a base GEMM's time), and fp32 rounds the delta once, not at each
     GEMM. On a GPU they stay in the adapters' dtype (a cast would be one more kernel per layer)."""
     if peft_model is None:
         yield
