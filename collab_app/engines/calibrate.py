@@ -202,17 +202,11 @@ def calibrate(model_path: str, threads: int | None = None, refresh: bool = False
     """The cached decision for this machine and model, measured now if missing or stale."""
     import torch
 
-    from collab_app.engines.model import collab_home
-
     threads = threads or torch.get_num_threads()
     key = machine_key(model_path, threads)
-    path = collab_home() / "calibration.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if not refresh and key in cache:
-        return cache[key]
+    found = cached_entry(key)
+    if not refresh and found is not None:
+        return found
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -232,13 +226,40 @@ def calibrate(model_path: str, threads: int | None = None, refresh: bool = False
     entry = {**decide(ms, gap), "ms_per_step": ms, "kernel": kernel, "logprob_gap": gap, "rows": rows, "threads": threads,
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    store_entry(key, entry)
+    log.info("calibrated on this CPU in %.1f s: %s", took, entry["why"])
+    return entry
+
+
+def cache_path() -> Path:
+    from collab_app.engines.model import collab_home
+
+    return collab_home() / "calibration.json"
+
+
+def cached_entry(key: str) -> dict | None:
+    """The entry cached under `key` in $COLLAB_HOME/calibration.json, or None."""
+    try:
+        return json.loads(cache_path().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def store_entry(key: str, entry: dict) -> None:
+    """Cache `entry` under `key` (this dtype decision, engine_race's race). The file is read again
+    just before it is written (another process, e.g. a race's child calibrating, may have added its
+    own entry meanwhile) and replaced atomically; a read-only home logs and goes on (measured
+    again next time)."""
+    path = cache_path()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
     cache[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, indent=1))
         tmp.replace(path)
-    except OSError as e:   # a read-only home: decide anyway, measure again next time
-        log.warning("calibration not cached (%s): %s", path, e)
-    log.info("calibrated on this CPU in %.1f s: %s", took, entry["why"])
-    return entry
+    except OSError as e:
+        log.warning("not cached (%s): %s", path, e)

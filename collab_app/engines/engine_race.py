@@ -65,28 +65,20 @@ def race_key(model_path: str) -> str:
 
 def cached(model_path: str) -> dict | None:
     """The cached race for this machine and model, or None."""
-    from collab_app.engines.model import collab_home
+    from collab_app.engines.calibrate import cached_entry
 
-    try:
-        return json.loads((collab_home() / "calibration.json").read_text()).get(race_key(model_path))
-    except (OSError, ValueError):
-        return None
+    return cached_entry(race_key(model_path))
 
 
 def race(model_path: str, refresh: bool = False) -> dict:
     """{"engine": winner, "why": ..., "engines": {kind: {"startup_s", "round_s"} | {"error"}}, ...}
     for this machine and model: cached, or measured now (both engines, one after the other)."""
-    from collab_app.engines.calibrate import cpu_model
-    from collab_app.engines.model import collab_home
+    from collab_app.engines.calibrate import cached_entry, cpu_model, store_entry
 
     key = race_key(model_path)
-    path = collab_home() / "calibration.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if not refresh and key in cache:
-        return cache[key]
+    found = cached_entry(key)
+    if not refresh and found is not None:
+        return found
     t = time.perf_counter()
     results = {kind: _run_child(kind, model_path) for kind in ENGINES}
     took = time.perf_counter() - t
@@ -103,18 +95,7 @@ def race(model_path: str, refresh: bool = False) -> dict:
     failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if k not in timed)
     entry.update(engine=winner, why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
     if len(timed) == len(ENGINES):   # a failed start is not a measurement: try again next time
-        try:   # read again: the children may have cached the dtype calibration meanwhile
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}
-        cache[key] = entry
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".race.tmp")
-            tmp.write_text(json.dumps(cache, indent=1))
-            tmp.replace(path)
-        except OSError as e:   # a read-only home: decide anyway, measure again next time
-            log.warning("engine race not cached (%s): %s", path, e)
+        store_entry(key, entry)          # keeps what the children cached meanwhile (their dtype)
     log.info("engine race in %.0f s: %s", took, entry["why"])
     return entry
 
