@@ -48,6 +48,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from collab_app.engines import engine_race
+from collab_app.engines.model import make_random_lora  # noqa: F401 - where benches, tests and docs/results scripts find it
+
 TASKS = [
     "reverse the words of a sentence", "count vowels in a string", "merge two sorted lists",
     "check whether a number is prime", "flatten a nested list", "compute a running average",
@@ -68,10 +71,8 @@ VLLM_VARIANTS = {
 }
 HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
 BORROWING = {"vllm-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
-from collab_app.engines.model import make_random_lora  # noqa: E402,F401 - where benches, tests and docs/results scripts find it
 
-ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
-         "main": "You write the task's main Python function; it may call the helper. Code only."}
+ROLES = engine_race.ROLES   # one team for the bench and the engine race (engines/engine_race.py)
 
 
 # -- worker: one engine, in its own process ------------------------------------------------------

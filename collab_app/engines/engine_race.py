@@ -41,7 +41,7 @@ ENGINES = ("vllm", "transformers")
 NEW_TOKENS = 32
 NUM_GENERATIONS = 4
 ROUNDS = 2
-# the round's team and prompt (those of `collab bench generate`'s interactive workload)
+# the round's team and prompt (`collab bench generate` uses the same team, commands/bench.py)
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
 TASK = "Task: reverse the words of a sentence."
@@ -121,16 +121,16 @@ def _child(kind: str, model_path: str) -> dict:
     from collab_app.engines.engine_types import Sampling
     from collab_app.engines.model import make_random_lora
     from collab_app.engines.team import Agent, Team
+
     t = time.perf_counter()
-    engine = make_engine(kind, model_path, **({"decode_thread": True} if kind == "transformers" else {}))
+    engine = make_engine(kind, model_path, decode_thread=True)   # serve's keywords (engine_kwargs; vLLM drops it)
     startup = time.perf_counter() - t
-    tmp = None
     try:
         team = Team([Agent(name, role) for name, role in ROLES.items()])
-        tmp = tempfile.TemporaryDirectory()
-        for k, agent in enumerate(team.agents):
-            engine.register_agent(agent.name)
-            engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp.name) / f"lora{k}", k, scale=2.0), 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            for k, agent in enumerate(team.agents):
+                engine.register_agent(agent.name)
+                engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp) / f"lora{k}", k, scale=2.0), 1)
         prompt = [[TASK] * 2]
         team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
         best = float("inf")
@@ -144,9 +144,6 @@ def _child(kind: str, model_path: str) -> dict:
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
     finally:
         engine.close()
-        if tmp is not None:
-            tmp.cleanup()
-
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
