@@ -68,9 +68,11 @@ VLLM_VARIANTS = {
     "vllm-fp16": {"quantize": "fp16"},                         # fp16 weights, fp32 activations and sums
     "vllm-int8": {"quantize": "int8"},                         # dynamic int8 (not exact)
     "vllm-borrow": {"quantize": "auto"},                       # serve's split, + the trainer's cores between steps
+    "vllm-compiled": {"quantize": None, "enforce_eager": False},          # torch.compile'd by vLLM (bf16 CPUs)
+    "vllm-compiled-borrow": {"quantize": None, "enforce_eager": False},   # the same, borrowing as vllm-borrow
 }
 HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
-BORROWING = {"vllm-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
+BORROWING = {"vllm-borrow", "vllm-compiled-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
 
 ROLES = engine_race.ROLES   # one team for the bench and the engine race (engines/engine_race.py)
 

