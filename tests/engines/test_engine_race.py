@@ -111,6 +111,10 @@ def test_compiled_vllm_that_loses_or_does_not_start_leaves_vllm_eager(raced):
     raced["times"]["vllm-compiled"] = 2.0
     auto_choice(raced["model"], measure=True)
     assert engine_race.cached(raced["model"])["compile"] is False and not _race_compiles(raced["model"])
+    # faster, but by less than its margin: its longer start-up is not worth it
+    raced["times"]["vllm-compiled"] = 1.8
+    order, why = engine_race.race(raced["model"], refresh=True)["engine"], engine_race.cached(raced["model"])["why"]
+    assert order == "vllm" and "vllm-compiled not chosen" in why and not _race_compiles(raced["model"])
 
 
 def test_an_fp32_cpu_races_two_engines_and_caches_it(raced):
