@@ -147,7 +147,8 @@ def auto_choice(model_path: str | None = None, measure: bool = False) -> tuple[l
         raced = _raced(model_path, measure)
         if raced is None or raced.get("engine") is None:
             return order, unmeasured + (f"; {raced['why']}" if raced else "")
-        return auto_candidates(cpu_prefer=raced["engine"]), raced["why"]
+        compiled = "; vLLM runs compiled (enforce_eager=False)" if raced.get("compile") else ""
+        return auto_candidates(cpu_prefer=raced["engine"]), raced["why"] + compiled
     if not vllm_installable(*this_platform(), cuda):
         return order, "no vLLM wheel for {} {}{}".format(*this_platform(), " with CUDA" if cuda else "")
     if importlib.util.find_spec("vllm") is None:

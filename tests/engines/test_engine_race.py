@@ -88,6 +88,7 @@ def test_a_compiled_vllm_that_wins_is_what_vllm_engines_are_built_as(raced, monk
     raced["times"] = {"vllm": 1.9, "vllm-compiled": 1.4, "transformers": 2.4}
     order, why = auto_choice(raced["model"], measure=True)
     assert order == ["vllm", "transformers"] and "vllm-compiled 1.4 s vs vllm 1.9 s vs transformers 2.4 s" in why
+    assert why.endswith("vLLM runs compiled (enforce_eager=False)")
     assert raced["runs"] == ["vllm", "vllm-compiled", "transformers"]
     assert engine_race.cached(raced["model"])["compile"] is True
     built = []
