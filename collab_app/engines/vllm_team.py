@@ -353,7 +353,7 @@ class TeamLoRA:
                 offset += size
             deltas[layer] = (torch.cat(a_blocks, 0).contiguous(), torch.cat(b_blocks, 1).contiguous())   # fp32
         for layer in deltas:
-            wrap_linear(modules[layer], layer)      # already done at load time in vLLM (install_hook)
+            wrap_linear(modules[layer], layer)      # a compiled engine's were wrapped at load (wrapped_at_load)
         self._collab_deltas[key] = deltas
         self._collab_stacked.clear()
         return {"key": key, "layers": len(deltas)}
@@ -407,7 +407,6 @@ class TeamLoRA:
                 if tuple(w.shape) != (mod.output_size_per_partition, mod.input_size_per_partition):
                     raise ValueError(f"{name}: checkpoint weight {tuple(w.shape)} does not fit the served layer")
             mod.cpu_linear = BASE_GEMMS[kind](w)
-            wrap_linear(mod, name)
             count += 1
             params += w.numel()
         self._collab_quantized = kind
