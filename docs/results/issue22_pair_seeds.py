@@ -1,17 +1,17 @@
-"""Issue 22 item 3, a second seed: the MAGRPO team against the GRPO single agent at G=8 x 2,
+"""Issue 22 item 3, the seeds of the pair: the MAGRPO team against the GRPO single agent at G=8 x 2,
 30 minutes each, both runs at once on one core each (taskset, VLLM_CPU_OMP_THREADS_BIND, one
 OpenMP thread), COLLAB_CALIBRATE=0 (dtype from the CPU flags: bf16 there, as the calibration also
-chose), seed 1, on the Xeon with AMX of 2026-11-26 (bf16; seed 0 ran on the AVX2 EPYC in fp32):
+chose), seeds 1 and 2 on the Xeon with AMX of 2026-11-26 (bf16; seed 0 ran on the AVX2 EPYC in fp32):
 
     collab train --task humaneval --max-new-tokens 128 --learning-rate 5e-4 --num-steps 200 \\
       --max-minutes 30 --dynamic-sampling 1 --eval-every 100 --eval-examples 32 --keep-versions 0 \\
-      --seed 1 --num-generations 8 --prompts-per-step 2 [--num-agents 1]
+      --seed S --num-generations 8 --prompts-per-step 2 [--num-agents 1]
 
-Each seed is a pair on one machine; the two seeds are on different CPUs and dtypes, so they are
-reported one by one and then pooled per problem (each problem's mean over the two seeds, team and
+Each seed is a pair on one machine; the seeds are on different CPUs and dtypes, so they are
+reported one by one and then pooled per problem (each problem's mean over the seeds, team and
 single alike: 32 paired differences, the problems not counted twice).
 
-    .venv/bin/python docs/results/issue22_pair_two_seeds.py   # prints; writes issue22-pair-two-seeds.json
+    .venv/bin/python docs/results/issue22_pair_seeds.py   # prints; writes issue22-pair-seeds.json
 """
 import json
 import os
@@ -26,7 +26,9 @@ from collab_app.web.plots import load_metrics  # noqa: E402
 SEEDS = {"seed 0 (AVX2 EPYC, fp32)": ("humaneval-issue22-pair-g8-team-metrics.jsonl",
                                       "humaneval-issue22-pair-g8-single-metrics.jsonl"),
          "seed 1 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s1-amx-team-metrics.jsonl",
-                                          "humaneval-issue22-pair-g8-s1-amx-single-metrics.jsonl")}
+                                          "humaneval-issue22-pair-g8-s1-amx-single-metrics.jsonl"),
+         "seed 2 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s2-amx-team-metrics.jsonl",
+                                          "humaneval-issue22-pair-g8-s2-amx-single-metrics.jsonl")}
 
 
 def arm(path: str) -> dict:
@@ -51,7 +53,7 @@ def main() -> None:
     ids = sorted(set.intersection(*(set(r) for r in teams + singles)))
     mean = lambda runs: {i: sum(r[i] for r in runs) / len(runs) for i in ids}   # noqa: E731
     out["pooled per problem (mean of the seeds)"] = paired_difference(mean(singles), mean(teams))
-    with open(os.path.join(HERE, "issue22-pair-two-seeds.json"), "w") as f:
+    with open(os.path.join(HERE, "issue22-pair-seeds.json"), "w") as f:
         json.dump(out, f, indent=1)
     for name, s in out.items():
         print(f"{name}: {json.dumps(s)}")
