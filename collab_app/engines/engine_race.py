@@ -22,9 +22,9 @@ later starts ~25 s instead of ~11). On fp32 CPUs it does not run (engine_vllm's 
 
 The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
 machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
-machine key + the engines raced); re-run when the key changes. Only a race both engines finished
-is cached (every contestant that runs here finished), so a failed start is tried again next time. `make_engine("auto")` runs it on a CPU where
-both engines are candidates (about a minute, once); COLLAB_CALIBRATE=0 turns it off (the tests):
+machine key + the engines raced); re-run when the key changes. Only a race that every contestant
+run here finished is cached, so a failed start is tried again next time. `make_engine("auto")` runs
+it on a CPU where both engines are candidates (about a minute, once); COLLAB_CALIBRATE=0 turns it off (the tests):
 then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
 `collab models` prints it (and runs it at install).
 
@@ -107,7 +107,7 @@ def race(model_path: str, refresh: bool = False) -> dict:
         return {**entry, "engine": None, "why": "neither engine finished the race: " +
                 "; ".join(f"{k}: {r['error']}" for k, r in results.items() if "error" in r)}
     eligible = {k: r for k, r in timed.items() if k != "vllm-compiled" or
-                ("vllm" in timed and r["round_s"] <= COMPILE_MARGIN * timed["vllm"]["round_s"])}
+                ("vllm" in timed and r["round_s"] <= COMPILE_MARGIN * timed["vllm"]["round_s"])} or timed
     winner = min(eligible, key=lambda k: eligible[k]["round_s"])
     rounds = " vs ".join(f"{k} {r['round_s']} s" for k, r in sorted(timed.items(), key=lambda kr: kr[1]["round_s"]))
     failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if "error" in r)

@@ -109,7 +109,10 @@ def test_compiled_vllm_that_loses_or_does_not_start_leaves_vllm_eager(raced):
     order, why = auto_choice(raced["model"], measure=True)
     assert order == ["vllm", "transformers"] and "vllm-compiled did not finish" in why
     assert engine_race.cached(raced["model"]) is None and not _race_compiles(raced["model"])   # tried again next time
-    raced["times"]["vllm-compiled"] = 2.0
+    raced["times"] = {"vllm": "exit 1: no start", "vllm-compiled": 1.4, "transformers": "exit 1: no start"}
+    assert engine_race.race(raced["model"])["compile"] is True                  # the only one that ran
+    assert engine_race.cached(raced["model"]) is None
+    raced["times"] = {"vllm": 1.9, "vllm-compiled": 2.0, "transformers": 2.4}
     auto_choice(raced["model"], measure=True)
     assert engine_race.cached(raced["model"])["compile"] is False and not _race_compiles(raced["model"])
     # faster, but by less than its margin: its longer start-up is not worth it
