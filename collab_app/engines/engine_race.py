@@ -122,10 +122,16 @@ def race(model_path: str, refresh: bool = False) -> dict:
 
 
 def _compile_unfit(model_path: str) -> str | None:
-    """Why `vllm-compiled` does not run here, or None: it needs the engine in bf16 with vLLM's own
-    GEMMs (what calibrate chose on this machine)."""
+    """Why `vllm-compiled` does not run here, or None: it needs a C++ compiler (inductor) and the
+    engine in bf16 with vLLM's own GEMMs (what calibrate chose on this machine). Skipped, not
+    failed: a race is cached only when every contestant that ran finished."""
+    import shutil
+
     from collab_app.engines import cpu_precision
 
+    cxx = os.environ.get("CXX") or "g++"     # what inductor compiles its CPU kernels with
+    if not shutil.which(cxx):
+        return f"no C++ compiler ({cxx}) for torch.compile's CPU kernels"
     precision = cpu_precision(model_path, "vllm")
     if precision.get("dtype") != "bfloat16" or precision.get("quantize"):
         return (f"the engine runs {precision.get('dtype', 'auto')} with base GEMMs {precision.get('quantize')} here; "

@@ -131,6 +131,11 @@ def test_an_fp32_cpu_races_two_engines_and_caches_it(raced):
     assert entry["compile"] is False
 
 
+def test_compiled_vllm_is_skipped_without_a_cpp_compiler(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert "no C++ compiler (no-such-compiler-here)" in engine_race._compile_unfit("/nowhere")
+
+
 def test_calibration_off_or_no_local_folder_is_not_raced(raced, monkeypatch):
     from collab_app.engines import auto_choice
 
