@@ -239,11 +239,12 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
         return RemoteVLLMEngine(path, **{k: v for k, v in kw.items() if k in REMOTE_KW})
     if kw.get("dtype", "auto") == "auto" and not cuda_available() and os.environ.get("COLLAB_CALIBRATE", "1") != "0":
         kw = {**kw, **cpu_precision(path, kind, kw.get("num_threads"))}
-    if kind == "vllm" and "enforce_eager" not in kw and not cuda_available() and \
-            kw.get("dtype") == "bfloat16" and not kw.get("quantize") and _race_compiles(path):
-        kw = {**kw, "enforce_eager": False}
     if kind == "vllm":
-        from collab_app.engines.engine_vllm import VLLMEngine
+        from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
+
+        if "enforce_eager" not in kw and not cuda_available() and _race_compiles(path) and \
+                cpu_compile_unfit(kw.get("dtype", "auto"), kw.get("quantize")) is None:
+            kw = {**kw, "enforce_eager": False}
 
         return VLLMEngine(path, **{k: v for k, v in kw.items() if k not in ("num_threads", "decode_thread")})
     from collab_app.engines.engine_hf import TransformersEngine

@@ -122,21 +122,14 @@ def race(model_path: str, refresh: bool = False) -> dict:
 
 
 def _compile_unfit(model_path: str) -> str | None:
-    """Why `vllm-compiled` does not run here, or None: it needs a C++ compiler (inductor) and the
-    engine in bf16 with vLLM's own GEMMs (what calibrate chose on this machine). Skipped, not
-    failed: a race is cached only when every contestant that ran finished."""
-    import shutil
-
+    """Why `vllm-compiled` does not run here, or None: engine_vllm's rule for the dtype and base
+    GEMMs that calibrate chose on this machine. Skipped, not failed: a race is cached only when
+    every contestant that ran finished."""
     from collab_app.engines import cpu_precision
+    from collab_app.engines.engine_vllm import cpu_compile_unfit
 
-    cxx = os.environ.get("CXX") or "g++"     # what inductor compiles its CPU kernels with
-    if not shutil.which(cxx):
-        return f"no C++ compiler ({cxx}) for torch.compile's CPU kernels"
     precision = cpu_precision(model_path, "vllm")
-    if precision.get("dtype") != "bfloat16" or precision.get("quantize"):
-        return (f"the engine runs {precision.get('dtype', 'auto')} with base GEMMs {precision.get('quantize')} here; "
-                "a compiled CPU engine runs bf16 only")
-    return None
+    return cpu_compile_unfit(precision.get("dtype", "auto"), precision.get("quantize"))
 
 
 def _run_child(kind: str, model_path: str) -> dict:

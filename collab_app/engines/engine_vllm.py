@@ -80,6 +80,23 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "collab_app.engines.vllm_team.TeamLoRA"
 
 
+def cpu_compile_unfit(dtype: str, quantize: str | None, in_process: bool = True) -> str | None:
+    """Why a CPU engine cannot run compiled (`enforce_eager=False`) with this dtype and these base
+    GEMMs, or None (module doc, "Start-up"). The one rule: the engine refuses by it, engine_race
+    skips its compiled contestant by it, `engines._build` compiles only where it passes."""
+    import shutil
+
+    if dtype != "bfloat16" or quantize:
+        return (f"it runs bf16 with vLLM's own GEMMs only (here: {dtype}, base GEMMs {quantize}: fp16/int8 "
+                "weights cannot be traced, the fp32 graph crashed in oneDNN)")
+    if not in_process:
+        return "it needs vLLM in this process (its LoRA hook goes in before vLLM compiles)"
+    cxx = os.environ.get("CXX") or "g++"     # what inductor compiles its CPU kernels with
+    if not shutil.which(cxx):
+        return f"no C++ compiler ({cxx}) for torch.compile's CPU kernels"
+    return None
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -121,11 +138,11 @@ class VLLMEngine:
             args.update(enable_lora=False, worker_extension_cls=WORKER_EXTENSION)
         self.in_process = (not on_gpu) if in_process is None else (bool(in_process) and not on_gpu)
         self.compiled = not args["enforce_eager"]
-        if self.compiled and not on_gpu and (not self.in_process or self.dtype != "bfloat16" or quantize):
-            raise EngineError("a compiled CPU engine (enforce_eager=False) runs bf16 in this process only "
-                              f"(got dtype {self.dtype}, in_process={self.in_process}, quantize={quantize}): its LoRA "
-                              "hook goes in before vLLM compiles, fp16/int8 base GEMMs cannot be traced, and the "
-                              "fp32 graph crashed in oneDNN (docs/ENGINES.md); use enforce_eager=True there")
+        cpu_compiled = self.compiled and not on_gpu
+        unfit = cpu_compile_unfit(self.dtype, quantize, self.in_process) if cpu_compiled else None
+        if unfit:
+            raise EngineError(f"a compiled CPU engine (enforce_eager=False) cannot run here: {unfit} "
+                              "(docs/ENGINES.md); use enforce_eager=True")
         if self.in_process:
             args["distributed_executor_backend"] = "uni"
         if seed is not None:
@@ -141,8 +158,8 @@ class VLLMEngine:
         # when it is 0); set for that call only, so other engines in this process keep their own
         # compiled on CPU: AOT artifacts off and the LoRA op in before the trace (module doc)
         with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None), \
-                _env("VLLM_USE_AOT_COMPILE", "0" if self.compiled and not on_gpu else None), \
-                (vllm_team.wrapped_at_load() if self.compiled and not on_gpu else contextlib.nullcontext()):
+                _env("VLLM_USE_AOT_COMPILE", "0" if cpu_compiled else None), \
+                (vllm_team.wrapped_at_load() if cpu_compiled else contextlib.nullcontext()):
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has
@@ -157,7 +174,7 @@ class VLLMEngine:
         # cpushare.SpareCores: `collab serve` lends this engine the trainer child's cores between
         # steps. Only in one process: a spawned engine core decodes in a process of its own.
         self.spare_cores = None
-        if self.compiled and not on_gpu:
+        if cpu_compiled:
             log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas as the collab::team_lora_ op)")
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             try:

@@ -92,6 +92,7 @@ def test_a_compiled_vllm_that_wins_is_what_vllm_engines_are_built_as(raced, monk
     assert raced["runs"] == ["vllm", "vllm-compiled", "transformers"]
     assert engine_race.cached(raced["model"])["compile"] is True
     built = []
+    monkeypatch.setenv("CXX", sys.executable)   # a C++ compiler is found (the build rule's last check)
     monkeypatch.setattr(engine_vllm, "VLLMEngine", lambda path, **kw: built.append(kw) or "engine")
     monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
     assert engines.make_engine("auto", raced["model"]) == "engine"
@@ -132,8 +133,14 @@ def test_an_fp32_cpu_races_two_engines_and_caches_it(raced):
 
 
 def test_compiled_vllm_is_skipped_without_a_cpp_compiler(monkeypatch):
+    from collab_app.engines.engine_vllm import cpu_compile_unfit
+
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    assert "no C++ compiler (no-such-compiler-here)" in engine_race._compile_unfit("/nowhere")
+    assert "no C++ compiler (no-such-compiler-here)" in cpu_compile_unfit("bfloat16", None)
+    monkeypatch.setenv("CXX", sys.executable)   # any executable: "a compiler is found"
+    assert cpu_compile_unfit("bfloat16", None) is None
+    assert "bf16" in cpu_compile_unfit("float32", None) and "bf16" in cpu_compile_unfit("bfloat16", "fp16")
+    assert "in this process" in cpu_compile_unfit("bfloat16", None, in_process=False)
 
 
 def test_calibration_off_or_no_local_folder_is_not_raced(raced, monkeypatch):
