@@ -1,7 +1,7 @@
 """Issue 22 item 3, the seeds of the pair: the MAGRPO team against the GRPO single agent at G=8 x 2,
 30 minutes each, both runs at once on one core each (taskset, VLLM_CPU_OMP_THREADS_BIND, one
 OpenMP thread), COLLAB_CALIBRATE=0 (dtype from the CPU flags: bf16 there, as the calibration also
-chose), seeds 1 and 2 on the Xeon with AMX of 2026-11-26 (bf16; seed 0 ran on the AVX2 EPYC in fp32):
+chose), seeds 1, 2 and 3 on the Xeon with AMX of 2026-11-26 (bf16; seed 0 ran on the AVX2 EPYC in fp32):
 
     collab train --task humaneval --max-new-tokens 128 --learning-rate 5e-4 --num-steps 200 \\
       --max-minutes 30 --dynamic-sampling 1 --eval-every 100 --eval-examples 32 --keep-versions 0 \\
@@ -28,7 +28,9 @@ SEEDS = {"seed 0 (AVX2 EPYC, fp32)": ("humaneval-issue22-pair-g8-team-metrics.js
          "seed 1 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s1-amx-team-metrics.jsonl",
                                           "humaneval-issue22-pair-g8-s1-amx-single-metrics.jsonl"),
          "seed 2 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s2-amx-team-metrics.jsonl",
-                                          "humaneval-issue22-pair-g8-s2-amx-single-metrics.jsonl")}
+                                          "humaneval-issue22-pair-g8-s2-amx-single-metrics.jsonl"),
+         "seed 3 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s3-amx-team-metrics.jsonl",
+                                          "humaneval-issue22-pair-g8-s3-amx-single-metrics.jsonl")}
 
 
 def arm(path: str) -> dict:
@@ -57,6 +59,34 @@ def main() -> None:
         json.dump(out, f, indent=1)
     for name, s in out.items():
         print(f"{name}: {json.dumps(s)}")
+    plot()
+
+
+def plot() -> None:
+    """issue22-pair-seeds.png: per seed, the team's and the single agent's held-out return (left),
+    and the team's train-time cooperation level per step (right: where a seed learns to delegate)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = list(SEEDS)
+    for k, (name, files) in enumerate(SEEDS.items()):
+        for off, (label, path, color) in enumerate((("team MAGRPO", files[0], "tab:blue"),
+                                                     ("single GRPO", files[1], "tab:orange"))):
+            left.bar(k + 0.4 * off, arm(path)["held_out"], 0.4, color=color, label=label if k == 0 else None)
+        train = [r for r in load_metrics(os.path.join(HERE, files[0])) if r.get("kind") == "train"]
+        right.plot([r["step"] for r in train], [r.get("level/cooperation", 0.0) for r in train], label=name.split(" (")[0])
+    left.axhline(2.0, color="gray", ls="--", lw=1, label="target 2.0")
+    left.set_xticks([k + 0.2 for k in range(len(names))], [n.split(" (")[0] for n in names])
+    left.set_ylabel("held-out return (32 problems, greedy)")
+    left.set_ylim(1.0, 2.4)
+    left.legend(fontsize=8)
+    right.set_xlabel("MAGRPO step (30 min, one core)")
+    right.set_ylabel("team's train-time cooperation level")
+    right.legend(fontsize=8)
+    fig.suptitle("HumanEval, G=8 x 2: MAGRPO team vs GRPO single agent, per seed")
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "issue22-pair-seeds.png"), dpi=100)
 
 
 if __name__ == "__main__":
