@@ -1,7 +1,7 @@
 """Issue 22 item 3, the seeds of the pair: the MAGRPO team against the GRPO single agent at G=8 x 2,
 30 minutes each, both runs at once on one core each (taskset, VLLM_CPU_OMP_THREADS_BIND, one
 OpenMP thread), COLLAB_CALIBRATE=0 (dtype from the CPU flags: bf16 there, as the calibration also
-chose), seeds 1, 2 and 3 on the Xeon with AMX of 2026-11-26 (bf16; seed 0 ran on the AVX2 EPYC in fp32):
+chose), seeds 1-4 on the Xeon with AMX of 2026-11-26 (bf16; seed 0 ran on the AVX2 EPYC in fp32):
 
     collab train --task humaneval --max-new-tokens 128 --learning-rate 5e-4 --num-steps 200 \\
       --max-minutes 30 --dynamic-sampling 1 --eval-every 100 --eval-examples 32 --keep-versions 0 \\
@@ -30,7 +30,9 @@ SEEDS = {"seed 0 (AVX2 EPYC, fp32)": ("humaneval-issue22-pair-g8-team-metrics.js
          "seed 2 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s2-amx-team-metrics.jsonl",
                                           "humaneval-issue22-pair-g8-s2-amx-single-metrics.jsonl"),
          "seed 3 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s3-amx-team-metrics.jsonl",
-                                          "humaneval-issue22-pair-g8-s3-amx-single-metrics.jsonl")}
+                                          "humaneval-issue22-pair-g8-s3-amx-single-metrics.jsonl"),
+         "seed 4 (Xeon with AMX, bf16)": ("humaneval-issue22-pair-g8-s4-amx-team-metrics.jsonl",
+                                          "humaneval-issue22-pair-g8-s4-amx-single-metrics.jsonl")}
 
 
 def arm(path: str) -> dict:
