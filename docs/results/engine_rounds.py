@@ -5,6 +5,13 @@ The A/B of docs/results "LoRA deltas in fp32" ran this alternately before and af
 
     python docs/results/engine_rounds.py vllm 8 bfloat16
     python docs/results/engine_rounds.py transformers 6 bfloat16
+
+EAGER=0 builds the engine compiled (`enforce_eager=False`, vLLM on a bf16 CPU); NOSPLIT=1 keeps
+every core (no serve split). The compiled-step profile and the op-registration A/B of docs/results
+"What is left of a compiled step" ran
+
+    EAGER=0 VLLM_USE_AOT_COMPILE=0 [NOSPLIT=1] python docs/results/engine_rounds.py vllm 5 bfloat16
+    py-spy record -r 40 --native -f raw -o prof.txt -- python docs/results/engine_rounds.py vllm 4 bfloat16   # EAGER=0
 """
 import os
 import sys
@@ -13,7 +20,7 @@ import time
 from collab_app.online.cpushare import apply_to_serving, plan
 
 split = plan(0)
-if split is not None:
+if split is not None and os.environ.get("NOSPLIT") != "1":
     apply_to_serving(split)   # the engine on its share of the cores, as serve with its trainer child
 
 from collab_app.commands.bench import ROLES, TASKS, make_random_lora  # noqa: E402
@@ -27,11 +34,13 @@ path = ensure_model(None)
 if kind == "vllm":
     from collab_app.engines.engine_vllm import VLLMEngine
 
-    eng = VLLMEngine(path, dtype=dtype, max_model_len=1024, num_agents=2, quantize=quantize)
+    eng = VLLMEngine(path, dtype=dtype, max_model_len=1024, num_agents=2, quantize=quantize,
+                     enforce_eager=os.environ.get("EAGER", "1") == "1")
 else:
     from collab_app.engines.engine_hf import TransformersEngine
 
-    eng = TransformersEngine(path, dtype=dtype, max_model_len=1024, decode_thread=True, quantize=quantize)
+    eng = TransformersEngine(path, dtype=dtype, max_model_len=1024, decode_thread=True, quantize=quantize,
+                             enforce_eager=os.environ.get("EAGER", "1") == "1")
 team = Team([Agent(n, r) for n, r in ROLES.items()])
 for i, a in enumerate(team.agents):
     eng.register_agent(a.name)
