@@ -6,7 +6,7 @@ The A/B of docs/results "LoRA deltas in fp32" ran this alternately before and af
     python docs/results/engine_rounds.py vllm 8 bfloat16
     python docs/results/engine_rounds.py transformers 6 bfloat16
 
-EAGER=0 builds the engine compiled (`enforce_eager=False`, vLLM on a bf16 CPU); NOSPLIT=1 keeps
+EAGER=0 builds the vLLM engine compiled (`enforce_eager=False`, bf16 CPUs only); NOSPLIT=1 keeps
 every core (no serve split). The compiled-step profile and the op-registration A/B of docs/results
 "What is left of a compiled step" ran
 
@@ -39,8 +39,7 @@ if kind == "vllm":
 else:
     from collab_app.engines.engine_hf import TransformersEngine
 
-    eng = TransformersEngine(path, dtype=dtype, max_model_len=1024, decode_thread=True, quantize=quantize,
-                             enforce_eager=os.environ.get("EAGER", "1") == "1")
+    eng = TransformersEngine(path, dtype=dtype, max_model_len=1024, decode_thread=True, quantize=quantize)
 team = Team([Agent(n, r) for n, r in ROLES.items()])
 for i, a in enumerate(team.agents):
     eng.register_agent(a.name)
