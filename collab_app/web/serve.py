@@ -1,7 +1,7 @@
 """`collab serve`: engine + Gradio app + trainer service + adapter hot-swap, in one command.
 
-    collab serve [--host 127.0.0.1 --port 7860 --engine auto --model ... --trainer child|external|off
-                  --db URL --share --engine-cores 0]
+    collab serve [--host 127.0.0.1 --port 7860 --engine auto --vllm-compile auto --model ...
+                  --trainer child|external|off --db URL --share --engine-cores 0]
 
 What runs where:
 - this process: the engine (vLLM or transformers), the store, the Gradio app (collab_app/web/ui.py)
@@ -79,6 +79,8 @@ class ServeConfig:
     """generate on a running vLLM OpenAI-compatible server instead, e.g. http://127.0.0.1:8000 (overrides --engine; it must read the adapters dir at the same path: collab_app/engines/engine_remote.py)."""
     engine_retry_s: float = 15.0
     """with --engine-url: seconds a lost server is retried (with back-off) before a round or an adapter load fails (0 = at once)."""
+    vllm_compile: Literal["auto", "on", "off"] = "auto"
+    """vLLM in this process: auto = as the engine race measured on this CPU (docs/ENGINES.md); on = compiled by torch.compile (CPU: bf16 only, starts ~15 s slower, ~70 s the first time); off = eager."""
     model: str = ""
     """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
     agent_models: list[str] = field(default_factory=list)
@@ -160,6 +162,9 @@ class ServeConfig:
         if self.agent_models and self.engine_url:
             raise ValueError("--agent-models with --engine-url: a vLLM server serves one base model; serve a "
                              "heterogeneous team with the in-process engines (--engine auto|vllm|transformers)")
+        if self.vllm_compile != "auto" and (self.engine_url or self.engine == "transformers"):
+            raise ValueError(f"--vllm-compile {self.vllm_compile} applies to vLLM in this process; with "
+                             f"{'--engine-url' if self.engine_url else '--engine transformers'} leave it at auto")
         if self.engine_cores < -1:
             raise ValueError(f"engine_cores must be -1 (no split), 0 (auto) or a core count, got {self.engine_cores}")
 
@@ -307,8 +312,14 @@ def remote_engine_url(cfg: ServeConfig) -> str:
 def engine_kwargs(cfg: ServeConfig) -> dict:
     """make_engine's keywords from cfg beyond kind and model: the retry window where the engine is a
     vLLM server (`remote_engine_url`); for the in-process engines, the transformers engine's decode
-    thread (requests arrive on many server threads: engine_hf's doc, "Threads"; vLLM ignores it)."""
-    return {"retry_s": cfg.engine_retry_s} if remote_engine_url(cfg) else {"decode_thread": True}
+    thread (requests arrive on many server threads: engine_hf's doc, "Threads"; vLLM ignores it)
+    and, where --vllm-compile is not auto, vLLM's `enforce_eager` (the transformers engine drops it)."""
+    if remote_engine_url(cfg):
+        return {"retry_s": cfg.engine_retry_s}
+    kw = {"decode_thread": True}
+    if cfg.vllm_compile != "auto":
+        kw["enforce_eager"] = cfg.vllm_compile == "off"
+    return kw
 
 
 PRIVATE_UMASK = 0o077

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from collab_app.engines import engine_race
+from collab_app.engines import engine_hf   # imported before `raced` narrows importlib's find_spec (transformers checks it)
 
 
 @pytest.fixture
@@ -100,6 +101,36 @@ def test_a_compiled_vllm_that_wins_is_what_vllm_engines_are_built_as(raced, monk
     engines.make_engine("vllm", raced["model"], enforce_eager=True)
     engines.make_engine("vllm", raced["model"], dtype="float32")
     assert [kw.get("enforce_eager") for kw in built] == [False, False, True, None]
+
+
+def test_serve_vllm_compile_overrides_the_race_for_the_served_engine(raced, monkeypatch):
+    """`collab serve --vllm-compile on|off` decides where one race on a noisy machine should not:
+    it becomes vLLM's enforce_eager (the race is then not consulted), the transformers engine that
+    auto may fall back to drops it, and it is refused where no in-process vLLM serves."""
+    import collab_app.engines as engines
+    from collab_app.engines import engine_vllm
+    from collab_app.web.serve import ServeConfig, engine_kwargs
+
+    assert engine_kwargs(ServeConfig()) == {"decode_thread": True}      # auto: the race decides
+    assert engine_kwargs(ServeConfig(vllm_compile="on")) == {"decode_thread": True, "enforce_eager": False}
+    assert engine_kwargs(ServeConfig(vllm_compile="off")) == {"decode_thread": True, "enforce_eager": True}
+    for elsewhere in ({"engine": "transformers"}, {"engine_url": "http://127.0.0.1:8000"}):
+        with pytest.raises(ValueError, match="--vllm-compile on applies to vLLM in this process"):
+            ServeConfig(vllm_compile="on", **elsewhere)
+    raced["unfit"] = None
+    raced["times"] = {"vllm": 1.9, "vllm-compiled": 2.0, "transformers": 2.4}   # the race keeps eager
+    engines.auto_choice(raced["model"], measure=True)
+    built = []
+    monkeypatch.setenv("CXX", sys.executable)
+    monkeypatch.setattr(engine_vllm, "VLLMEngine", lambda path, **kw: built.append(("vllm", kw)) or "vllm")
+    monkeypatch.setattr(engine_hf, "TransformersEngine", lambda path, **kw: built.append(("hf", kw)) or "hf")
+    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
+    for mode in ("auto", "on", "off"):
+        engines.make_engine("auto", raced["model"], **engine_kwargs(ServeConfig(vllm_compile=mode)))
+    engines.make_engine("transformers", raced["model"], **engine_kwargs(ServeConfig(vllm_compile="on", engine="auto")))
+    assert [(kind, kw.get("enforce_eager")) for kind, kw in built] == \
+        [("vllm", None), ("vllm", False), ("vllm", True), ("hf", None)]
+    assert "enforce_eager" not in built[-1][1]
 
 
 def test_compiled_vllm_that_loses_or_does_not_start_leaves_vllm_eager(raced):
