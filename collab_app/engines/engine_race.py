@@ -24,8 +24,8 @@ The faster round wins; start-up is reported, not weighed (it is paid once per se
 machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
 machine key + the engines raced); re-run when the key changes. Only a race that every contestant
 run here finished is cached, so a failed start is tried again next time. `make_engine("auto")` runs
-it on a CPU where both engines are candidates (about a minute, once); COLLAB_CALIBRATE=0 turns it off (the tests):
-then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
+it on a CPU where both engines are candidates (about a minute, once); `collab serve --vllm-compile
+on|off` overrides its compile decision; COLLAB_CALIBRATE=0 turns it off (the tests): then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
 `collab models` prints it (and runs it at install).
 
 Left out: the rounds beside a training step (the trainer child's cores are borrowed by both
