@@ -12,6 +12,15 @@ itself lives in collab_app/online, a room above this one), dtype "auto" as serve
     2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
     one warm-up round, then the best of ROUNDS timed rounds.
 
+The rounds are interleaved: every contestant's child is started first (one after the other, so
+start-ups never overlap), then each of ROUNDS passes asks every child for one round in turn (the
+order rotates), while the others wait idle. On a VM whose speed drifts (compiled/eager moved
+between 0.59 and 0.99 within 12 minutes on one: docs/results "What is left of a compiled step"),
+a contestant timed minutes after another measured another machine; interleaved, a drift falls on
+all of them. The children hold their engines together meanwhile, each with a 1 GiB vLLM KV cache
+(VLLM_CPU_KVCACHE_SPACE, unless set) instead of the 2 GiB it serves with: a 32-token round needs
+a few MB of it.
+
 A third contestant where the engine runs bf16 (calibrate's choice here, vLLM's own GEMMs):
 `vllm-compiled`, the same vLLM engine compiled by torch.compile (VLLMEngine(enforce_eager=False):
 vLLM traces the model once and inductor fuses the small ops between the GEMMs; docs/results: a
@@ -56,7 +65,7 @@ TASK = "Task: reverse the words of a sentence."
 # compiled vLLM must beat eager vLLM's round by this factor to be chosen: it costs ~15 s more at
 # every start (~70 s at the first), and the two differ by less than this race's noise on some rounds
 COMPILE_MARGIN = 0.9
-TIMEOUT_S = 300   # per engine: start-up (12-50 s measured, ~65-85 s compiling) and three short rounds
+TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
 
 
 def race_key(model_path: str) -> str:
@@ -94,13 +103,15 @@ def race(model_path: str, refresh: bool = False) -> dict:
         return found
     t = time.perf_counter()
     no_compile = _compile_unfit(model_path)
-    results = {kind: {"skipped": no_compile} if kind == "vllm-compiled" and no_compile else _run_child(kind, model_path)
-               for kind in ENGINES}
+    kinds = [kind for kind in ENGINES if not (kind == "vllm-compiled" and no_compile)]
+    results = {kind: {"skipped": no_compile} for kind in ENGINES if kind not in kinds}
+    results.update(_race_children(kinds, model_path))
+    results = {kind: results[kind] for kind in ENGINES}
     took = time.perf_counter() - t
     timed = {k: r for k, r in results.items() if "round_s" in r}
     ran = [k for k, r in results.items() if "skipped" not in r]
     entry = {"engines": results, "workload": f"2 agents x G={NUM_GENERATIONS} x {NEW_TOKENS} tokens, streamed, "
-                                              f"best of {ROUNDS} after a warm-up, all cores",
+                                              f"best of {ROUNDS} interleaved rounds after a warm-up, all cores",
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
     if not timed:
@@ -132,23 +143,103 @@ def _compile_unfit(model_path: str) -> str | None:
     return cpu_compile_unfit(precision.get("dtype", "auto"), precision.get("quantize"))
 
 
-def _run_child(kind: str, model_path: str) -> dict:
-    """One engine's round in a child process: its JSON line, or {"error": ...}."""
-    log.info("engine race: timing %s (a short round in a child process)", kind)
-    cmd = [sys.executable, "-m", "collab_app.engines.engine_race", kind, model_path]
+ROUND_TIMEOUT_S = 120   # one round of a started child
+
+
+class _Child:
+    """One contestant in a child process of its own: `start()` builds its engine and warms it up,
+    then each `round()` times one round; the child answers with JSON lines on its stdout (vLLM's
+    log lines there are skipped) and exits when its stdin closes."""
+
+    def __init__(self, kind: str, model_path: str):
+        import queue
+        import threading
+
+        self.kind = kind
+        self._log = tempfile.TemporaryFile(mode="w+")         # its stderr: the tail names a failure
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # module doc: the children coexist
+        self._proc = subprocess.Popen([sys.executable, "-m", "collab_app.engines.engine_race", kind, model_path],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                      text=True, env=env)
+        self._lines: queue.Queue = queue.Queue()
+
+        def read():
+            for line in self._proc.stdout:
+                if line.startswith("{"):
+                    try:
+                        self._lines.put(json.loads(line))
+                    except ValueError:                          # a log line that happens to start with "{"
+                        pass
+            self._lines.put(None)                               # exited
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def _answer(self, timeout: float) -> dict:
+        import queue
+
+        try:
+            got = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            self._proc.kill()                                   # a hung child must not slow the others' rounds
+            return {"error": f"no answer within {timeout:.0f} s"}
+        if got is None:
+            self._proc.wait()
+            self._log.seek(0)
+            tail = (self._log.read().strip().splitlines() or ["no output"])[-1]
+            return {"error": f"exit {self._proc.returncode}: {tail[:300]}"}
+        return got
+
+    def start(self) -> dict:
+        """{"startup_s", "dtype", "cores"} once the engine is up and warm, or {"error"}."""
+        return self._answer(TIMEOUT_S)
+
+    def round(self) -> dict:
+        """{"round_s"} of one timed round, or {"error"}."""
+        try:
+            self._proc.stdin.write("round\n")
+            self._proc.stdin.flush()
+        except OSError as e:      # the child is gone
+            return {"error": f"{type(e).__name__}: {e}"}
+        return self._answer(ROUND_TIMEOUT_S)
+
+    def close(self) -> None:
+        try:
+            self._proc.stdin.close()                            # the child closes its engine and exits
+            self._proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+
+
+def _race_children(kinds: list[str], model_path: str) -> dict[str, dict]:
+    """{kind: {"startup_s", "round_s", ...} | {"error"}}: the children started one after the other,
+    then ROUNDS interleaved passes, the best round of each kept (module doc)."""
+    children, results = {}, {}
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no result within {TIMEOUT_S} s"}
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit {out.returncode}: {tail[:300]}"}
-    return json.loads(lines[-1])
+        for kind in kinds:
+            log.info("engine race: starting %s (a child process)", kind)
+            children[kind] = _Child(kind, model_path)
+            results[kind] = children[kind].start()
+        for p in range(ROUNDS):
+            ready = [kind for kind in kinds if "error" not in results[kind]]
+            for kind in ready[p % len(ready):] + ready[:p % len(ready)] if ready else []:   # rotated each pass
+                got = children[kind].round()
+                if "error" in got:
+                    results[kind] = got
+                else:
+                    results[kind]["round_s"] = min(results[kind].get("round_s", float("inf")), got["round_s"])
+        log.info("engine race: %s", ", ".join(f"{k} {r.get('round_s', r.get('error'))}" for k, r in results.items()))
+        return results
+    finally:
+        for child in children.values():
+            child.close()
 
 
-def _child(kind: str, model_path: str) -> dict:
-    """In the child: build `kind` as `collab serve` does, time the round (module doc)."""
+def _child(kind: str, model_path: str, commands=sys.stdin, answer=print) -> None:
+    """In the child: build `kind` as `collab serve` does and warm it up, `answer` its start-up,
+    then one timed round for each "round" line of `commands` until they end (module doc)."""
     from collab_app.engines import make_engine
     from collab_app.engines.engine_types import Sampling
     from collab_app.engines.model import make_random_lora
@@ -167,18 +258,21 @@ def _child(kind: str, model_path: str) -> dict:
                 engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp) / f"lora{k}", k, scale=2.0), 1)
         prompt = [[TASK] * 2]
         team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
-        best = float("inf")
-        for _ in range(ROUNDS):
+        answer(json.dumps({"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", None),
+                           "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}),
+               flush=True)
+        for line in commands:
+            if line.strip() != "round":
+                continue
             t = time.perf_counter()
             for _ in team.generate_stream(engine, prompt, NUM_GENERATIONS,
                                           Sampling(max_new_tokens=NEW_TOKENS, temperature=0.8, seed=0)):
                 pass
-            best = min(best, time.perf_counter() - t)
-        return {"startup_s": round(startup, 1), "round_s": round(best, 2), "dtype": getattr(engine, "dtype", None),
-                "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            answer(json.dumps({"round_s": round(time.perf_counter() - t, 2)}), flush=True)
     finally:
         engine.close()
 
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    print(json.dumps(_child(sys.argv[1], sys.argv[2])), flush=True)
+    _child(sys.argv[1], sys.argv[2])

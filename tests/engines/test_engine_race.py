@@ -4,7 +4,6 @@ finish is not cached; COLLAB_CALIBRATE=0 (the suite's default) keeps the figures
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -26,14 +25,27 @@ def raced(monkeypatch, tmp_path):
     monkeypatch.setattr(platform, "this_platform", lambda: ("Linux", "x86_64"))
     monkeypatch.setattr(platform.importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
     monkeypatch.setattr(engine_race, "race_key", lambda path: f"race {path}")
-    state = {"times": {}, "runs": []}
+    state = {"times": {}, "runs": [], "events": []}
 
-    def child(kind, path):
-        state["runs"].append(kind)
-        t = state["times"][kind]
-        return {"error": t} if isinstance(t, str) else {"startup_s": 1.0, "round_s": t}
+    class Child:   # engine_race._Child, scripted: a string time is the child's error at start
+        def __init__(self, kind, path):
+            self.kind = kind
+            state["runs"].append(kind)
 
-    monkeypatch.setattr(engine_race, "_run_child", child)
+        def start(self):
+            state["events"].append(("start", self.kind))
+            t = state["times"][self.kind]
+            return {"error": t} if isinstance(t, str) else {"startup_s": 1.0}
+
+        def round(self):
+            state["events"].append(("round", self.kind))
+            t = state["times"][self.kind]
+            return t() if callable(t) else {"round_s": t}
+
+        def close(self):
+            state["events"].append(("close", self.kind))
+
+    monkeypatch.setattr(engine_race, "_Child", Child)
     # an fp32 CPU unless a test says otherwise: no compiled contestant
     monkeypatch.setattr(engine_race, "_compile_unfit", lambda path: state.get("unfit", "fp32 here"))
     model = tmp_path / "model"
@@ -187,12 +199,55 @@ def test_calibration_off_or_no_local_folder_is_not_raced(raced, monkeypatch):
 
 def test_a_child_times_a_real_round(model_path):
     """The child itself, for the transformers engine (vLLM's start-up is too slow for this tier):
-    one JSON line with its start-up and round time, as `_run_child` reads it."""
-    out = subprocess.run([sys.executable, "-m", "collab_app.engines.engine_race", "transformers", model_path],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
-    assert result["round_s"] > 0 and result["startup_s"] > 0 and result["dtype"] in ("float32", "bfloat16")
+    it answers its start-up once warm, a round per request, and exits when its stdin closes."""
+    child = engine_race._Child("transformers", model_path)
+    try:
+        started = child.start()
+        assert started["startup_s"] > 0 and started["dtype"] in ("float32", "bfloat16"), started
+        assert [child.round()["round_s"] > 0 for _ in range(2)] == [True, True]
+    finally:
+        child.close()
+    assert child._proc.returncode == 0
+
+
+def test_a_child_that_cannot_start_says_why(model_path):
+    child = engine_race._Child("no-such-engine", model_path)
+    try:
+        got = child.start()
+    finally:
+        child.close()
+    assert got["error"].startswith("exit 1:") and "no-such-engine" in got["error"], got
+
+
+def test_the_rounds_are_interleaved_after_every_child_started(raced):
+    """All children up first (start-ups never overlap a round), then ROUNDS passes of one round
+    each, the order rotated, so that a machine that slows down during the race slows everyone;
+    the best round of each is kept (here every round is 10% slower than the one before)."""
+    from collab_app.engines import auto_choice
+
+    clock = iter(range(100))
+    slower = lambda: {"round_s": round(1.0 * 1.1 ** next(clock), 3)}   # noqa: E731
+    raced["unfit"] = None
+    raced["times"] = {"vllm": slower, "vllm-compiled": slower, "transformers": slower}
+    auto_choice(raced["model"], measure=True)
+    kinds = list(engine_race.ENGINES)
+    assert raced["events"][:3] == [("start", k) for k in kinds]
+    rounds = [k for e, k in raced["events"] if e == "round"]
+    assert rounds == [k for p in range(engine_race.ROUNDS) for k in kinds[p:] + kinds[:p]]
+    assert sorted(k for e, k in raced["events"][-3:] if e == "close") == sorted(kinds)
+    best = {k: r["round_s"] for k, r in engine_race.cached(raced["model"])["engines"].items()}
+    assert best == {"vllm": 1.0, "vllm-compiled": 1.1, "transformers": 1.21}   # each one's first pass
+
+
+def test_a_child_that_fails_mid_race_is_an_error_and_not_cached(raced):
+    from collab_app.engines import auto_choice
+
+    raced["times"] = {"vllm": lambda: {"error": "exit -9: killed"}, "transformers": 2.4}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["transformers"] and "vllm did not finish (exit -9: killed)" in why
+    assert engine_race.cached(raced["model"]) is None
+    assert [e for e in raced["events"] if e[0] == "round"] == [("round", "vllm"), ("round", "transformers"),
+                                                             ("round", "transformers"), ("round", "transformers")]
 
 
 def test_the_race_is_found_whatever_the_callers_thread_count(model_path):
@@ -216,13 +271,13 @@ def test_what_the_children_cached_meanwhile_is_kept(raced, tmp_path, monkeypatch
     from collab_app.engines import auto_choice
 
     raced["times"] = {"vllm": 1.9, "transformers": 2.4}
-    real_child = engine_race._run_child
 
-    def child_that_calibrates(kind, path):
-        (tmp_path / "calibration.json").write_text(json.dumps({"dtype entry": {"dtype": "bfloat16"}}))
-        return real_child(kind, path)
+    class ChildThatCalibrates(engine_race._Child):   # the scripted child of `raced`
+        def start(self):
+            (tmp_path / "calibration.json").write_text(json.dumps({"dtype entry": {"dtype": "bfloat16"}}))
+            return super().start()
 
-    monkeypatch.setattr(engine_race, "_run_child", child_that_calibrates)
+    monkeypatch.setattr(engine_race, "_Child", ChildThatCalibrates)
     auto_choice(raced["model"], measure=True)
     cache = json.loads((tmp_path / "calibration.json").read_text())
     assert set(cache) == {"dtype entry", f"race {raced['model']}"}
