@@ -62,7 +62,11 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
     cmd = [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", "transformers",
            "--num-generations", "2", "--max-new-tokens", "32", "--min-groups", "2", "--tasks", "tldr",
            "--db", f"sqlite:///{tmp_path}/collab.db", "--adapters-dir", str(tmp_path / "adapters"),
-           "--trainer-args", "--max-wait-s 0 --human-timeout-s 3600"]
+           "--trainer-args", "--max-wait-s 0 --human-timeout-s 3600",
+           # the tiny base answers in ~1 s: at the default 10 rounds a minute the rater waited out the
+           # limit whenever the trainer needed more than ~10 rounds for two steps (28 s or 84 s a run);
+           # the limits are not what is under test here (tests/web/test_identity.py and others test them)
+           "--max-rounds-per-minute", "0", "--max-rounds-per-minute-per-network", "0", "--max-ratings-per-minute", "0"]
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
