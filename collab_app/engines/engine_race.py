@@ -4,8 +4,8 @@ engines/calibrate.py measures the base GEMMs; which engine is faster end to end 
 attention, scheduling and one decoder pass, against transformers+peft's `generate`) depends on
 more than the GEMMs and differs between CPUs (docs/results: vLLM 11.3 s vs transformers 13.7 s a
 round on a Xeon with AMX, 14.7 vs 17.6 s on an AVX2 EPYC). So both engines run the same short
-interactive round here, each in a child process of its own (a clean start: no second engine's
-memory or OpenMP threads beside it), on the cores this process may use (as `collab serve`'s
+interactive round here, each in a child process of its own (no second engine's OpenMP threads or
+allocator in its process), on the cores this process may use (as `collab serve`'s
 engine decodes while its trainer child is not in a step: the child lends it its cores; the split
 itself lives in collab_app/online, a room above this one), dtype "auto" as serve resolves it:
 
@@ -66,6 +66,7 @@ TASK = "Task: reverse the words of a sentence."
 # every start (~70 s at the first), and the two differ by less than this race's noise on some rounds
 COMPILE_MARGIN = 0.9
 TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
+ROUND_TIMEOUT_S = 120   # one round of a started child
 
 
 def race_key(model_path: str) -> str:
@@ -141,9 +142,6 @@ def _compile_unfit(model_path: str) -> str | None:
 
     precision = cpu_precision(model_path, "vllm")
     return cpu_compile_unfit(precision.get("dtype", "auto"), precision.get("quantize"))
-
-
-ROUND_TIMEOUT_S = 120   # one round of a started child
 
 
 class _Child:
@@ -237,9 +235,9 @@ def _race_children(kinds: list[str], model_path: str) -> dict[str, dict]:
             child.close()
 
 
-def _child(kind: str, model_path: str, commands=sys.stdin, answer=print) -> None:
-    """In the child: build `kind` as `collab serve` does and warm it up, `answer` its start-up,
-    then one timed round for each "round" line of `commands` until they end (module doc)."""
+def _child(kind: str, model_path: str) -> None:
+    """In the child: build `kind` as `collab serve` does and warm it up, print its start-up, then
+    one timed round for each "round" line on stdin until stdin closes (module doc)."""
     from collab_app.engines import make_engine
     from collab_app.engines.engine_types import Sampling
     from collab_app.engines.model import make_random_lora
@@ -258,17 +256,17 @@ def _child(kind: str, model_path: str, commands=sys.stdin, answer=print) -> None
                 engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp) / f"lora{k}", k, scale=2.0), 1)
         prompt = [[TASK] * 2]
         team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
-        answer(json.dumps({"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", None),
-                           "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}),
-               flush=True)
-        for line in commands:
+        print(json.dumps({"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", None),
+                          "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}),
+              flush=True)
+        for line in sys.stdin:
             if line.strip() != "round":
                 continue
             t = time.perf_counter()
             for _ in team.generate_stream(engine, prompt, NUM_GENERATIONS,
                                           Sampling(max_new_tokens=NEW_TOKENS, temperature=0.8, seed=0)):
                 pass
-            answer(json.dumps({"round_s": round(time.perf_counter() - t, 2)}), flush=True)
+            print(json.dumps({"round_s": round(time.perf_counter() - t, 2)}), flush=True)
     finally:
         engine.close()
 
