@@ -104,10 +104,8 @@ def race(model_path: str, refresh: bool = False) -> dict:
         return found
     t = time.perf_counter()
     no_compile = _compile_unfit(model_path)
-    kinds = [kind for kind in ENGINES if not (kind == "vllm-compiled" and no_compile)]
-    results = {kind: {"skipped": no_compile} for kind in ENGINES if kind not in kinds}
-    results.update(_race_children(kinds, model_path))
-    results = {kind: results[kind] for kind in ENGINES}
+    measured = _race_children([kind for kind in ENGINES if not (kind == "vllm-compiled" and no_compile)], model_path)
+    results = {kind: measured.get(kind, {"skipped": no_compile}) for kind in ENGINES}
     took = time.perf_counter() - t
     timed = {k: r for k, r in results.items() if "round_s" in r}
     ran = [k for k, r in results.items() if "skipped" not in r]
@@ -222,7 +220,10 @@ def _race_children(kinds: list[str], model_path: str) -> dict[str, dict]:
             results[kind] = children[kind].start()
         for p in range(ROUNDS):
             ready = [kind for kind in kinds if "error" not in results[kind]]
-            for kind in ready[p % len(ready):] + ready[:p % len(ready)] if ready else []:   # rotated each pass
+            if not ready:
+                break
+            p %= len(ready)
+            for kind in ready[p:] + ready[:p]:                  # the order rotated each pass
                 got = children[kind].round()
                 if "error" in got:
                     results[kind] = got
