@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no network from tests
 
@@ -393,7 +394,7 @@ def test_own_coding_problem(ctx, monkeypatch):
 
 # --------------------------------------------------------------------------- the real app + openai client
 
-def test_real_server_with_openai_client(ctx):
+def test_real_server_with_openai_client(ctx, monkeypatch):
     """The wiring `collab serve` uses (ui.launch with app_kwargs routes), over HTTP, with the
     official client: models, a HumanEval round, a streamed round, a rating, errors."""
     openai = pytest.importorskip("openai")
@@ -412,12 +413,32 @@ def test_real_server_with_openai_client(ctx):
         client = openai.OpenAI(base_url=base, api_key=KEY_A, max_retries=0)
         assert [m.id for m in client.models.list()] == ["humaneval", "tldr"]
 
-        # a client that leaves mid-stream ends its round (slot free again; the ticket is cancelled)
+        # a client that leaves mid-stream ends its round (slot free again; the ticket is cancelled).
+        # Two things raced the check below (CI saw running_rounds 0 there once): a dropped
+        # `iter_lines()` generator closes httpx's connection (httpcore closes it on GeneratorExit),
+        # so the client left as soon as it had read the first line; and the tiny model may finish
+        # its round before the check. So the lines are kept until the `with` ends, and the
+        # engine's stream is held after its first snapshot until the client has left.
+        left, real_stream = threading.Event(), ctx.engine.generate_stream
+
+        def held_stream(*args, **kwargs):
+            stream = real_stream(*args, **kwargs)
+            try:
+                for snapshot in stream:
+                    yield snapshot
+                    left.wait(60)
+            finally:
+                stream.close()
+
+        monkeypatch.setattr(ctx.engine, "generate_stream", held_stream)
         with httpx.stream("POST", base + "/chat/completions", headers=AUTH_A, timeout=60,
                           json=chat(n=2, max_tokens=64, stream=True)) as r:
-            assert r.status_code == 200 and next(r.iter_lines()).startswith("data: ")
+            lines = r.iter_lines()
+            assert r.status_code == 200 and next(lines).startswith("data: ")
             assert api.running_rounds == 1
+        left.set()
         assert api.wait_idle(timeout=60)
+        monkeypatch.undo()
         problem = ctx.tasks["humaneval"].examples("eval")[0]
         resp = client.chat.completions.create(
             model="humaneval", n=2, max_tokens=TOKENS,
