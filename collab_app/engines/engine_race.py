@@ -19,7 +19,11 @@ between 0.59 and 0.99 within 12 minutes on one: docs/results "What is left of a 
 a contestant timed minutes after another measured another machine; interleaved, a drift falls on
 all of them. The children hold their engines together meanwhile, each with a 1 GiB vLLM KV cache
 (VLLM_CPU_KVCACHE_SPACE, unless set) instead of the 2 GiB it serves with: a 32-token round needs
-a few MB of it.
+a few MB of it. Together they can peak at ~6.5 GB (three children on a Xeon, docs/results), so a
+child starts beside the others only while the machine's available memory holds MEMORY_HEADROOM x
+the largest peak a started child reported (the next one's own size is unknown until it runs);
+otherwise the started ones are raced and closed first, and the rest form the next group. Groups
+are timed apart (the drift problem again): the entry's `groups` and its `why` say so.
 
 A third contestant where the engine runs bf16 (calibrate's choice here, vLLM's own GEMMs):
 `vllm-compiled`, the same vLLM engine compiled by torch.compile (VLLMEngine(enforce_eager=False):
@@ -67,6 +71,9 @@ TASK = "Task: reverse the words of a sentence."
 COMPILE_MARGIN = 0.9
 TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
 ROUND_TIMEOUT_S = 120   # one round of a started child
+# another child starts beside the running ones only if available memory >= this x the largest
+# child's peak so far (module doc): a start peaks above the steady size while weights convert
+MEMORY_HEADROOM = 1.25
 
 
 def race_key(model_path: str) -> str:
@@ -104,7 +111,8 @@ def race(model_path: str, refresh: bool = False) -> dict:
         return found
     t = time.perf_counter()
     no_compile = _compile_unfit(model_path)
-    measured = _race_children([kind for kind in ENGINES if not (kind == "vllm-compiled" and no_compile)], model_path)
+    measured, groups = _race_children([kind for kind in ENGINES if not (kind == "vllm-compiled" and no_compile)],
+                                      model_path)
     results = {kind: measured.get(kind, {"skipped": no_compile}) for kind in ENGINES}
     took = time.perf_counter() - t
     timed = {k: r for k, r in results.items() if "round_s" in r}
@@ -113,6 +121,8 @@ def race(model_path: str, refresh: bool = False) -> dict:
                                               f"best of {ROUNDS} interleaved rounds after a warm-up, all cores",
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    if len(groups) > 1:
+        entry["groups"] = groups
     if not timed:
         return {**entry, "engine": None, "why": "neither engine finished the race: " +
                 "; ".join(f"{k}: {r['error']}" for k, r in results.items() if "error" in r)}
@@ -123,6 +133,9 @@ def race(model_path: str, refresh: bool = False) -> dict:
     failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if "error" in r)
     if "vllm-compiled" in timed and "vllm-compiled" not in eligible:
         failed += f"; vllm-compiled not chosen: not {COMPILE_MARGIN:.0%} of eager vllm's round or less"
+    if len(groups) > 1:
+        failed += (f"; timed in {len(groups)} groups, {' | '.join(', '.join(g) for g in groups)} (free memory did "
+                   "not hold them all at once), so not interleaved")
     entry.update(engine="vllm" if winner == "vllm-compiled" else winner, compile=winner == "vllm-compiled",
                  why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
     if len(timed) == len(ran):   # a failed start is not a measurement: try again next time
@@ -187,7 +200,7 @@ class _Child:
         return got
 
     def start(self) -> dict:
-        """{"startup_s", "dtype", "cores"} once the engine is up and warm, or {"error"}."""
+        """{"startup_s", "dtype", "cores", "peak_mb"} once the engine is up and warm, or {"error"}."""
         return self._answer(TIMEOUT_S)
 
     def round(self) -> dict:
@@ -209,31 +222,56 @@ class _Child:
         self._log.close()
 
 
-def _race_children(kinds: list[str], model_path: str) -> dict[str, dict]:
-    """{kind: {"startup_s", "round_s", ...} | {"error"}}: the children started one after the other,
-    then ROUNDS interleaved passes, the best round of each kept (module doc)."""
-    children, results = {}, {}
-    try:
-        for kind in kinds:
-            log.info("engine race: starting %s (a child process)", kind)
-            children[kind] = _Child(kind, model_path)
-            results[kind] = children[kind].start()
-        for p in range(ROUNDS):
-            ready = [kind for kind in kinds if "error" not in results[kind]]
-            if not ready:
-                break
-            p %= len(ready)
-            for kind in ready[p:] + ready[:p]:                  # the order rotated each pass
-                got = children[kind].round()
-                if "error" in got:
-                    results[kind] = got
-                else:
-                    results[kind]["round_s"] = min(results[kind].get("round_s", float("inf")), got["round_s"])
-        log.info("engine race: %s", ", ".join(f"{k} {r.get('round_s', r.get('error'))}" for k, r in results.items()))
-        return results
-    finally:
-        for child in children.values():
-            child.close()
+def _race_children(kinds: list[str], model_path: str) -> tuple[dict[str, dict], list[list[str]]]:
+    """({kind: {"startup_s", "round_s", ...} | {"error"}}, the groups raced together): children
+    started one after the other while memory holds them, then ROUNDS interleaved passes over the
+    group, the best round of each kept; then the next group (module doc)."""
+    results: dict[str, dict] = {}
+    groups: list[list[str]] = []
+    pending = list(kinds)
+    while pending:
+        children: dict[str, _Child] = {}
+        try:
+            while pending and (not children or _room_for_another([results[k].get("peak_mb", 0) for k in children])):
+                kind = pending.pop(0)
+                log.info("engine race: starting %s (a child process)", kind)
+                children[kind] = _Child(kind, model_path)
+                results[kind] = children[kind].start()
+            if pending:
+                log.warning("engine race: too little free memory to start %s beside %s: racing those first",
+                            ", ".join(pending), ", ".join(children))
+            groups.append(list(children))
+            _interleaved_rounds(children, results)
+        finally:
+            for child in children.values():
+                child.close()
+    log.info("engine race: %s", ", ".join(f"{k} {r.get('round_s', r.get('error'))}" for k, r in results.items()))
+    return results, groups
+
+
+def _room_for_another(peaks_mb: list[float]) -> bool:
+    """Whether the machine's available memory holds one more child: MEMORY_HEADROOM x the largest
+    peak that a started child reported (module doc)."""
+    import psutil
+
+    return psutil.virtual_memory().available >= MEMORY_HEADROOM * max(peaks_mb, default=0) * 2 ** 20
+
+
+def _interleaved_rounds(children: dict[str, _Child], results: dict[str, dict]) -> None:
+    """ROUNDS passes, one round of each started child per pass, the order rotated; the best
+    round of each into `results` (a failed round replaces its entry with the error)."""
+    kinds = list(children)
+    for p in range(ROUNDS):
+        ready = [kind for kind in kinds if "error" not in results[kind]]
+        if not ready:
+            break
+        p %= len(ready)
+        for kind in ready[p:] + ready[:p]:                  # the order rotated each pass
+            got = children[kind].round()
+            if "error" in got:
+                results[kind] = got
+            else:
+                results[kind]["round_s"] = min(results[kind].get("round_s", float("inf")), got["round_s"])
 
 
 def _child(kind: str, model_path: str) -> None:
@@ -258,7 +296,8 @@ def _child(kind: str, model_path: str) -> None:
         prompt = [[TASK] * 2]
         team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
         print(json.dumps({"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", None),
-                          "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}),
+                          "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                          "peak_mb": _peak_rss_mb()}),
               flush=True)
         for line in sys.stdin:
             if line.strip() != "round":
@@ -270,6 +309,15 @@ def _child(kind: str, model_path: str) -> None:
             print(json.dumps({"round_s": round(time.perf_counter() - t, 2)}), flush=True)
     finally:
         engine.close()
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MB (vLLM's engine core runs in it, engine_vllm;
+    inductor's compile workers, a pool of their own processes, are not counted)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss          # KiB on Linux, bytes on macOS
+    return round(peak / 2 ** 20 if sys.platform == "darwin" else peak / 2 ** 10)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from collab_app.engines import engine_hf   # imported before `raced` narrows imp
 @pytest.fixture
 def raced(monkeypatch, tmp_path):
     """COLLAB_HOME in tmp_path, calibration on, vLLM a candidate here, and scripted children:
-    `times` maps engine -> round_s or an exception message; `runs` lists the children started."""
+    `times` maps engine -> round_s or an exception message; `runs` lists the children started;
+    `peaks` (optional) maps engine -> the peak memory its start reports, MB."""
     import collab_app.engines as engines
     from collab_app.engines import platform
 
@@ -35,7 +36,8 @@ def raced(monkeypatch, tmp_path):
         def start(self):
             state["events"].append(("start", self.kind))
             t = state["times"][self.kind]
-            return {"error": t} if isinstance(t, str) else {"startup_s": 1.0}
+            peak = {"peak_mb": state["peaks"][self.kind]} if "peaks" in state else {}
+            return {"error": t} if isinstance(t, str) else {"startup_s": 1.0, **peak}
 
         def round(self):
             state["events"].append(("round", self.kind))
@@ -204,6 +206,7 @@ def test_a_child_times_a_real_round(model_path):
     try:
         started = child.start()
         assert started["startup_s"] > 0 and started["dtype"] in ("float32", "bfloat16"), started
+        assert 300 < started["peak_mb"] < 20_000, started          # torch + the model, in MB (not KiB or bytes)
         assert [child.round()["round_s"] > 0 for _ in range(2)] == [True, True]
     finally:
         child.close()
@@ -237,6 +240,38 @@ def test_the_rounds_are_interleaved_after_every_child_started(raced):
     assert sorted(k for e, k in raced["events"][-3:] if e == "close") == sorted(kinds)
     best = {k: r["round_s"] for k, r in engine_race.cached(raced["model"])["engines"].items()}
     assert best == {"vllm": 1.0, "vllm-compiled": 1.1, "transformers": 1.21}   # each one's first pass
+
+
+def test_children_that_memory_cannot_hold_at_once_are_raced_in_groups(raced, monkeypatch):
+    """A child starts beside the others only while available memory holds MEMORY_HEADROOM x the
+    largest peak a started child reported; otherwise those are raced and closed first, and the
+    entry says the groups were timed apart. Here 5000 MB are free: vllm (3000 MB) leaves room
+    for a second child, vllm-compiled (4500 MB) does not."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from collab_app.engines import auto_choice
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=5000 * 2 ** 20))
+    raced["unfit"] = None
+    raced["times"] = {"vllm": 1.9, "vllm-compiled": 1.4, "transformers": 2.4}
+    raced["peaks"] = {"vllm": 3000, "vllm-compiled": 4500, "transformers": 1500}
+    order, why = auto_choice(raced["model"], measure=True)
+    assert order == ["vllm", "transformers"] and engine_race.cached(raced["model"])["compile"] is True
+    first = [("start", "vllm"), ("start", "vllm-compiled")] + \
+        [("round", k) for k in ("vllm", "vllm-compiled", "vllm-compiled", "vllm", "vllm", "vllm-compiled")]
+    assert raced["events"][:8] == first
+    assert sorted(raced["events"][8:10]) == [("close", "vllm"), ("close", "vllm-compiled")]
+    assert raced["events"][10:] == [("start", "transformers")] + [("round", "transformers")] * 3 + \
+        [("close", "transformers")]
+    entry = engine_race.cached(raced["model"])
+    assert entry["groups"] == [["vllm", "vllm-compiled"], ["transformers"]]
+    assert "timed in 2 groups, vllm, vllm-compiled | transformers" in entry["why"] and "not interleaved" in why
+    # with room for all three, one group: the entry has no `groups`
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=6000 * 2 ** 20))
+    entry = engine_race.race(raced["model"], refresh=True)
+    assert "groups" not in entry and "not interleaved" not in entry["why"]
 
 
 def test_a_child_that_fails_mid_race_is_an_error_and_not_cached(raced):
