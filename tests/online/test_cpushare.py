@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -347,15 +348,14 @@ def test_the_trainer_waits_for_the_engine_to_give_its_cores_back(tmp_path):
     inside, leave = threading.Event(), threading.Event()
 
     def step():
-        with trainer.held():
-            inside.set()
-            leave.wait(10)
+        with trainer.held(wait_s=120):                    # not held() (5 s): no stall of this test may
+            inside.set()                                  # let the trainer go ahead without the lock
+            leave.wait(60)
 
     t = threading.Thread(target=step)
     t.start()
-    for _ in range(100):
-        if engine.wanted():
-            break
+    deadline = time.monotonic() + 60
+    while not engine.wanted() and time.monotonic() < deadline:
         inside.wait(0.02)
     assert engine.wanted() and not inside.is_set()       # marked, but blocked on the engine's lock
     engine.give_back()

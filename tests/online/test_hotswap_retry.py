@@ -35,25 +35,42 @@ class Rows:
         return dict(self.current)
 
 
-def test_a_failed_load_is_retried_with_backoff_and_logged_once(tmp_path, caplog):
+class Clock:
+    """hotswap's `time` module with a monotonic clock the test moves: the back-off is checked
+    exactly, not against a busy machine's scheduling (a 0.1 s stall used to fail these tests)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+def test_a_failed_load_is_retried_with_backoff_and_logged_once(tmp_path, caplog, monkeypatch):
+    from collab_app.online import hotswap
+
+    clock = Clock()
+    monkeypatch.setattr(hotswap, "time", clock)
     engine, rows = FlakyEngine(), Rows()
     rows.current["a1"] = (1, str(tmp_path))       # the directory is here: the engine is at fault
     watcher = AdapterWatcher(engine, rows, ["a1"], retry_s=0.1, max_backoff_s=0.4)
     engine.down = True
     with caplog.at_level(logging.INFO, logger="collab_app.online.hotswap"):
         assert watcher.poll_once() == [] and len(engine.loads) == 1
+        clock.now += 0.09
         assert watcher.poll_once() == [] and len(engine.loads) == 1, "retried before its back-off"
-        deadline = time.monotonic() + 3
-        while len(engine.loads) < 4 and time.monotonic() < deadline:
+        for wait in (0.1, 0.2, 0.4):              # measured from each failure: 0.1, then doubled
+            clock.now += wait - 0.09 if wait == 0.1 else wait
             watcher.poll_once()
-            time.sleep(0.01)
         assert len(engine.loads) == 4, "a failed version must be tried again on later polls"
         engine.down = False
-        deadline = time.monotonic() + 3
-        swaps = []
-        while not swaps and time.monotonic() < deadline:
-            swaps = watcher.poll_once()
-            time.sleep(0.01)
+        clock.now += 0.39
+        assert watcher.poll_once() == [] and len(engine.loads) == 4, "the cap (0.4 s) is the wait now"
+        clock.now += 0.01
+        swaps = watcher.poll_once()
     assert [(s.agent, s.previous, s.version) for s in swaps] == [("a1", None, 1)]
     assert engine.versions == {"a1": 1}
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -61,21 +78,26 @@ def test_a_failed_load_is_retried_with_backoff_and_logged_once(tmp_path, caplog)
     assert any("loaded after 4 failed attempt(s)" in r.getMessage() for r in caplog.records)
 
 
-def test_backoff_grows_to_its_cap_and_a_newer_version_is_tried_at_once(tmp_path):
+def test_backoff_grows_to_its_cap_and_a_newer_version_is_tried_at_once(tmp_path, monkeypatch):
+    from collab_app.online import hotswap
+
+    clock = Clock()
+    monkeypatch.setattr(hotswap, "time", clock)
     engine, rows = FlakyEngine(), Rows()
     rows.current["a1"] = (1, str(tmp_path))
     watcher = AdapterWatcher(engine, rows, ["a1"], retry_s=0.05, max_backoff_s=0.2)
     engine.down = True
-    t0, times = time.monotonic(), []
-    while time.monotonic() - t0 < 2.0:
+    times = []
+    for tick in range(400):                       # polls every 5 ms for 2 s of the clock
+        clock.now = 1000.0 + tick * 0.005
         n = len(engine.loads)
         watcher.poll_once()
         if len(engine.loads) > n:
-            times.append(time.monotonic())
-        time.sleep(0.005)
+            times.append(clock.now)
     gaps = [b - a for a, b in zip(times, times[1:])]
-    # 0.05, 0.1, 0.2, 0.2, ... (lower bounds are exact; the cap leaves room for a busy machine)
-    assert gaps[0] >= 0.05 and gaps[1] >= 0.1 and min(gaps[2:]) >= 0.2 and max(gaps) < 0.6 and len(gaps) >= 6, gaps
+    waits = [0.05, 0.1] + [0.2] * (len(gaps) - 2)            # 0.05, doubled, capped at 0.2
+    # each retry at the first poll (every 5 ms) at or after its time
+    assert len(gaps) >= 8 and all(w - 1e-9 <= g <= w + 0.005 + 1e-9 for w, g in zip(waits, gaps)), gaps
     rows.current["a1"] = (2, str(tmp_path))          # a new version does not wait for v1's back-off
     n = len(engine.loads)
     watcher.poll_once()

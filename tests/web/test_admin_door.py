@@ -40,7 +40,7 @@ def full_app(tmp_path):
     demo = launch(ctx, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                   max_size=2)
     try:
-        yield demo.local_url.rstrip("/"), ctx, eng, agent
+        yield demo, ctx, eng, agent
     finally:
         eng.release(10_000)   # let every held round finish before closing
         demo.close()
@@ -54,14 +54,19 @@ def _generate(url):
 
 
 def test_the_admin_rolls_back_while_the_generate_queue_is_full(full_app):
-    url, ctx, eng, agent = full_app
+    demo, ctx, eng, agent = full_app
+    url = demo.local_url.rstrip("/")
     ctx.adapter_watcher().poll_once()
     assert eng.adapter_version(agent) == 2
     jobs = [_generate(url) for _ in range(3)]          # one generating (held by the gate), two waiting
+    # a submit only queues the join on the client's thread: wait until the server holds the two
+    # waiting ones (Gradio counts waiting events against max_size), else the extra round below
+    # could join before a late one and wait instead of being refused
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not eng.calls:
+    while time.monotonic() < deadline and not (eng.calls and len(demo._queue) == 2):
         time.sleep(0.1)
     assert eng.calls, "the first round never started"
+    assert len(demo._queue) == 2, f"{len(demo._queue)} rounds waiting, not 2"
     # the queue is full now: one more round is refused by Gradio
     _, extra = _generate(url)
     with pytest.raises(Exception, match="(?i)queue is full"):
