@@ -238,8 +238,8 @@ def _race_children(kinds: list[str], model_path: str) -> tuple[dict[str, dict], 
                 children[kind] = _Child(kind, model_path)
                 results[kind] = children[kind].start()
             if pending:
-                log.warning("engine race: too little free memory to start %s beside %s: racing those first",
-                            ", ".join(pending), ", ".join(children))
+                log.warning("engine race: too little free memory to start %s beside %s: racing %s first, then "
+                            "the rest", ", ".join(pending), ", ".join(children), ", ".join(children))
             groups.append(list(children))
             _interleaved_rounds(children, results)
         finally:
