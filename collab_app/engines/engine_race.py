@@ -237,9 +237,10 @@ def _race_children(kinds: list[str], model_path: str) -> tuple[dict[str, dict], 
                 log.info("engine race: starting %s (a child process)", kind)
                 children[kind] = _Child(kind, model_path)
                 results[kind] = children[kind].start()
+            started = ", ".join(children)
             if pending:
                 log.warning("engine race: too little free memory to start %s beside %s: racing %s first, then "
-                            "the rest", ", ".join(pending), ", ".join(children), ", ".join(children))
+                            "the rest", ", ".join(pending), started, started)
             groups.append(list(children))
             _interleaved_rounds(children, results)
         finally:
