@@ -10,6 +10,7 @@ from trainer import dtypes
 @pytest.mark.parametrize("capability, want", [
     ("AVX2", "float32"), ("AVX512", "float32"), ("DEFAULT", "float32"),
     ("AVX512+AVX512_BF16", "bfloat16"), ("AVX512+AMX", "bfloat16"), ("AVX512+AMX+AVX512_BF16", "bfloat16"),
+    ("AVX2+AMX+AVX512_BF16", "float32"),   # torch capped at AVX2 (ATEN_CPU_CAPABILITY=avx2) on an AMX CPU
 ])
 def test_auto_follows_cpu_capability(monkeypatch, capability, want):
     monkeypatch.setattr(dtypes, "cpu_capability", lambda: capability)
