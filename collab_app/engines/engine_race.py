@@ -130,14 +130,14 @@ def race(model_path: str, refresh: bool = False) -> dict:
                 ("vllm" in timed and r["round_s"] <= COMPILE_MARGIN * timed["vllm"]["round_s"])} or timed
     winner = min(eligible, key=lambda k: eligible[k]["round_s"])
     rounds = " vs ".join(f"{k} {r['round_s']} s" for k, r in sorted(timed.items(), key=lambda kr: kr[1]["round_s"]))
-    failed = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if "error" in r)
+    notes = "".join(f"; {k} did not finish ({r['error']})" for k, r in results.items() if "error" in r)
     if "vllm-compiled" in timed and "vllm-compiled" not in eligible:
-        failed += f"; vllm-compiled not chosen: not {COMPILE_MARGIN:.0%} of eager vllm's round or less"
+        notes += f"; vllm-compiled not chosen: not {COMPILE_MARGIN:.0%} of eager vllm's round or less"
     if len(groups) > 1:
-        failed += (f"; timed in {len(groups)} groups, {' | '.join(', '.join(g) for g in groups)} (free memory did "
+        notes += (f"; timed in {len(groups)} groups, {' | '.join(', '.join(g) for g in groups)} (free memory did "
                    "not hold them all at once), so not interleaved")
     entry.update(engine="vllm" if winner == "vllm-compiled" else winner, compile=winner == "vllm-compiled",
-                 why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{failed}")
+                 why=f"measured on this CPU {entry['measured_at']}: a round {rounds}{notes}")
     if len(timed) == len(ran):   # a failed start is not a measurement: try again next time
         store_entry(key, entry)          # keeps what the children cached meanwhile (their dtype)
     log.info("engine race in %.0f s: %s", took, entry["why"])

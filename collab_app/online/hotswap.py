@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,12 @@ class Swap:
 
 class AdapterWatcher:
     def __init__(self, engine, store, agents: list[str], lock=None, interval_s: float = 1.0,
-                 adapters_dir: str | None = None, retry_s: float | None = None, max_backoff_s: float = 60.0):
+                 adapters_dir: str | None = None, retry_s: float | None = None, max_backoff_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
         """`adapters_dir`: where this host sees the trainer's adapters (the shared storage's mount
         here); None = use the paths in the rows as they are (trainer on this machine).
         `retry_s`: first wait before a failed load is tried again (default interval_s), doubled
-        after each failure up to `max_backoff_s`."""
+        after each failure up to `max_backoff_s`, on `clock` (seconds; tests move their own)."""
         self.engine = engine
         self.store = store
         self.agents = list(agents)
@@ -70,7 +72,8 @@ class AdapterWatcher:
         self.adapters_dir = adapters_dir
         self.retry_s = interval_s if retry_s is None else retry_s
         self.max_backoff_s = max_backoff_s
-        # (agent, version) that failed to load -> [failures, wait, monotonic time of the next try]
+        self.clock = clock
+        # (agent, version) that failed to load -> [failures, wait, `clock` time of the next try]
         self._failed: dict[tuple[str, int | None], list] = {}
         self._unseen: set[tuple[str, int | None]] = set()   # not visible here yet: warned once, retried
         self._stop = threading.Event()
@@ -85,7 +88,7 @@ class AdapterWatcher:
                 continue   # no version yet: the agent serves the base model
             version, path = current[agent]
             failed = self._failed.get((agent, version))
-            if failed is not None and time.monotonic() < failed[2]:
+            if failed is not None and self.clock() < failed[2]:
                 continue   # backing off
             path = self.resolve(agent, version, path)
             with self.lock:
@@ -125,7 +128,7 @@ class AdapterWatcher:
             log.debug("hot-swap: %s v%s failed again (%s: %s)", agent, version, type(e).__name__, e)
             failed[1] = min(2 * failed[1], self.max_backoff_s)
         failed[0] += 1
-        failed[2] = time.monotonic() + failed[1]
+        failed[2] = self.clock() + failed[1]
 
     def resolve(self, agent: str, version: int | None, path: str) -> str:
         """The directory to load: the row's path if it exists here, else the same version under this
