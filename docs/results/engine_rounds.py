@@ -12,6 +12,9 @@ every core (no serve split). The compiled-step profile and the op-registration A
 
     EAGER=0 VLLM_USE_AOT_COMPILE=0 [NOSPLIT=1] python docs/results/engine_rounds.py vllm 5 bfloat16
     py-spy record -r 40 --native -f raw -o prof.txt -- python docs/results/engine_rounds.py vllm 4 bfloat16   # EAGER=0
+
+With `stdin` for the count it runs one round per line it reads (docs/results/ab_rounds.py drives two
+of them, one per code version, round by round).
 """
 import os
 import sys
@@ -28,7 +31,7 @@ from collab_app.engines.engine_types import Sampling  # noqa: E402
 from collab_app.engines.model import ensure_model  # noqa: E402
 from collab_app.engines.team import Agent, Team  # noqa: E402
 
-kind, rounds, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kind, rounds, dtype = sys.argv[1], sys.argv[2], sys.argv[3]   # rounds: a count, or "stdin" (one per line read)
 quantize = sys.argv[4] if len(sys.argv) > 4 else None
 path = ensure_model(None)
 if kind == "vllm":
@@ -47,8 +50,10 @@ for i, a in enumerate(team.agents):
 sampling = Sampling(max_new_tokens=128, temperature=0.8, seed=0)
 team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 1, Sampling(max_new_tokens=8, temperature=0.8))   # warm-up
 print("pid", os.getpid(), "load", os.getloadavg()[0], flush=True)
-for k in range(rounds):
-    t = time.perf_counter()
+for _ in (sys.stdin if rounds == "stdin" else range(int(rounds))):
+    t, cpu = time.perf_counter(), os.times()
     out = team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 4, sampling)
-    print("round", round(time.perf_counter() - t, 2), sum(len(s.token_ids) for per in out[0] for s in per), flush=True)
+    used = os.times()
+    print("round", round(time.perf_counter() - t, 2), sum(len(s.token_ids) for per in out[0] for s in per),
+          "cpu", round(used.user + used.system - cpu.user - cpu.system, 2), flush=True)   # this process's CPU seconds
 eng.close()
