@@ -6,6 +6,7 @@ The A/B of docs/results "LoRA deltas in fp32" ran this alternately before and af
     python docs/results/engine_rounds.py vllm 8 bfloat16
     python docs/results/engine_rounds.py transformers 6 bfloat16
 
+NEW_TOKENS (default 128) and LONG (the task text repeated, default 1) shape the round.
 EAGER=0 builds the vLLM engine compiled (`enforce_eager=False`, bf16 CPUs only); NOSPLIT=1 keeps
 every core (no serve split). The compiled-step profile and the op-registration A/B of docs/results
 "What is left of a compiled step" ran
@@ -47,12 +48,16 @@ team = Team([Agent(n, r) for n, r in ROLES.items()])
 for i, a in enumerate(team.agents):
     eng.register_agent(a.name)
     eng.load_adapter(a.name, make_random_lora(path, f"/tmp/engine_rounds/{kind}-lora{i}", i, scale=2.0), 1)
-sampling = Sampling(max_new_tokens=128, temperature=0.8, seed=0)
+sampling = Sampling(max_new_tokens=int(os.environ.get("NEW_TOKENS", 128)), temperature=0.8, seed=0)
+# LONG=N: the task text repeated N times (a prefill-heavy round: LONG=130 is ~780 prompt
+# tokens; the round's number leads the prompt, so no round reuses another's prefix cache)
+task = " ".join([TASKS[0]] * int(os.environ.get("LONG", 1)))
 team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 1, Sampling(max_new_tokens=8, temperature=0.8))   # warm-up
 print("pid", os.getpid(), "load", os.getloadavg()[0], flush=True)
-for _ in (sys.stdin if rounds == "stdin" else range(int(rounds))):
+for k, _ in enumerate(sys.stdin if rounds == "stdin" else range(int(rounds))):
     t, cpu = time.perf_counter(), os.times()
-    out = team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 4, sampling)
+    text = f"Round {k}. Task: {task}." if os.environ.get("LONG") else f"Task: {task}."
+    out = team.generate(eng, [[text] * 2], 4, sampling)
     used = os.times()
     print("round", round(time.perf_counter() - t, 2), sum(len(s.token_ids) for per in out[0] for s in per),
           "cpu", round(used.user + used.system - cpu.user - cpu.system, 2), flush=True)   # this process's CPU seconds
