@@ -2,8 +2,10 @@
 version, each `engine_rounds.py ... stdin` from its own tree), rounds alternated A B B A A B ..., so
 the two sides share every minute of the VM's hour. Why: on the 2-vCPU VMs used here a round moves by
 up to 40% within an hour (docs/results "What is left of a compiled step"), which swamped A/Bs of
-whole processes run one after the other; the hour's drift cancels in each pair's ratio. Only one
-side runs at a time (the other waits on its stdin), so two torch processes never spin together.
+whole processes run one after the other; what a pair shares (the minute's level) cancels in its
+ratio. Back-to-back rounds still differ by up to ~30% (the same CPU seconds: the cores themselves
+run slower), so a 3-10% difference needs 20-50 pairs. Only one side runs at a time (the other
+waits on its stdin), so two torch processes never spin together.
 
     python docs/results/ab_rounds.py TREE_A TREE_B PAIRS [engine_rounds args: vllm bfloat16]
     e.g. EAGER=0 python docs/results/ab_rounds.py /work/main /tmp/wt-b 30 vllm bfloat16
