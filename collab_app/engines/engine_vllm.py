@@ -178,6 +178,10 @@ class VLLMEngine:
             with _LIVE_LOCK:
                 _LIVE_IN_PROCESS.add(id(self))
         self.quantize = quantize
+        # CPU: vLLM's random sampling through cpu_sampler (vllm_team.TeamLoRA.collab_sampler)
+        self.sampler = "vLLM's own" if on_gpu else self._call(self.llm.collective_rpc, "collab_sampler")[0]
+        if not on_gpu:
+            log.info("vLLM CPU: random rows sampled by %s", self.sampler)
         # cpushare.SpareCores: `collab serve` lends this engine the trainer child's cores between
         # steps. Only in one process: a spawned engine core decodes in a process of its own.
         self.spare_cores = None

