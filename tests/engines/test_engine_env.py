@@ -48,6 +48,9 @@ def recording_llm(monkeypatch):
                         enforce_eager=kwargs["enforce_eager"])
             self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: None))
 
+        def collective_rpc(self, method, args=()):   # the engine's worker calls (the sampler, on CPU)
+            return [f"{method}: not run (RecordingLLM)"]
+
     monkeypatch.setattr(vllm, "LLM", RecordingLLM)
     return seen
 
