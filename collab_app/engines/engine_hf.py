@@ -13,9 +13,10 @@ still loaded, named and deleted by peft; peft's mixed batch stays the reference 
 (tests/engines/test_engine.py teacher-forces a peft model). Log-probs (`SampledLogprobs`): a logits
 processor that transformers runs before its temperature / top-p warpers takes each step's
 log_softmax and keeps only the entry of the token sampled from it, the untempered convention
-of engine_types. On CPU the draw is a logits processor too (`InverseCDFSampling`, after it):
-transformers' multinomial took 13-16 ms a decode step there. It replaces `output_logits=True`, which held every step's float32 logits
-until the end (rows x steps x 49152 x 4 bytes: 3.2 GB for the bench's 128 x 128).
+of engine_types. It replaces `output_logits=True`, which held every step's float32 logits
+until the end (rows x steps x 49152 x 4 bytes: 3.2 GB for the bench's 128 x 128). On CPU the
+draw is a logits processor too (`InverseCDFSampling`, after that one): transformers' multinomial
+took 10-16 ms a decode step there.
 
 Thread safety: one lock around `generate` and around adapter loading. peft's mixed batch works
 through forward hooks registered on the shared modules, so two forwards must not overlap, and
@@ -242,8 +243,8 @@ class InverseCDFSampling(LogitsProcessor):
     own temperature and top-p warpers, then `cpu_sampler.sample_rows`; every other token's score
     becomes -inf, so generate's argmax takes the drawn token. Why: transformers samples with
     `torch.multinomial`, whose one-sample path on CPU is an exponential race (`exponential_` for
-    every vocabulary entry): 13-16 ms a decode step at 8 rows x 49,152 on the Xeon with AMX, the
-    inverse CDF ~1 ms (docs/results "The sampler"). Same distribution, other draws for a seed."""
+    every vocabulary entry): 10-16 ms a decode step at 8 rows x 49,152 on the Xeon with AMX, the
+    inverse CDF 0.3-0.8 ms (docs/results "The sampler"). Same distribution, other draws for a seed."""
 
     def __init__(self, temperature: float, top_p: float):
         self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
