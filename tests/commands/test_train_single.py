@@ -51,7 +51,10 @@ def test_collab_train_single_agent_two_steps_then_eval(model_path, tmp_path, cap
     out = tmp_path / "run"
     rc = train_cmd.cli_main([
         "--task", "tldr", "--num-agents", "1", "--engine", "transformers", "--model", model_path,
-        "--num-steps", "2", "--num-generations", "2", "--prompts-per-step", "2", "--max-new-tokens", "48",
+        # 128 tokens, G=4: the single writer must fit both parts and the split line into its answer
+        # (tasks/writing.py); at 48 tokens and G=2 every return of both steps was 0 with some draws
+        # (AVX2, fp32), so no step had a learning signal and no version was trained
+        "--num-steps", "2", "--num-generations", "4", "--prompts-per-step", "2", "--max-new-tokens", "128",
         "--eval-examples", "1", "--eval-every", "1", "--advantage-mode", "raw", "--learning-rate", "1e-3",
         "--output-dir", str(out),
     ])
