@@ -472,8 +472,13 @@ class TrainerService:
             log.warning("step %d: %d groups waited too long (> %d versions) and were retired: %s",
                         step, len(stale), self.cfg.max_staleness, stale)
         self.steps_done += 1
-        log.info("step %d (%s): %d groups, return %.3f, versions %s, %.1fs", step, task_name, len(ids),
-                 metrics.get("return_mean", float("nan")), trainer.versions, time.time() - t0)
+        # An agent whose every advantage was 0 (all returns of every group equal) is not updated and
+        # gets no new version: say so, or a run of such steps looks like training that goes nowhere.
+        flat = [a for a in trainer.agents if ids and metrics.get(f"{a}/trained_samples") == 0]
+        log.info("step %d (%s): %d groups, return %.3f, versions %s, %.1fs%s", step, task_name, len(ids),
+                 metrics.get("return_mean", float("nan")), trainer.versions, time.time() - t0,
+                 f"; no learning signal for {', '.join(flat)} (advantages all 0: each group's returns were equal): no new version"
+                 if flat else "")
         self.status.set("idle", step=step, message=f"step {step} done",
                         last_step={"step": step, "task": task_name, "groups": len(ids),
                                    "versions": dict(trainer.versions), "at": time.time(),

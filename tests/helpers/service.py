@@ -42,9 +42,10 @@ def fake_sample(agent: str, g: int) -> Sample:
                   token_ids=[5 + g, 6], logprobs=[-1.0, -0.5], finish_reason="length")
 
 
-def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0) -> list[int]:
+def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0, flat: bool = False) -> list[int]:
     """n groups of G joint answers. With an engine the samples are real (token ids, behaviour
-    log-probs); returns are 0, 1, ..., G-1 so every group carries a learning signal."""
+    log-probs); returns are 0, 1, ..., G-1 so every group carries a learning signal (`flat`: all
+    1.0, so none does)."""
     ids = []
     for k in range(n):
         ex = TASK.examples("train")[k % 4]
@@ -55,7 +56,7 @@ def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0) -> list[in
             out = engine.generate([Request(a, p) for a, p in zip(AGENTS, prompts)], G,
                                   Sampling(max_new_tokens=8, temperature=1.0, seed=seed + k))
             samples = [list(o) for o in out]
-        rewards = [Reward(float(g), {"score": float(g)}, float(G)) for g in range(G)]
+        rewards = [Reward(r, {"score": r}, float(G)) for r in ([1.0] * G if flat else map(float, range(G)))]
         gid, _ = store.add_group(task=TASK.name, example=ex, prompts=prompts, samples=samples,
                                  joint=[(g, g) for g in range(G)], auto_rewards=rewards, session_id="test")
         ids.append(gid)

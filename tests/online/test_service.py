@@ -158,6 +158,27 @@ def test_step_publishes_versions_after_rename_and_marks_groups(sqlite_store, tmp
     assert svc.poll_once() == "idle"
 
 
+def test_a_step_without_a_learning_signal_says_so_and_publishes_no_version(sqlite_store, tmp_path, caplog):
+    """Every group's returns equal: every advantage is 0, no adapter moves, no version is published,
+    and the step's log line says why (a silent no-learning step made visible)."""
+    import logging
+
+    svc = service(sqlite_store, tmp_path, min_groups=1)
+    (gid,) = add_groups(sqlite_store, 1, flat=True)
+    with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
+        assert svc.poll_once() == "trained"
+    assert [r.version for r in sqlite_store.adapter_versions(AGENTS[0])] == [0]      # v0 only
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1 "))
+    assert f"no learning signal for {', '.join(AGENTS)} (advantages all 0: each group's returns were equal): no new version" in line
+    assert sqlite_store.group(gid).status == "trained"      # used, not retried forever
+    add_groups(sqlite_store, 1, seed=10)                     # a group with a signal: a version again
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
+        assert svc.poll_once() == "trained"
+    assert sqlite_store.current_adapter_versions()[AGENTS[0]][0] == 1
+    assert "no learning signal" not in caplog.text
+
+
 def test_only_groups_in_the_gradient_are_marked_trained_late_ones_are_retired(sqlite_store, tmp_path):
     svc = service(sqlite_store, tmp_path, min_groups=2, max_staleness=0)
     first, second, waiting = add_groups(sqlite_store, 3)
