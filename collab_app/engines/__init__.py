@@ -177,6 +177,19 @@ def _race_compiles(path: str) -> bool:
     return bool(raced and raced.get("compile"))
 
 
+def vllm_compile_kw(path: str, dtype: str, quantize: str | None, in_process: bool = True) -> dict:
+    """The `enforce_eager` the app gives a CPU vLLM engine of this dtype and these base GEMMs:
+    {"enforce_eager": False} where the engine race cached here found vLLM compiled faster and
+    the engine can compile (engine_vllm.cpu_compile_unfit), else {} (the engine's own default:
+    eager on CPU, compiled on a GPU). One rule for `make_engine` and `collab bench generate`, so
+    the bench's `vllm` is the engine `collab serve` runs."""
+    if cuda_available() or not _race_compiles(path):
+        return {}
+    from collab_app.engines.engine_vllm import cpu_compile_unfit
+
+    return {"enforce_eager": False} if cpu_compile_unfit(dtype, quantize, in_process) is None else {}
+
+
 def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
     """dtype "auto" on a CPU: what this machine's calibration chose (engines/calibrate.py, cached
     in COLLAB_HOME): {"dtype": ..., "quantize": "fp16"|"int8"|None} (both local engines serve the
@@ -240,11 +253,10 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
     if kw.get("dtype", "auto") == "auto" and not cuda_available() and os.environ.get("COLLAB_CALIBRATE", "1") != "0":
         kw = {**kw, **cpu_precision(path, kind, kw.get("num_threads"))}
     if kind == "vllm":
-        from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
+        from collab_app.engines.engine_vllm import VLLMEngine
 
-        if "enforce_eager" not in kw and not cuda_available() and _race_compiles(path) and \
-                cpu_compile_unfit(kw.get("dtype", "auto"), kw.get("quantize")) is None:
-            kw = {**kw, "enforce_eager": False}
+        if "enforce_eager" not in kw:
+            kw = {**kw, **vllm_compile_kw(path, kw.get("dtype", "auto"), kw.get("quantize"), kw.get("in_process", True))}
 
         return VLLMEngine(path, **{k: v for k, v in kw.items() if k not in ("num_threads", "decode_thread")})
     from collab_app.engines.engine_hf import TransformersEngine

@@ -83,3 +83,32 @@ def test_each_engine_gets_the_base_gemms_it_names(monkeypatch):
     monkeypatch.setattr(bench, "_auto_precision", lambda path, kind: {})                  # no calibration (a GPU, ...)
     assert bench.engine_precision("transformers", "auto", "/m") == ("auto", "auto")
     assert bench.engine_precision("vllm", "auto", "/m") == ("auto", None)
+
+
+def test_vllm_runs_compiled_and_borrows_exactly_where_serve_would(monkeypatch):
+    """`vllm` is the engine `collab serve` runs: compiled where the engine race cached here found
+    that faster and the dtype / base GEMMs allow it (the rule make_engine applies), eager
+    elsewhere; the named variants change one thing; only `vllm-noborrow` (and the engines that
+    decode in another process, or the baseline) skip serve's borrowing of the trainer's cores."""
+    from collab_app import engines
+
+    monkeypatch.setattr(engines, "cuda_available", lambda: False)
+    monkeypatch.setattr(engines, "_race_compiles", lambda path: True)
+    monkeypatch.setattr("collab_app.engines.engine_vllm.cpu_compile_unfit",
+                        lambda dtype, quantize, in_process=True:
+                        None if dtype == "bfloat16" and not quantize and in_process else "unfit")
+    kw = bench.vllm_variant_kw
+    assert kw("vllm", "/m", "bfloat16", None) == {"enforce_eager": False}
+    assert kw("vllm-noborrow", "/m", "bfloat16", None) == {"enforce_eager": False}
+    assert kw("vllm-eager", "/m", "bfloat16", None) == {"enforce_eager": True}
+    assert kw("vllm", "/m", "float32", None) == {}                                # fp32: the engine's default (eager)
+    assert kw("vllm-fp16", "/m", "float32", "fp16") == {}
+    assert kw("vllm-spawn", "/m", "bfloat16", None) == {"in_process": False}       # needs this process to compile
+    monkeypatch.setattr(engines, "_race_compiles", lambda path: False)             # the race kept eager here
+    assert kw("vllm", "/m", "bfloat16", None) == {}
+    assert kw("vllm-compiled", "/m", "bfloat16", None) == {"enforce_eager": False}
+    monkeypatch.setattr(engines, "cuda_available", lambda: True)                   # a GPU: vLLM's own default
+    monkeypatch.setattr(engines, "_race_compiles", lambda path: True)
+    assert kw("vllm", "/m", "bfloat16", None) == {}
+    assert bench.NO_BORROWING & set(bench.VLLM_VARIANTS) == {"vllm-noborrow"}
+    assert not bench.NO_BORROWING & {"vllm", "transformers"}
