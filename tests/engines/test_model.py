@@ -70,6 +70,28 @@ def test_corrupt_model_is_reprovisioned(home_copy):
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".") and p.is_dir()], "temp dirs left"
 
 
+def test_a_conversion_parses_the_gguf_once_and_puts_gguf_back(monkeypatch, tmp_path):
+    """model._gguf_parsed_once: inside, one reader per file and one tensor-name map per
+    (arch, blocks), whoever asks (transformers asks three times and 397 times); after, even after
+    an error, gguf-py's own functions again. (That the bytes come out the same:
+    test_corrupt_model_is_reprovisioned.)"""
+    import gguf
+
+    built = []
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, mode="r": built.append(("reader", path)) or object())
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, n: built.append(("map", arch, n)) or object())
+    real = gguf.GGUFReader, gguf.get_tensor_name_map
+    f = tmp_path / "m.gguf"
+    with pytest.raises(RuntimeError, match="boom"):
+        with M._gguf_parsed_once():
+            assert gguf.GGUFReader(f) is gguf.GGUFReader(str(f)) is gguf.GGUFReader(f)
+            assert gguf.get_tensor_name_map("llama", 30) is gguf.get_tensor_name_map("llama", 30)
+            assert gguf.get_tensor_name_map("llama", 29) is not gguf.get_tensor_name_map("llama", 30)
+            raise RuntimeError("boom")
+    assert built == [("reader", f), ("map", "llama", 30), ("map", "llama", 29)]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == real
+
+
 def test_bogus_wheel_gives_clear_error(tmp_path, monkeypatch):
     bogus = tmp_path / "bogus.whl"
     bogus.write_bytes(b"not a zip")
