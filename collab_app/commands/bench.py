@@ -82,9 +82,9 @@ VLLM_VARIANTS = {
     "vllm-compiled": {"quantize": None, "enforce_eager": False},   # torch.compile'd by vLLM (bf16 CPUs)
 }
 HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
-# Under --beside-training every engine in this process borrows the trainer's cores between its
-# steps, as `collab serve` (borrow_cores) does, except these (cpushare.CoreLease).
-NO_BORROWING = {"vllm-noborrow", "plain", "remote"}
+# Under --beside-training every engine that decodes in this process borrows the trainer's cores
+# between its steps, as `collab serve` (borrow_cores) does, except this one (cpushare.CoreLease).
+NO_BORROWING = {"vllm-noborrow"}
 
 ROLES = engine_race.ROLES   # one team for the bench and the engine race (engines/engine_race.py)
 
@@ -138,10 +138,11 @@ def _worker(args) -> None:
                                     num_threads=args.hf_threads or None, quantize=quantize,
                                     decode_thread=True)   # as `collab serve` builds it
     startup = time.perf_counter() - t0
+    lent = 0   # engine parts decoding on the borrowed cores (none where vLLM decodes in another process)
     if lease_path:
         from collab_app.online.cpushare import lend_trainer_cores
 
-        lend_trainer_cores(engine, split, lease_path)
+        lent = lend_trainer_cores(engine, split, lease_path)
     team = Team([Agent(name, role) for name, role in ROLES.items()])
     for a, path in zip(team.agents, args.adapters or [None, None]):
         engine.register_agent(a.name)
@@ -188,7 +189,7 @@ def _worker(args) -> None:
 
     result = {"startup_s": round(startup, 1), "dtype": server_dtype or getattr(engine, "dtype", args.dtype),
               "quantize": getattr(engine, "quantize", None), "compiled": getattr(engine, "compiled", False),
-              "borrows_cores": bool(lease_path),
+              "borrows_cores": lent > 0,
               "interactive": interactive("quiet")}
     if args.beside_training:
         # A MAGRPO update loop in a child process (collab_app.online.cpushare) on the trainer's
