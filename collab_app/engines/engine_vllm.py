@@ -29,7 +29,9 @@ Start-up: on CPU `enforce_eager=True` by default and VLLM_CPU_KVCACHE_SPACE=2 Gi
 GPU compilation stays on and `gpu_memory_utilization` applies. `enforce_eager=False` on CPU
 (chosen by engines/engine_race.py where it measured faster): vLLM traces the model once at
 start-up (its DYNAMO_TRACE_ONCE mode: no guards are checked afterwards) and inductor fuses the small
-ops between the GEMMs (norms, rotary, activation, casts). docs/results, Xeon with AMX, bf16: a
+ops between the GEMMs (norms, rotary, activation, casts), each run on the engine's thread alone
+(`vllm_team.serial_inductor_kernels`: at decode sizes an OpenMP fork per kernel cost more than its
+work; rounds -5 to -6%). docs/results, Xeon with AMX, bf16: a
 serve round 5.5 -> 4.3 s, one core 7.7 -> 6.5 s; start-up ~65 s the first time, ~25 s once
 inductor's cache holds the kernels (eager: ~11 s). The LoRA deltas reach the traced graph as an
 opaque op (`vllm_team.team_lora_`, put on every linear layer while vLLM loads it:
@@ -156,7 +158,8 @@ class VLLMEngine:
         import torch
 
         set_num_threads = torch.set_num_threads
-        # compiled on CPU: AOT artifacts off and the LoRA op in before the trace (module doc)
+        # compiled on CPU: AOT artifacts off, the LoRA op in before the trace, inductor's small
+        # kernels on one thread (module doc)
         if cpu_compiled:
             # Process-wide, not restored: a compiled engine's every forward asserts that it is off
             # (vllm/compilation/decorators.py) through vLLM's env cache, which any engine built
@@ -166,7 +169,8 @@ class VLLMEngine:
         # VLLM_ENABLE_V1_MULTIPROCESSING: vLLM reads it while it builds the engine (its CPU platform
         # keeps "uni" only when it is 0); set for that call only, so other engines keep their own
         with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None), \
-                (vllm_team.wrapped_at_load() if cpu_compiled else contextlib.nullcontext()):
+                (vllm_team.wrapped_at_load() if cpu_compiled else contextlib.nullcontext()), \
+                (vllm_team.serial_inductor_kernels() if cpu_compiled else contextlib.nullcontext()):
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has

@@ -454,6 +454,13 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
     eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, num_agents=3, seed=0)
     try:
         assert eng.compiled
+        # inductor's fused kernels single-threaded (vllm_team.serial_inductor_kernels), and vLLM's
+        # platform hook put back for the next engine
+        options = eng.llm.llm_engine.vllm_config.compilation_config.inductor_compile_config
+        assert (options["cpp.threads"], options["cpp.dynamic_threads"]) == (1, False), options
+        from vllm.platforms.cpu import CpuPlatform
+
+        assert CpuPlatform.check_and_update_config.__func__.__name__ == "check_and_update_config"
         eng.register_agent("base")
 
         def gaps():
