@@ -6,7 +6,8 @@ The A/B of docs/results "LoRA deltas in fp32" ran this alternately before and af
     python docs/results/engine_rounds.py vllm 8 bfloat16
     python docs/results/engine_rounds.py transformers 6 bfloat16
 
-NEW_TOKENS (default 128) and LONG (the task text repeated, default 1) shape the round.
+NEW_TOKENS (default 128), LONG (the task text repeated, default 1) and PROMPTS (default 1; 16 =
+`collab bench generate`'s rollout workload, 128 rows a step) shape the round.
 EAGER=0 builds the vLLM engine compiled (`enforce_eager=False`, bf16 CPUs only); NOSPLIT=1 keeps
 every core (no serve split). The compiled-step profile and the op-registration A/B of docs/results
 "What is left of a compiled step" ran
@@ -52,13 +53,14 @@ sampling = Sampling(max_new_tokens=int(os.environ.get("NEW_TOKENS", 128)), tempe
 # LONG=N: the task text repeated N times (a prefill-heavy round: LONG=130 is ~780 prompt
 # tokens; the round's number leads the prompt, so no round reuses another's prefix cache)
 task = " ".join([TASKS[0]] * int(os.environ.get("LONG", 1)))
+prompts = int(os.environ.get("PROMPTS", 1))   # PROMPTS=16: the rollout workload's 16 prompts x G=4 a round
 team.generate(eng, [[f"Task: {TASKS[0]}."] * 2], 1, Sampling(max_new_tokens=8, temperature=0.8))   # warm-up
 print("pid", os.getpid(), "load", os.getloadavg()[0], flush=True)
 for k, _ in enumerate(sys.stdin if rounds == "stdin" else range(int(rounds))):
     t, cpu = time.perf_counter(), os.times()
     text = f"Round {k}. Task: {task}." if os.environ.get("LONG") else f"Task: {task}."
-    out = team.generate(eng, [[text] * 2], 4, sampling)
+    out = team.generate(eng, [[f"{text} ({i})"] * 2 for i in range(prompts)] if prompts > 1 else [[text] * 2], 4, sampling)
     used = os.times()
-    print("round", round(time.perf_counter() - t, 2), sum(len(s.token_ids) for per in out[0] for s in per),
+    print("round", round(time.perf_counter() - t, 2), sum(len(s.token_ids) for prompt in out for per in prompt for s in per),
           "cpu", round(used.user + used.system - cpu.user - cpu.system, 2), flush=True)   # this process's CPU seconds
 eng.close()
