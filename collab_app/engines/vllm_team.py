@@ -143,22 +143,28 @@ def serial_inductor_kernels():
     tokens) +7.7% (+70 ms), which the embedded model's 1,024-token context bounds.
     How: vLLM's CPU platform writes its inductor options in `check_and_update_config`, after the
     user's (so a `compilation_config` argument cannot override them); this wraps that method for
-    the build (the options are copied when the model is constructed) and puts it back. Inductor's
-    cache keys on its options: the first start after this change compiles afresh."""
+    the build (the options are copied when the model is constructed) and puts it back; one build
+    at a time holds it (`_PLATFORM_HOOK`: two compiled engines built at once on two threads would
+    otherwise restore each other's wrapper). Inductor's cache keys on its options: the first start
+    after this change compiles afresh."""
     from vllm.platforms.cpu import CpuPlatform
 
-    check = CpuPlatform.__dict__["check_and_update_config"]   # the classmethod itself
+    with _PLATFORM_HOOK:
+        check = CpuPlatform.__dict__["check_and_update_config"]   # the classmethod itself
 
-    def serial(cls, vllm_config):
-        check.__func__(cls, vllm_config)
-        vllm_config.compilation_config.inductor_compile_config.update({"cpp.dynamic_threads": False,
-                                                                       "cpp.threads": 1})
+        def serial(cls, vllm_config):
+            check.__func__(cls, vllm_config)
+            vllm_config.compilation_config.inductor_compile_config.update({"cpp.dynamic_threads": False,
+                                                                           "cpp.threads": 1})
 
-    CpuPlatform.check_and_update_config = classmethod(serial)
-    try:
-        yield
-    finally:
-        CpuPlatform.check_and_update_config = check
+        CpuPlatform.check_and_update_config = classmethod(serial)
+        try:
+            yield
+        finally:
+            CpuPlatform.check_and_update_config = check
+
+
+_PLATFORM_HOOK = threading.Lock()   # serial_inductor_kernels: one engine build wraps vLLM's platform at a time
 
 
 def _pattern_value(patterns: dict, module: str, default):
