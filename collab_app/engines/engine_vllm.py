@@ -168,9 +168,11 @@ class VLLMEngine:
         _vllm_reads_environ()
         # VLLM_ENABLE_V1_MULTIPROCESSING: vLLM reads it while it builds the engine (its CPU platform
         # keeps "uni" only when it is 0); set for that call only, so other engines keep their own
-        with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None), \
-                (vllm_team.wrapped_at_load() if cpu_compiled else contextlib.nullcontext()), \
-                (vllm_team.serial_inductor_kernels() if cpu_compiled else contextlib.nullcontext()):
+        with contextlib.ExitStack() as build:
+            build.enter_context(_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None))
+            if cpu_compiled:
+                build.enter_context(vllm_team.wrapped_at_load())
+                build.enter_context(vllm_team.serial_inductor_kernels())
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has

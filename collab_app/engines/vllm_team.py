@@ -127,6 +127,9 @@ def wrapped_at_load():
         utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+_PLATFORM_HOOK = threading.Lock()   # serial_inductor_kernels: one engine build wraps vLLM's platform at a time
+
+
 @contextlib.contextmanager
 def serial_inductor_kernels():
     """While vLLM builds a compiled CPU engine in THIS process: inductor's fused kernels (the norms,
@@ -162,9 +165,6 @@ def serial_inductor_kernels():
             yield
         finally:
             CpuPlatform.check_and_update_config = check
-
-
-_PLATFORM_HOOK = threading.Lock()   # serial_inductor_kernels: one engine build wraps vLLM's platform at a time
 
 
 def _pattern_value(patterns: dict, module: str, default):
