@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+import collab_app  # noqa: F401 - first: sets GOMP_SPINCOUNT before anything loads torch (collab_app/__init__.py)
+
 from helpers.engines import vllm_importable
 from helpers.tiny_model import tiny_model_path  # noqa: F401 - a session fixture: the second base of heterogeneous teams
 

@@ -22,6 +22,8 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import collab_app
+
 from collab_app.engines.engine_types import Engine, EngineError, Progress, Request, Sampling
 from trainer.dtypes import DTYPES, cpu_capability, resolve_dtype  # noqa: F401 - re-exported: one rule for engines and trainer
 
@@ -105,6 +107,10 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
     num_agents for vLLM, ...)."""
     from collab_app.engines.model import ensure_model
 
+    if not collab_app.SPIN_BEFORE_TORCH and os.environ.get("GOMP_SPINCOUNT") == collab_app.GOMP_SPINCOUNT:
+        log.warning("torch was imported before collab_app, so OpenMP kept its default wait: a CPU engine's "
+                    "parallel regions run slower from its decoding thread (import collab_app first, or set "
+                    "GOMP_SPINCOUNT=%s before starting Python)", collab_app.GOMP_SPINCOUNT)
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
     if kind.startswith(("http://", "https://")):
         kind, kw = "remote", {**kw, "url": kind}

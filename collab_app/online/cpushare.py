@@ -413,6 +413,10 @@ def _pin_and_exec(cores: list[int], argv: list[str]) -> None:
     for var in THREAD_VARS:
         os.environ[var] = str(len(cores))   # torch reads OMP_NUM_THREADS when it starts
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)   # the serving process's cores, not ours
+    import collab_app
+
+    if os.environ.get("GOMP_SPINCOUNT") == collab_app.GOMP_SPINCOUNT:   # ours, not the user's:
+        os.environ["GOMP_SPINCOUNT"] = collab_app.LIBGOMP_DEFAULT_SPINCOUNT   # no long spin on lent cores
     os.execvp(argv[0], argv)
 
 

@@ -13,6 +13,10 @@ waits on its stdin), so two torch processes never spin together.
 Prints each pair, then the median round of each side and the paired ratio B/A (geometric mean of
 the pairs' ratios with a 95% bootstrap interval), and a line if the sides' rounds generated
 different numbers of tokens (an early EOS); JSON on the last line.
+
+GAP_S (default 0) sleeps that long before each round: a side whose OpenMP workers keep spinning
+after its round (a large GOMP_SPINCOUNT) would otherwise take a core from the other side's next
+round; a gap longer than the spin lets both start from parked workers, as a person's rounds do.
 """
 import json
 import math
@@ -47,12 +51,14 @@ def one_round(proc: subprocess.Popen) -> tuple[float, int]:
 def main() -> None:
     tree_a, tree_b, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     args = sys.argv[4:] or ["vllm", "bfloat16"]
+    gap = float(os.environ.get("GAP_S", 0))
     load0 = os.getloadavg()
     sides = {"A": start(tree_a, args), "B": start(tree_b, args)}
     times, tokens = {"A": [], "B": []}, {"A": [], "B": []}
     t0 = time.time()
     for k in range(pairs):
         for side in ("AB" if k % 2 == 0 else "BA"):   # counterbalanced: neither side always goes first
+            time.sleep(gap)
             seconds, n = one_round(sides[side])
             times[side].append(seconds)
             tokens[side].append(n)
@@ -66,7 +72,7 @@ def main() -> None:
     boot = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(10000))
     low, high = boot[250], boot[9749]
     out = {"A": tree_a, "B": tree_b, "args": args, "pairs": pairs, "eager": os.environ.get("EAGER", "1"),
-           "nosplit": os.environ.get("NOSPLIT", "0"),
+           "nosplit": os.environ.get("NOSPLIT", "0"), "gap_s": gap,
            "median_A_s": round(statistics.median(times["A"]), 3), "median_B_s": round(statistics.median(times["B"]), 3),
            "ratio_B_over_A": round(math.exp(mean), 4),
            "ratio_95": [round(math.exp(low), 4), round(math.exp(high), 4)],

@@ -46,6 +46,24 @@ def test_pinned_command_runs_on_its_cores_with_matching_threads():
     assert out[0] == f"[{core}] 1" and out[1] == "None"
 
 
+@pytest.mark.parametrize("given, child_gets", [(None, "300000"),              # ours: libgomp's default back
+                                               ("5000", "5000")])             # the user's: kept
+def test_pinned_trainer_child_gets_no_long_openmp_spin(given, child_gets):
+    """collab_app sets a long GOMP_SPINCOUNT for the engine's thread; the pinned trainer child
+    (regions from its main thread, cores lent to the engine between steps) goes back to libgomp's
+    default unless the user chose a value."""
+    import collab_app
+
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if given is not None:
+        env["GOMP_SPINCOUNT"] = given
+    probe = "import os; print(os.environ['GOMP_SPINCOUNT'])"
+    code = f"import collab_app.online.cpushare as c, sys; c._pin_and_exec([{sorted(os.sched_getaffinity(0))[-1]}], [sys.executable, '-c', {probe!r}])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert out == child_gets
+    assert collab_app.GOMP_SPINCOUNT != collab_app.LIBGOMP_DEFAULT_SPINCOUNT
+
+
 def test_child_trainer_command_is_pinned():
     from collab_app.web.serve import ChildTrainer
 
