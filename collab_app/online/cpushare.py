@@ -244,18 +244,23 @@ def apply_to_serving(split: CpuSplit) -> None:
     if _BEFORE_SPLIT is None:
         before = affinity_cores()
         _BEFORE_SPLIT = set(before) if before is not None else None
-    pinned = _confine(split.engine)
     n = str(len(split.engine))
     for var in THREAD_VARS:
         os.environ[var] = n
-    # unpinned, vLLM's binding to these cores would fail the same way (or, on "auto", take every core)
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _fmt(split.engine) if pinned else "nobind"
+    # torch (and its libgomp) loads BEFORE the process is confined: libgomp counts the CPUs of the
+    # affinity it finds when it loads, once, and a team larger than that count waits with a
+    # 100-spin limit whatever GOMP_SPINCOUNT says. Confined first, every OpenMP region of the
+    # engine's decoding thread, widened onto the trainer's lent cores (SpareCores), would wake a
+    # parked worker: 62-80 µs a region against ~12 µs (docs/results "OpenMP workers kept awake").
     try:
         import torch
-
-        torch.set_num_threads(len(split.engine))
     except ImportError:
-        pass
+        torch = None
+    pinned = _confine(split.engine)
+    # unpinned, vLLM's binding to these cores would fail the same way (or, on "auto", take every core)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _fmt(split.engine) if pinned else "nobind"
+    if torch is not None:
+        torch.set_num_threads(len(split.engine))
 
 
 class CoreLease:

@@ -9,7 +9,8 @@ The A/B of docs/results "LoRA deltas in fp32" ran this alternately before and af
 NEW_TOKENS (default 128), LONG (the task text repeated, default 1) and PROMPTS (default 1; 16 =
 `collab bench generate`'s rollout workload, 128 rows a step) shape the round.
 EAGER=0 builds the vLLM engine compiled (`enforce_eager=False`, bf16 CPUs only); NOSPLIT=1 keeps
-every core (no serve split). The compiled-step profile and the op-registration A/B of docs/results
+every core (no serve split); BORROW=1 keeps the split and lends the (idle) trainer's cores to the
+decoding thread, as serve does between the trainer child's steps. The compiled-step profile and the op-registration A/B of docs/results
 "What is left of a compiled step" ran
 
     EAGER=0 VLLM_USE_AOT_COMPILE=0 [NOSPLIT=1] python docs/results/engine_rounds.py vllm 5 bfloat16
@@ -45,6 +46,14 @@ else:
     from collab_app.engines.engine_hf import TransformersEngine
 
     eng = TransformersEngine(path, dtype=dtype, max_model_len=1024, decode_thread=True, quantize=quantize)
+if split is not None and os.environ.get("NOSPLIT") != "1" and os.environ.get("BORROW") == "1":
+    # as `collab serve` between the trainer child's steps: the decoding thread widens onto the
+    # trainer's cores (a lease nobody else holds: the trainer is idle)
+    import tempfile
+
+    from collab_app.online.cpushare import lend_trainer_cores  # noqa: E402
+
+    lend_trainer_cores(eng, split, os.path.join(tempfile.mkdtemp(prefix="engine-rounds-"), "trainer-cores.lock"))
 team = Team([Agent(n, r) for n, r in ROLES.items()])
 for i, a in enumerate(team.agents):
     eng.register_agent(a.name)
