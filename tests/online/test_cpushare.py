@@ -506,3 +506,20 @@ def test_a_want_file_left_by_a_killed_trainer_is_cleared_at_the_next_start(tmp_p
     CoreLease(path).clear_stale()     # TrainerService.run() does this at start
     assert engine.try_borrow()
     engine.give_back()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="needs two cores to confine to one")
+def test_serving_loads_torch_before_it_confines_itself():
+    """libgomp counts the CPUs of the affinity it finds when torch loads it; loaded after the
+    confinement, a decoding thread widened onto the trainer's lent cores would be held to a
+    100-spin wait (docs/ENGINES.md "OpenMP from the engine's thread")."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    code = ("import sys, os, collab_app.online.cpushare as c\n"
+            "orig = c._confine\n"
+            "def spy(cores):\n    print('torch' in sys.modules, flush=True)\n    return orig(cores)\n"
+            "c._confine = spy\n"
+            f"c.apply_to_serving(c.CpuSplit(engine=({cores[0]},), trainer=({cores[1]},)))\n"
+            "import torch; print(sorted(os.sched_getaffinity(0)), torch.get_num_threads())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "True" and out[1] == f"[{cores[0]}] 1"
