@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 # OpenMP's workers stay awake between the parallel regions of a thread other than the main one
 # (docs/ENGINES.md "OpenMP from the engine's thread"). Both CPU engines decode on their own thread;
 # with libgomp's default spin, a region started there pays a wake-up of the pool's worker (a
-# parallel loop over 24 items: 65-75 µs from a second thread against 4 µs from the main thread, on
-# the 2-vCPU Xeon; ~10 µs with a long spin), and a compiled bf16 decode step starts ~250 of them.
+# parallel loop over 24 items: 62-80 µs from a second thread against 4.4 µs from the main thread, on
+# the 2-vCPU Xeon; ~12 µs with a long spin), and a compiled bf16 decode step starts ~250 of them.
 # Paired A/Bs of rounds (docs/results "OpenMP workers kept awake"): 3e6 spins 0.88x the default's
 # round time, 1e7 0.84x, 1e8 another 0.85x of 1e7 and of 3e7. 1e8 spins keep an idle worker busy
 # ~1.2 s after the engine's last region (measured ~12 ns a spin) before it sleeps. libgomp reads
