@@ -60,6 +60,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import collab_app
+
 log = logging.getLogger(__name__)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -418,8 +420,6 @@ def _pin_and_exec(cores: list[int], argv: list[str]) -> None:
     for var in THREAD_VARS:
         os.environ[var] = str(len(cores))   # torch reads OMP_NUM_THREADS when it starts
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)   # the serving process's cores, not ours
-    import collab_app
-
     if os.environ.get("GOMP_SPINCOUNT") == collab_app.GOMP_SPINCOUNT:   # ours, not the user's:
         os.environ["GOMP_SPINCOUNT"] = collab_app.LIBGOMP_DEFAULT_SPINCOUNT   # no long spin on lent cores
     os.execvp(argv[0], argv)
