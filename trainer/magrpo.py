@@ -66,7 +66,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -532,6 +532,11 @@ class MAGRPOTrainer:
         self.train_seconds = 0.0   # rollout + update wall time of `train` so far (max_minutes, lr_schedule)
         self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
+        # Called between the pieces of a step (a micro-batch's forward, its backward, an agent);
+        # returns the seconds it paused. `collab trainer --core-lease` sets it (cpushare.CoreLease.pause:
+        # a person's round waiting on this process's cores gets them, within a budget); None = never.
+        self.pause: Callable[[], float] | None = None
+        self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
         adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
 
     # -- versions on disk ---------------------------------------------------------------------
@@ -558,6 +563,7 @@ class MAGRPOTrainer:
         caller must retire them, retrying cannot help). A zero-advantage group counts as used:
         its gradient is exactly 0 and would be 0 on every retry."""
         t_start = time.perf_counter()
+        self._paused_s = 0.0
         cfg = self.cfg
         used = [g for g in groups if self.lateness(g) <= cfg.max_staleness]
         stale = [g for g in groups if self.lateness(g) > cfg.max_staleness]
@@ -577,8 +583,10 @@ class MAGRPOTrainer:
             m.update({f"{agent}/{k}": v for k, v in stats.items()})
             if stats["trained_samples"]:
                 changed.append(agent)
+            self._pause()
         self.step += 1
-        m["time/update_s"] = time.perf_counter() - t_start
+        m["time/update_s"] = time.perf_counter() - t_start   # pauses included: they are in time/paused_s
+        m["time/paused_s"] = self._paused_s
         if self._step_t0 is not None:   # inside train(): saved with the versions, so a resumed run keeps its clock
             m["train_seconds"] = self.train_seconds + time.perf_counter() - self._step_t0
         t0 = time.perf_counter()
@@ -593,6 +601,10 @@ class MAGRPOTrainer:
         m["group_ids"] = [g.id for g in used]
         m["stale_group_ids"] = [g.id for g in stale]
         return m
+
+    def _pause(self) -> None:
+        if self.pause is not None:
+            self._paused_s += self.pause()
 
     def lateness(self, group: Group) -> int:
         """Versions some agent wrote after the group arrived (group.created_at), the most over
@@ -640,6 +652,7 @@ class MAGRPOTrainer:
             prompts = [list(s.prompt_token_ids) for s, _, _ in batch]
             completions = [list(s.token_ids) for s, _, _ in batch]
             logp, mask = sequence_logprobs(model, prompts, completions, eos)                    # (B, T)
+            self._pause()
             engine_lp = _pad([list(s.logprobs) for s, _, _ in batch], logp.shape[1], logp.device)  # (B, T)
             on = torch.tensor([self._on_policy(agent, s) for s, _, _ in batch], device=logp.device)[:, None]  # (B, 1)
             behaviour = torch.where(on, logp.detach(), engine_lp)                              # (B, T)
@@ -653,6 +666,7 @@ class MAGRPOTrainer:
                     ref, _ = sequence_logprobs(model, prompts, completions, eos)                # (B, T)
             loss, t = magrpo_loss(logp, behaviour, A, W, mask, cfg.clip_epsilon, ref, cfg.kl_coef)
             loss.backward()
+            self._pause()
             ratio, clipped = t["ratio"], t["clipped"]                                          # (B, T)
             if t["kl"] is not None:
                 sums["kl"] += float((t["kl"] * mask).sum())

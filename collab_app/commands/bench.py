@@ -6,7 +6,9 @@ the process tree, vLLM's engine-core child included; shared pages count once per
   LoRA adapter (r=8, weights x2 so outputs clearly differ), G=4 samples per agent, 128 new tokens,
   T=0.8, streamed through `Team.generate_stream`: median over `--rounds` of the time to the first
   non-empty text and to the whole round; `--beside-training` repeats it while
-  `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process.
+  `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process (its steps
+  pause for a waiting round as serve's trainer does, ServiceConfig.yield_share), and for an engine
+  that borrows, once more beside steps that never pause ("no pause": the baseline of that rule).
 - rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent, 128 sequences in one batched
   call; throughput = generated tokens (EOS included) / wall time, after a short warm-up call.
 `--engines remote` adds vLLM's OpenAI-compatible server (started by the worker, a child in its
@@ -160,10 +162,11 @@ def _worker(args) -> None:
     def interactive(label):
         """What a person feels: 1 prompt, G samples per agent, streamed; median over rounds of the
         time to the first non-empty text and to the whole round."""
-        ttft, full, tokens = [], [], []
+        ttft, full, tokens, wide = [], [], [], []
         wide0 = widened()
         for k in range(args.rounds):
             status.write_text(f"interactive round {k + 1}/{args.rounds} ({label})")
+            wide.append(widened())
             t, first, last = time.perf_counter(), None, None
             for last in team.generate_stream(engine, [[f"Task: {TASKS[k % len(TASKS)]}."] * 2],
                                              args.num_generations, sampling):
@@ -175,8 +178,9 @@ def _worker(args) -> None:
         out = {"first_text_s": round(statistics.median(ttft), 2), "round_s": round(statistics.median(full), 2),
                "rounds_s": [round(x, 2) for x in full], "tokens_per_round": round(statistics.median(tokens)),
                "load_avg_1m": round(os.getloadavg()[0], 2)}
-        if wide0 is not None:   # decode steps taken on the borrowed cores too
+        if wide0 is not None:   # decode steps taken on the borrowed cores too, in all and per round
             out["borrowed_steps"] = widened() - wide0
+            out["borrowed_steps_per_round"] = [b - a for a, b in zip(wide, [*wide[1:], widened()])]
         return out
 
     def timed(label):
@@ -199,6 +203,10 @@ def _worker(args) -> None:
         with training_load(dtype=result["dtype"], core_lease=lease_path) as load:
             result["interactive_beside_training"] = {**interactive("beside a training step"),
                                                      "training": load.status()}
+        if lease_path:   # the baseline of the pause: the same step never pausing for a round (yield_share 0)
+            with training_load(dtype=result["dtype"], core_lease=lease_path, yield_share=0.0) as load:
+                result["interactive_beside_training_no_pause"] = {**interactive("beside a step that never pauses"),
+                                                                  "training": load.status()}
     if args.prompts:
         result.update(timed("adapters" if args.adapters else "base"))
     if args.base_too and args.adapters and args.prompts:
@@ -469,7 +477,8 @@ def _table(report: dict) -> str:
                              ("first text s", "interactive", "first_text_s"),
                              ("round s", "interactive", "round_s"),
                              ("first text s (train)", "interactive_beside_training", "first_text_s"),
-                             ("round s (train)", "interactive_beside_training", "round_s")):
+                             ("round s (train)", "interactive_beside_training", "round_s"),
+                             ("round s (no pause)", "interactive_beside_training_no_pause", "round_s")):
         vals = [(res[n].get(part, {}) if part else res[n]).get(key, "-") for n in names]
         if any(v != "-" for v in vals):
             lines.append(f"{label:<22}" + "".join(f"{str(v):>14}" for v in vals))

@@ -22,16 +22,19 @@ sides' cores while the trainer is idle and narrows within one decode step when t
 working, so a person's round is decoded on every core whenever no step runs, and the rule above
 (never two torch processes spinning on the same cores) still holds.
 
-The trainer does NOT also yield while a person waits. Measured 2026-11-23 on the 2-core box
-(shared with other jobs: load average 2-9, figures rough), `collab bench online --engine
-transformers` (G=4, 2 agents, 64 new tokens, K=2, the split on): rounds took 6-11 s while the
-child trainer ran a MAGRPO step (10-16 s) after every second round, and each new version was
-served 1-2 rounds later. A scripted rater keeps a round running nearly all the time, so a trainer
-that waited for rounds to end would hardly ever step. Without the split both processes use both
-cores and every OpenMP barrier waits for the other process (a 16 s step took 9+ min);
-`training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s beside
-a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only the
-spread is clear: one thread per process is far less sensitive to neighbours than two).
+The trainer also pauses for a person's round that waits on its cores (`CoreLease.pause`, between
+the pieces of a step: a micro-batch's forward, its backward, an agent), within a budget: a step
+pauses at most `yield_share / (1 - yield_share)` times its working time (ServiceConfig.yield_share,
+0.5 = a step takes at most twice its working time). Why both halves: after a rating the trainer
+starts a step at once, so a person's next round usually lands in it and, on one core, took 7.3 s
+against 4.4 s on two (Xeon with AMX, `collab bench generate --beside-training`, docs/results
+"A person's round first"); while a scripted rater keeps a round running nearly all the time an
+unbounded yield would starve the trainer (measured 2026-11-23: a trainer that waited for rounds to
+end would hardly ever step), and the budget keeps it at >= half speed. Without the split both
+processes use both cores and every OpenMP barrier waits for the other process (a 16 s step took
+9+ min); `training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s
+beside a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only
+the spread is clear: one thread per process is far less sensitive to neighbours than two).
 
 The core count is `cpu_budget()`: this process's affinity mask, cut down to its cgroup's CPU
 quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us; the tightest along its cgroup path), or
@@ -65,6 +68,7 @@ import collab_app
 log = logging.getLogger(__name__)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+YIELD_SHARE = 0.5   # ServiceConfig.yield_share's default: a step pauses for rounds at most as long as it works
 
 
 @dataclass(frozen=True)
@@ -266,7 +270,8 @@ def apply_to_serving(split: CpuSplit) -> None:
 
 
 class CoreLease:
-    """The trainer child's cores, lent to the serving engine while the trainer is not working.
+    """The trainer child's cores, lent to the serving engine while the trainer is not working, and
+    while a person's round waits for them (within a budget).
 
     Why: with the split, the trainer child's cores idle between its steps (it waits for rated
     groups most of the time), while a person waits for a round decoded on the engine's cores
@@ -274,23 +279,33 @@ class CoreLease:
     (docs/results). So the engine borrows those cores for its decode steps whenever the trainer
     does not need them, and gives them back within one decode step when it does.
 
-    Protocol, over two files (the trainer is a separate process; an flock dies with its holder, so
-    a killed trainer or engine never leaves the cores locked):
+    Protocol, over three files (the trainer is a separate process; an flock dies with its holder,
+    so a killed trainer or engine never leaves the cores locked):
       - `path`: an flock. The trainer holds it (exclusive, blocking) for each unit of work (a
         step, a self-play round, loading); the engine holds it (exclusive, non-blocking try)
         while it decodes on the borrowed cores.
       - `path + ".want"`: exists while the trainer waits for or holds the lock. The engine checks it
         before every decode step and releases at once; it never tries to borrow while it exists.
+      - `path + ".wait"`: exists while an engine's generate call decodes on its own cores only
+        (it could not borrow). The trainer checks it between the pieces of a step (`pause`): it
+        then takes its want file away and unlocks, waits until the engine has borrowed and its
+        call has ended (or its budget is spent), and takes the lock back.
     So the trainer waits at most one decode step (~0.1-0.2 s here), the engine never blocks, and
     two torch processes never spin on the same cores (the module's rule) -- the lock is exclusive.
     Left out: lending the ENGINE's cores to the trainer while nobody waits for a round (a step
     would then have to give them back within a step's forward pass, far coarser than a decode step).
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, yield_share: float = 0.0):
         self.path = path
         self.want = path + ".want"
-        self._fd: int | None = None
+        self.wait = path + ".wait"
+        self.yield_share = yield_share   # the trainer's pause budget (module docstring); 0 = never pause
+        self._fd: int | None = None      # the engine's borrowed lock
+        self._unit: int | None = None    # the trainer's lock, while a unit of work holds it
+        self._unit_t0 = 0.0              # when that unit got its cores
+        self._paused = 0.0               # seconds that unit has paused so far
+        self._last_work = 0.0            # working seconds (pauses not counted) of the last unit
 
     # -- the trainer's side --------------------------------------------------------------------
     @contextlib.contextmanager
@@ -301,33 +316,83 @@ class CoreLease:
         the work then goes ahead without the lock, and the engine gives the cores back at its next
         step (the want file is there). A want file left by a killed trainer is removed by the
         next one's first unit of work (or `clear_stale`)."""
-        import fcntl
-
         with open(self.want, "w"):
             pass
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            end = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError:
-                    if time.monotonic() >= end:
-                        log.info("the engine kept the trainer's cores %.0f s without a decode step: working anyway", wait_s)
-                        break
-                    time.sleep(0.01)
+            self._lock(fd, wait_s)
+            self._unit, self._unit_t0, self._paused = fd, time.monotonic(), 0.0
             yield
         finally:
+            if self._unit is not None:
+                self._last_work = time.monotonic() - self._unit_t0 - self._paused
+            self._unit = None
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.want)
             os.close(fd)   # releases the flock
 
-    def clear_stale(self) -> None:
-        """At the trainer's start: a want file from a predecessor killed mid-step would keep the
-        engine from borrowing until the next step; nobody wants the cores yet."""
+    @staticmethod
+    def _lock(fd: int, wait_s: float) -> bool:
+        """Take the flock on `fd`, trying every 10 ms for `wait_s`; False (logged) if it stayed taken."""
+        import fcntl
+
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                if time.monotonic() >= end:
+                    log.info("the engine kept the trainer's cores %.0f s without a decode step: working anyway", wait_s)
+                    return False
+                time.sleep(0.01)
+
+    def pause(self) -> float:
+        """Between two pieces of a unit of work (inside `held`): if a person's round waits for these
+        cores (the wait file), let the engine have them until its generate call ends, within the
+        budget: this unit pauses at most worked * yield_share / (1 - yield_share) seconds in all,
+        worked = the larger of its working time so far and the last unit's (so a step that starts
+        beside a round may pause for it too). Returns the seconds paused (0 = none waited, or no
+        budget left)."""
+        import fcntl
+
+        fd = self._unit
+        if fd is None or self.yield_share <= 0 or not os.path.exists(self.wait):
+            return 0.0
+        t0 = time.monotonic()
+        worked = max(t0 - self._unit_t0 - self._paused, self._last_work)
+        end = t0 + worked * self.yield_share / (1.0 - self.yield_share) - self._paused
+        if end - t0 < 0.05:
+            return 0.0
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.want)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        # the engine borrows at its next decode step (its wait file goes), and unlocks when its
+        # call ends; a call that ends before it borrows takes its wait file away too
+        while time.monotonic() < end and os.path.exists(self.wait):
+            time.sleep(0.01)
+        got = False
+        while not got and time.monotonic() < end:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+            except OSError:
+                time.sleep(0.01)
+        with open(self.want, "w"):   # budget spent with the engine still wide: it narrows at its next step
+            pass
+        if not got:
+            self._lock(fd, 5.0)
+        paused = time.monotonic() - t0
+        self._paused += paused
+        return paused
+
+    def clear_stale(self) -> None:
+        """At the trainer's start: a want file from a predecessor killed mid-step would keep the
+        engine from borrowing until the next step, and a wait file from a killed engine would
+        make steps pause for nobody; nobody wants or waits for the cores yet."""
+        for f in (self.want, self.wait):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f)
 
     # -- the engine's side ---------------------------------------------------------------------
     def wanted(self) -> bool:
@@ -355,13 +420,23 @@ class CoreLease:
             os.close(self._fd)
             self._fd = None
 
+    def waiting(self, on: bool) -> None:
+        """Say (on) or unsay that a generate call decodes without the trainer's cores."""
+        if on and not os.path.exists(self.wait):
+            with open(self.wait, "w"):
+                pass
+        elif not on:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.wait)
+
 
 class SpareCores:
     """The engine's side of a CoreLease: called on the thread that decodes, before each decode
     step (`before_step`) and when a generate call ends (`end`). Widening = this thread's affinity
     to its own cores plus the trainer's, torch/OpenMP threads to match (OpenMP keeps its thread
     count per calling thread, so only the decoding thread changes; the pool thread OpenMP starts
-    for the second core inherits the wide mask). Narrowing = back to the engine's own cores.
+    for the second core inherits the wide mask). Narrowing = back to the engine's own cores; a
+    step decoded narrow says so (the lease's wait file), so a trainer in a step may pause for it.
     `widened` counts the steps decoded wide (for tests and the bench)."""
 
     def __init__(self, lease: CoreLease, split: CpuSplit):
@@ -378,19 +453,24 @@ class SpareCores:
 
     def before_step(self) -> None:
         if self.wide and self.lease.wanted():
-            self.end()
+            self._narrow()
         elif not self.wide and self.lease.try_borrow():
             self._set(self.split.engine + self.split.trainer)
             self.wide = True
         if self.wide:
             self.widened += 1
+        self.lease.waiting(not self.wide)
 
-    def end(self) -> None:
-        """Back to the engine's cores; the trainer may take its own."""
+    def _narrow(self) -> None:
         if self.wide:
             self._set(self.split.engine)
             self.wide = False
         self.lease.give_back()
+
+    def end(self) -> None:
+        """The generate call is over: back to the engine's cores; the trainer may take its own."""
+        self._narrow()
+        self.lease.waiting(False)
 
 
 def lend_trainer_cores(engine, split: CpuSplit, lease_path: str) -> int:
@@ -477,18 +557,21 @@ def _load_loop(args) -> None:
 
     write({"ready": True, "steps": 0, "pid": os.getpid(), "threads": torch.get_num_threads(),
            "cores": affinity_cores()})
-    steps = 0
+    steps, paused = 0, 0.0
+    lease = CoreLease(args.core_lease, args.yield_share) if args.core_lease else None
+    trainer.pause = lease.pause if lease else None   # as `collab trainer --core-lease` does
     while not stop:
         for g in groups:   # keep them within max_staleness: the load is about compute, not data
             for i, a in enumerate(trainer.agents):
                 for s in g.samples[i]:
                     s.adapter_version = trainer.versions[a]
         t0 = time.perf_counter()
-        with (CoreLease(args.core_lease).held() if args.core_lease else contextlib.nullcontext()):
-            trainer.update(groups)
+        with (lease.held() if lease else contextlib.nullcontext()):
+            m = trainer.update(groups)
         steps += 1
-        write({"ready": True, "steps": steps, "last_s": time.perf_counter() - t0, "pid": os.getpid(),
-               "threads": torch.get_num_threads(), "cores": affinity_cores()})
+        paused += m["time/paused_s"]
+        write({"ready": True, "steps": steps, "last_s": time.perf_counter() - t0, "last_paused_s": m["time/paused_s"],
+               "paused_s": paused, "pid": os.getpid(), "threads": torch.get_num_threads(), "cores": affinity_cores()})
 
 
 class TrainingLoad:
@@ -519,14 +602,16 @@ class TrainingLoad:
 
 @contextlib.contextmanager
 def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int = 4, new_tokens: int = 128,
-                  dtype: str = "auto", ready_timeout: float = 600.0, core_lease: str | None = None):
+                  dtype: str = "auto", ready_timeout: float = 600.0, core_lease: str | None = None,
+                  yield_share: float = YIELD_SHARE):
     """A MAGRPO update loop (2 tldr groups x G=4 x 128 tokens by default: the interactive
     workload's step) in a child process, on the trainer child's cores of `plan(engine_cores)`
     (-1 = no split: every core, as before this module); this process is confined to the engine's
     cores like `collab serve` does, and restored on exit. Yields a TrainingLoad once the
     model is loaded and updates are running; stops the child on exit. `core_lease`: the loop
     holds this CoreLease for each step, as `collab trainer --core-lease` does (an engine given
-    `lend_trainer_cores` borrows the cores between steps).
+    `lend_trainer_cores` borrows the cores between steps, and within a step while its round waits
+    for them, up to `yield_share`: 0 = the old behaviour, a step never pauses).
 
         with training_load() as load:
             ... time a round ...
@@ -539,7 +624,7 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
             "--adapters-dir", os.path.join(tmp, "adapters"), "--groups", str(groups),
             "--num-generations", str(num_generations), "--new-tokens", str(new_tokens), "--dtype", dtype]
     if core_lease:
-        argv += ["--core-lease", core_lease]
+        argv += ["--core-lease", core_lease, "--yield-share", str(yield_share)]
     old_aff = affinity_cores()
     old_env = {v: os.environ.get(v) for v in (*THREAD_VARS, "VLLM_CPU_OMP_THREADS_BIND")}
     import torch
@@ -593,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--core-lease", default="", help="hold this CoreLease for each step")
+    p.add_argument("--yield-share", type=float, default=YIELD_SHARE,
+                   help="with --core-lease: pause budget for a waiting round (ServiceConfig.yield_share)")
     _load_loop(p.parse_args(argv))
     return 0
 

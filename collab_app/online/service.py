@@ -106,6 +106,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collab_app import paths
+from collab_app.online.cpushare import YIELD_SHARE
 from collab_app.online.returns import ReturnRule
 from tasks import team_of
 from trainer.config import MAGRPOConfig
@@ -161,6 +162,8 @@ class ServiceConfig(MAGRPOConfig):
     """keep all versions (0): store rows name every version and an admin may pin (roll back to) any of them."""
     core_lease: str = ""
     """lock file through which `collab serve`'s engine borrows this trainer's cores while it is not working (cpushare.CoreLease; '' = off; serve sets it)."""
+    yield_share: float = YIELD_SHARE
+    """with core_lease: most share of a step's time it may pause while a person's round waits for its cores (0.5 = a step takes at most twice its working time; 0 = never pause)."""
     max_rater_share: float = 1.0
     """most of a step's K groups one rater may decide: max(1, floor(share*K)), the rest wait (1 = off, for one person's local app; `collab serve` passes 0.25 when public)."""
 
@@ -171,6 +174,9 @@ class ServiceConfig(MAGRPOConfig):
                              f"{self.max_groups_per_step}")
         if self.max_wait_s < 0 or self.poll_s <= 0 or self.heartbeat_s <= 0:
             raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0")
+        if not 0.0 <= self.yield_share < 1.0:
+            raise ValueError(f"yield_share must be in [0, 1) (0 = a step never pauses for a round; 1 would let "
+                             f"rounds stop training), got {self.yield_share}")
         if not 0.0 < self.max_rater_share <= 1.0:
             raise ValueError(f"max_rater_share must be in (0, 1] (1 = no cap), got {self.max_rater_share}")
         if self.self_play_prompts < 1 or self.max_steps < 0:
@@ -392,6 +398,8 @@ class TrainerService:
                 models = ()
             cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents, agent_models=models)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
+            if self._core_lease() is not None:   # a person's round waiting on these cores may get them mid-step
+                self.trainers[task_name].pause = self._core_lease().pause
             if _dist().is_main():
                 reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
@@ -605,11 +613,19 @@ class TrainerService:
     def _cores(self):
         """Hold this process's cores for one unit of work: the serving engine, which borrows them
         in between (cfg.core_lease), gives them back within one decode step."""
+        lease = self._core_lease()
+        return contextlib.nullcontext() if lease is None else lease.held()
+
+    def _core_lease(self):
+        """The one CoreLease of cfg.core_lease (None = off): its `pause` needs the unit `held` opened."""
         if not self.cfg.core_lease:
-            return contextlib.nullcontext()
+            return None
         from collab_app.online.cpushare import CoreLease
 
-        return CoreLease(self.cfg.core_lease).held()
+        lease = getattr(self, "_lease", None)
+        if lease is None or lease.path != self.cfg.core_lease:
+            lease = self._lease = CoreLease(self.cfg.core_lease, self.cfg.yield_share)
+        return lease
 
     def run(self) -> int:
         """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done.

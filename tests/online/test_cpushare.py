@@ -402,6 +402,104 @@ def test_a_stalled_engine_delays_the_trainer_by_wait_s_at_most(tmp_path):
     engine.give_back()
 
 
+def _step_with_a_pause(trainer, work_s: float, inside, after, leave, paused):
+    """The trainer's side: a unit of work that works `work_s`, then offers to pause once."""
+    with trainer.held(wait_s=60):
+        inside.set()
+        time.sleep(work_s)
+        paused.append(trainer.pause())
+        after.set()
+        leave.wait(60)
+
+
+def _poll(cond, timeout=30.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_step_pauses_for_a_waiting_round_until_its_call_ends(tmp_path):
+    """A round that decodes without the trainer's cores says so (the wait file); at its next piece
+    the trainer in a step lets the engine borrow them, and takes them back when the engine's call
+    ends (gives the lock back), well inside its budget (yield_share 0.5: as long as it worked)."""
+    import threading
+
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
+    inside, after, leave, paused = threading.Event(), threading.Event(), threading.Event(), []
+    t = threading.Thread(target=_step_with_a_pause, args=(trainer, 1.0, inside, after, leave, paused))
+    t.start()
+    try:
+        assert inside.wait(30) and not engine.try_borrow()   # the step holds its cores
+        engine.waiting(True)                                  # a round decodes on the engine's cores alone
+        _poll(engine.try_borrow)                              # the step reached a piece's end and let go
+        assert not engine.wanted()
+        engine.waiting(False)                                 # decoding wide now (SpareCores does both)
+        time.sleep(0.3)
+        assert not after.is_set()                             # the step waits for the call to end ...
+        engine.give_back()                                    # ... which it does
+        assert after.wait(5)
+        assert 0.3 <= paused[0] < 1.0
+        assert engine.wanted() and not engine.try_borrow()   # the step has its cores again
+    finally:
+        engine.give_back()
+        leave.set()
+        t.join(10)
+
+
+def test_a_step_pauses_no_longer_than_its_budget(tmp_path):
+    """An engine that keeps borrowing (rounds back to back) gets the cores for at most the step's
+    budget: then the want file is back, and the engine gives them back at its next decode step."""
+    import threading
+
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
+    inside, after, leave, paused = threading.Event(), threading.Event(), threading.Event(), []
+    t = threading.Thread(target=_step_with_a_pause, args=(trainer, 0.5, inside, after, leave, paused))
+    t.start()
+    try:
+        assert inside.wait(30)
+        engine.waiting(True)
+        _poll(engine.try_borrow)
+        engine.waiting(False)
+        _poll(engine.wanted)                      # the budget (0.5 s: what the step worked) is spent
+        engine.give_back()                        # the engine's next decode step
+        assert after.wait(5)
+        assert 0.5 <= paused[0] < 1.5
+    finally:
+        engine.give_back()
+        leave.set()
+        t.join(10)
+
+
+@pytest.mark.parametrize("share, round_waits", [(0.5, False), (0.0, True)])
+def test_no_pause_without_a_waiting_round_or_a_budget(tmp_path, share, round_waits):
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=share)
+    engine.waiting(round_waits)
+    assert trainer.pause() == 0.0                 # outside a unit of work: nothing to let go
+    with trainer.held():
+        time.sleep(0.2)
+        assert trainer.pause() == 0.0
+        assert engine.wanted() and not engine.try_borrow()
+
+
+def test_a_wait_file_left_by_a_killed_engine_is_cleared_at_the_trainers_start(tmp_path):
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    CoreLease(path).waiting(True)                 # serve was killed mid-round
+    CoreLease(path).clear_stale()
+    assert not os.path.exists(path + ".wait")
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to lend one")
 def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wants_them(tmp_path):
     import threading
@@ -423,12 +521,16 @@ def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wa
         seen["wide"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
         with open(path + ".want", "w"):   # the trainer wants its core
             pass
+        seen["wide waits"] = os.path.exists(path + ".wait")
         spare.before_step()
         seen["narrow"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
+        seen["narrow waits"] = os.path.exists(path + ".wait")   # a trainer in a step may pause for it
         os.unlink(path + ".want")
         spare.before_step()
+        seen["widened again waits"] = os.path.exists(path + ".wait")
         spare.end()
         seen["end"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
+        seen["end waits"] = os.path.exists(path + ".wait")
 
     main_before = (sorted(os.sched_getaffinity(0)), torch.get_num_threads())
     t = threading.Thread(target=decode)
@@ -437,6 +539,8 @@ def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wa
     assert seen["wide"] == ([a, b], 2, 1)
     assert seen["narrow"] == ([a], 1, 1)
     assert seen["end"] == ([a], 1, 2)
+    assert [seen[k] for k in ("wide waits", "narrow waits", "widened again waits", "end waits")] == \
+        [False, True, False, False]
     assert (sorted(os.sched_getaffinity(0)), torch.get_num_threads()) == main_before   # this thread untouched
     probe = CoreLease(path)
     assert probe.try_borrow()   # the engine's end() gave the lock back
@@ -490,9 +594,14 @@ def test_the_trainer_service_holds_its_cores_for_a_step_only(tmp_path, monkeypat
         held.append(probe())
     held.append(probe())
     assert held == [True, False]
+    lease = svc._core_lease()   # one lease: the trainer's pause needs the unit its _cores() opened
+    assert lease is svc._core_lease() and lease.yield_share == 0.5
+    with svc._cores():
+        assert lease._unit is not None
     svc.cfg = ServiceConfig()
     with svc._cores():   # no lease: nothing held
         assert not probe()
+    assert svc._core_lease() is None
 
 
 def test_a_want_file_left_by_a_killed_trainer_is_cleared_at_the_next_start(tmp_path):

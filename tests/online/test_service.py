@@ -45,6 +45,9 @@ def test_config_rejects_settings_that_cannot_work():
         ServiceConfig(num_generations=1)
     with pytest.raises(ValueError, match="--dynamic-sampling, --lr-schedule: `collab train` options"):
         ServiceConfig(dynamic_sampling=1, lr_schedule="cosine")   # nothing online to refill or decay towards
+    for share in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"yield_share must be in \[0, 1\)"):
+            ServiceConfig(yield_share=share)
 
 
 def test_cli_is_parsed_from_the_config_dataclass():

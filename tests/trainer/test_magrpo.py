@@ -331,6 +331,21 @@ def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
     assert m["late_groups"] == 0
 
 
+def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer):
+    """trainer.pause (cpushare.CoreLease.pause under `collab trainer --core-lease`) is offered after
+    each micro-batch's forward and backward and after each agent; what it returns adds up to the
+    step's time/paused_s (0 when nothing paused)."""
+    calls = []
+    trainer.pause = lambda: calls.append(1) or 0.25
+    try:
+        m = trainer.update(on_policy_groups(trainer))
+    finally:
+        trainer.pause = None
+    assert len(calls) >= 3 * len(trainer.agents)        # forward, backward (one micro-batch at least), the agent
+    assert m["time/paused_s"] == pytest.approx(0.25 * len(calls))
+    assert trainer.update(on_policy_groups(trainer))["time/paused_s"] == 0.0
+
+
 def test_zero_variance_groups_do_not_train(trainer):
     before = dict(trainer.versions)
     m = trainer.update(on_policy_groups(trainer, returns=(0.5, 0.5)))
