@@ -435,14 +435,21 @@ class SpareCores:
     step (`before_step`) and when a generate call ends (`end`). Widening = this thread's affinity
     to its own cores plus the trainer's, torch/OpenMP threads to match (OpenMP keeps its thread
     count per calling thread, so only the decoding thread changes; the pool thread OpenMP starts
-    for the second core inherits the wide mask). Narrowing = back to the engine's own cores; a
-    step decoded narrow says so (the lease's wait file), so a trainer in a step may pause for it.
-    `widened` counts the steps decoded wide (for tests and the bench)."""
+    for the second core inherits the wide mask). Narrowing = back to the engine's own cores, and
+    the threads that kept the wide mask (that pool thread) to SCHED_IDLE until the next widening:
+    they spin on after the last region (GOMP_SPINCOUNT, collab_app/__init__.py), ~1.2 s, and on the
+    trainer's core that halved the trainer's work (measured: 100 matmuls 256 x 256 on the trainer's
+    core 18 ms, 38 ms in the second after the engine narrowed, 19-20 ms with SCHED_IDLE; docs/results
+    "A person's round first"). A step decoded narrow says so (the lease's wait file), so a trainer
+    in a step may pause for it. `widened` counts the steps decoded wide (for tests and the bench)."""
 
     def __init__(self, lease: CoreLease, split: CpuSplit):
         self.lease, self.split = lease, split
         self.wide = False
         self.widened = 0
+        self.idled: set[int] = set()   # thread ids set to SCHED_IDLE at the last narrowing
+        self._older = _thread_ids()     # threads that predate the lending: never touched
+        self._can_wake = True          # False once the OS refused SCHED_IDLE -> SCHED_OTHER (unprivileged)
 
     def _set(self, cores: tuple[int, ...]) -> None:
         import torch
@@ -456,6 +463,7 @@ class SpareCores:
             self._narrow()
         elif not self.wide and self.lease.try_borrow():
             self._set(self.split.engine + self.split.trainer)
+            self._wake_threads()
             self.wide = True
         if self.wide:
             self.widened += 1
@@ -464,13 +472,61 @@ class SpareCores:
     def _narrow(self) -> None:
         if self.wide:
             self._set(self.split.engine)
+            self._idle_threads()
             self.wide = False
         self.lease.give_back()
+
+    def _idle_threads(self) -> None:
+        """SCHED_IDLE for every other thread started since the lending whose mask holds a trainer
+        core: the ones started while wide, in a process confined to the engine's cores (serve's
+        split, the bench's); in a process that is not (a test's), nothing is touched."""
+        if not hasattr(os, "sched_setscheduler"):
+            return
+        import threading
+
+        me, trainer = threading.get_native_id(), set(self.split.trainer)
+        if trainer & os.sched_getaffinity(os.getpid()):   # the main thread's mask: not confined
+            return
+        for tid in _thread_ids() - self._older:
+            if tid == me or tid in self.idled:
+                continue
+            try:
+                if trainer & os.sched_getaffinity(tid):
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                    self.idled.add(tid)
+            except OSError:   # gone meanwhile
+                continue
+
+    def _wake_threads(self) -> None:
+        """Back to SCHED_OTHER while the trainer's cores are lent. Unprivileged, Linux refuses that
+        (RLIMIT_NICE 0): they stay SCHED_IDLE, which costs little here (the trainer is idle, its
+        cores free), so it is logged once and not retried."""
+        if not self._can_wake:
+            return
+        for tid in list(self.idled):
+            try:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            except PermissionError as e:
+                log.info("cannot give the engine's OpenMP threads their priority back (%s): they stay "
+                         "SCHED_IDLE, running on the lent cores only while nothing else wants them", e)
+                self._can_wake = False
+                return
+            except OSError:   # gone
+                pass
+            self.idled.discard(tid)
 
     def end(self) -> None:
         """The generate call is over: back to the engine's cores; the trainer may take its own."""
         self._narrow()
         self.lease.waiting(False)
+
+
+def _thread_ids() -> set[int]:
+    """This process's thread ids (Linux; empty elsewhere)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
 
 
 def lend_trainer_cores(engine, split: CpuSplit, lease_path: str) -> int:

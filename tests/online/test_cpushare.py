@@ -547,6 +547,81 @@ def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wa
     probe.give_back()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not hasattr(os, "sched_setscheduler"),
+                    reason="needs two cores to lend one, and Linux's scheduling policies")
+def test_threads_started_wide_run_idle_while_the_engine_is_narrow(tmp_path):
+    """The pool threads a widened decoding thread starts keep the wide mask and spin on after its
+    last region (~1.2 s with collab_app's GOMP_SPINCOUNT); narrowed, they get SCHED_IDLE, so the
+    trainer's core is the trainer's; widened again, SCHED_OTHER (as root; unprivileged Linux
+    refuses that and they stay idle). The decoding thread itself, threads older than the
+    lending, and a process that is not confined to the engine's cores are left alone."""
+    import threading
+
+    import torch
+
+    from collab_app.online.cpushare import CoreLease, SpareCores
+
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    split = CpuSplit(engine=(a,), trainer=(b,))
+    path = str(tmp_path / "cores.lock")
+    seen, stop, ids = {}, threading.Event(), []
+    older = threading.Thread(target=stop.wait, args=(60,))   # started before the lending, wide mask
+    older.start()
+
+    def decode():
+        os.sched_setaffinity(0, split.engine)
+        torch.set_num_threads(1)
+        spare = SpareCores(CoreLease(path), split)
+        spare.before_step()                                         # wide
+        pool = threading.Thread(target=lambda: (ids.append(threading.get_native_id()), stop.wait(60)))
+        pool.start()                                                # inherits the wide mask
+        while not ids:
+            time.sleep(0.01)
+        with open(path + ".want", "w"):
+            pass
+        spare.before_step()                                         # narrow: the trainer wants its core
+        seen["narrow"] = (os.sched_getscheduler(ids[0]), os.sched_getscheduler(0),
+                          os.sched_getscheduler(older.native_id))
+        os.unlink(path + ".want")
+        spare.before_step()                                         # wide again
+        seen["wide"] = os.sched_getscheduler(ids[0])
+        spare.end()
+        seen["end"] = os.sched_getscheduler(ids[0])
+
+    main_mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, split.engine)   # confined, as serve's split confines the serving process
+    try:
+        t = threading.Thread(target=decode)
+        t.start()
+        t.join(20)
+    finally:
+        os.sched_setaffinity(0, main_mask)
+        stop.set()
+        older.join(5)
+    assert seen["narrow"] == (os.SCHED_IDLE, os.SCHED_OTHER, os.SCHED_OTHER)
+    assert seen["wide"] == (os.SCHED_OTHER if os.geteuid() == 0 else os.SCHED_IDLE)
+    assert seen["end"] == os.SCHED_IDLE
+
+    # a process that is not confined (this one now): nothing is touched
+    done = {}
+
+    def unconfined():
+        spare = SpareCores(CoreLease(str(tmp_path / "other.lock")), split)
+        spare.before_step()
+        th = threading.Thread(target=lambda: (done.setdefault("tid", threading.get_native_id()), time.sleep(1)))
+        th.start()
+        while "tid" not in done:
+            time.sleep(0.01)
+        spare.end()
+        done["policy"] = os.sched_getscheduler(done["tid"])
+        th.join()
+
+    t = threading.Thread(target=unconfined)
+    t.start()
+    t.join(20)
+    assert done["policy"] == os.SCHED_OTHER
+
+
 def test_transformers_engine_decodes_on_borrowed_cores_only_while_the_trainer_is_idle(tmp_path, hf_engine):
     """The engine's hook runs between decode steps: with the trainer idle every step borrows;
     with the trainer in a step none does, and the round still completes on the engine's cores."""
