@@ -9,6 +9,8 @@ the process tree, vLLM's engine-core child included; shared pages count once per
   `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process (its steps
   pause for a waiting round as serve's trainer does, ServiceConfig.yield_share), and for an engine
   that borrows, once more beside steps that never pause ("no pause": the baseline of that rule).
+  `--think-s S` waits S seconds before each round, as a person reads the last one (default 0: back
+  to back, the pause budget's worst case).
 - rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent, 128 sequences in one batched
   call; throughput = generated tokens (EOS included) / wall time, after a short warm-up call.
 `--engines remote` adds vLLM's OpenAI-compatible server (started by the worker, a child in its
@@ -166,6 +168,7 @@ def _worker(args) -> None:
         wide0 = widened()
         for k in range(args.rounds):
             status.write_text(f"interactive round {k + 1}/{args.rounds} ({label})")
+            time.sleep(args.think_s)   # a person reading the last round (0 = back to back)
             wide.append(widened())
             t, first, last = time.perf_counter(), None, None
             for last in team.generate_stream(engine, [[f"Task: {TASKS[k % len(TASKS)]}."] * 2],
@@ -389,7 +392,8 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
            "--temperature", str(args.temperature), "--max-model-len", str(args.max_model_len)]
     cmd += ["--adapters", *adapters] if adapters else []
     cmd += ["--base-too"] if args.base_too else []
-    cmd += ["--hf-threads", str(args.hf_threads), "--rounds", str(args.rounds), "--lora-rank", str(args.lora_rank)]
+    cmd += ["--hf-threads", str(args.hf_threads), "--rounds", str(args.rounds), "--lora-rank", str(args.lora_rank),
+            "--think-s", str(args.think_s)]
     cmd += ["--beside-training"] if args.beside_training else []
     peak = peak_pss = 0
     with open(logf, "w") as log, tqdm(desc=engine, bar_format="{desc}: {elapsed} {postfix}", file=sys.stderr,
@@ -429,7 +433,7 @@ def _generate(args) -> int:
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
                      "adapters": not args.no_adapters, "lora_rank": args.lora_rank, "lora_scale": args.lora_scale,
                      "interactive": f"1 prompt x 2 agents x G={args.num_generations}, streamed, median of {args.rounds}",
-                     "hf_threads": args.hf_threads or "torch default"},
+                     "hf_threads": args.hf_threads or "torch default", "think_s": args.think_s},
         "machine": {"cpus": os.cpu_count(), "cpu_capability": cpu_capability(), "gpu": _gpu_name(),
                     "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
         "engines": res,
@@ -549,6 +553,8 @@ def cli_main(argv: list[str]) -> int:
     g.add_argument("--rounds", type=int, default=3, help="interactive rounds (1 prompt, G per agent) to take the median of")
     g.add_argument("--beside-training", action="store_true",
                    help="also time the interactive rounds while a MAGRPO update loop runs (cpushare.training_load)")
+    g.add_argument("--think-s", type=float, default=0.0,
+                   help="seconds before each interactive round, as a person reads the last (0 = back to back)")
     g.add_argument("--lora-scale", type=float, default=2.0, help="multiply the random LoRA weights (2: outputs clearly differ)")
     g.add_argument("--max-model-len", type=int, default=2048)
     g.add_argument("--lora-rank", type=int, default=8)
@@ -574,10 +580,13 @@ def cli_main(argv: list[str]) -> int:
     w.add_argument("--rounds", type=int, default=3)
     w.add_argument("--lora-rank", type=int, default=8)
     w.add_argument("--beside-training", action="store_true")
+    w.add_argument("--think-s", type=float, default=0.0)
     for name, typ in (("--dtype", str), ("--prompts", int), ("--num-generations", int), ("--max-new-tokens", int),
                       ("--temperature", float), ("--max-model-len", int)):
         w.add_argument(name, type=typ, required=True)
     args = p.parse_args(argv)
+    if args.cmd == "generate" and args.think_s < 0:
+        p.error(f"--think-s must be >= 0 (seconds before each interactive round), got {args.think_s}")
     if args.cmd == "_worker":
         _worker(args)
         return 0

@@ -3,6 +3,8 @@ table that puts ours, the plain baseline and the floor side by side. The engines
 benchmark itself (not a test)."""
 from __future__ import annotations
 
+import pytest
+
 from collab_app.commands import bench
 
 
@@ -34,6 +36,26 @@ def test_table_shows_ours_the_baseline_and_the_floor():
     assert "round s" in table and "25.5" in table and "30.0" in table
     assert "floor round s" in table and "3.46" in table and "20.0 GB/s" in table
     assert "ratio_round_s_vllm_over_plain: 0.85" in table
+
+
+def test_table_puts_rounds_beside_pausing_and_never_pausing_steps_side_by_side():
+    report = {
+        "workload": {"adapters": True, "interactive": "1 prompt x 2 agents x G=4", "prompts": 0, "num_generations": 4,
+                     "max_new_tokens": 128, "temperature": 0.8, "dtype": "auto", "lora_rank": 8, "lora_scale": 2.0},
+        "machine": {"cpu_capability": "AVX512", "load_avg_1m_at_end": 2.0},
+        "engines": {"vllm": {"dtype": "bfloat16", "interactive": {"round_s": 4.2, "first_text_s": 0.05},
+                             "interactive_beside_training": {"round_s": 5.08, "first_text_s": 0.06},
+                             "interactive_beside_training_no_pause": {"round_s": 6.55, "first_text_s": 0.09}}},
+        "floor": {"bandwidth_gbs": 11.9, "weight_gb_fp32": 0.54, "weight_gb_int8": 0.14, "round_s_fp32": 5.79,
+                  "round_s_int8": 1.45},
+    }
+    rows = {line[:22].strip(): line[22:].split() for line in bench._table(report).splitlines()}
+    assert rows["round s (train)"] == ["5.08"] and rows["round s (no pause)"] == ["6.55"]
+
+
+def test_think_time_must_not_be_negative():
+    with pytest.raises(SystemExit):
+        bench.cli_main(["generate", "--think-s", "-1"])
 
 
 def test_auto_precision_is_the_one_serve_would_use(monkeypatch):
