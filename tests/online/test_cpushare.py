@@ -1,6 +1,7 @@
 """The CPU split between serving and the trainer child (collab_app/online/cpushare.py)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -402,14 +403,35 @@ def test_a_stalled_engine_delays_the_trainer_by_wait_s_at_most(tmp_path):
     engine.give_back()
 
 
-def _step_with_a_pause(trainer, work_s: float, inside, after, leave, paused):
-    """The trainer's side: a unit of work that works `work_s`, then offers to pause once."""
-    with trainer.held(wait_s=60):
-        inside.set()
-        time.sleep(work_s)
-        paused.append(trainer.pause())
-        after.set()
-        leave.wait(60)
+@contextlib.contextmanager
+def _a_step_in_progress(tmp_path, work_s: float):
+    """A trainer thread in a unit of work (yield_share 0.5) that works `work_s`, then offers to
+    pause once; yields (the engine's lease, an Event set after the pause, [seconds paused])."""
+    import threading
+
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
+    inside, after, leave, paused = threading.Event(), threading.Event(), threading.Event(), []
+
+    def step():
+        with trainer.held(wait_s=60):
+            inside.set()
+            time.sleep(work_s)
+            paused.append(trainer.pause())
+            after.set()
+            leave.wait(60)
+
+    t = threading.Thread(target=step)
+    t.start()
+    try:
+        assert inside.wait(30) and not engine.try_borrow()   # the step holds its cores
+        yield engine, after, paused
+    finally:
+        engine.give_back()
+        leave.set()
+        t.join(10)
 
 
 def _poll(cond, timeout=30.0):
@@ -424,17 +446,7 @@ def test_a_step_pauses_for_a_waiting_round_until_its_call_ends(tmp_path):
     the trainer in a step lets the engine borrow them, and takes them back when the engine's call
     ends (gives the lock back), well inside its budget (yield_share 0.5: as long as it worked, 2 s
     here, so a stalled test thread does not spend it)."""
-    import threading
-
-    from collab_app.online.cpushare import CoreLease
-
-    path = str(tmp_path / "cores.lock")
-    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
-    inside, after, leave, paused = threading.Event(), threading.Event(), threading.Event(), []
-    t = threading.Thread(target=_step_with_a_pause, args=(trainer, 2.0, inside, after, leave, paused))
-    t.start()
-    try:
-        assert inside.wait(30) and not engine.try_borrow()   # the step holds its cores
+    with _a_step_in_progress(tmp_path, 2.0) as (engine, after, paused):
         engine.waiting(True)                                  # a round decodes on the engine's cores alone
         _poll(engine.try_borrow)                              # the step reached a piece's end and let go
         assert not engine.wanted()
@@ -445,27 +457,13 @@ def test_a_step_pauses_for_a_waiting_round_until_its_call_ends(tmp_path):
         assert after.wait(5)
         assert 0.3 <= paused[0] < 2.0
         assert engine.wanted() and not engine.try_borrow()   # the step has its cores again
-    finally:
-        engine.give_back()
-        leave.set()
-        t.join(10)
 
 
 def test_a_step_pauses_no_longer_than_its_budget(tmp_path):
     """An engine that keeps borrowing (rounds back to back) gets the cores for at most the step's
     budget (1.5 s: what the step worked): then the want file is back, and the engine gives them
     back at its next decode step."""
-    import threading
-
-    from collab_app.online.cpushare import CoreLease
-
-    path = str(tmp_path / "cores.lock")
-    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
-    inside, after, leave, paused = threading.Event(), threading.Event(), threading.Event(), []
-    t = threading.Thread(target=_step_with_a_pause, args=(trainer, 1.5, inside, after, leave, paused))
-    t.start()
-    try:
-        assert inside.wait(30)
+    with _a_step_in_progress(tmp_path, 1.5) as (engine, after, paused):
         engine.waiting(True)
         _poll(engine.try_borrow)
         engine.waiting(False)
@@ -473,10 +471,6 @@ def test_a_step_pauses_no_longer_than_its_budget(tmp_path):
         engine.give_back()                        # the engine's next decode step
         assert after.wait(5)
         assert 1.5 <= paused[0] < 4.0
-    finally:
-        engine.give_back()
-        leave.set()
-        t.join(10)
 
 
 @pytest.mark.parametrize("share, round_waits", [(0.5, False), (0.0, True)])
