@@ -398,8 +398,9 @@ class TrainerService:
                 models = ()
             cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents, agent_models=models)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
-            if self._core_lease() is not None:   # a person's round waiting on these cores may get them mid-step
-                self.trainers[task_name].pause = self._core_lease().pause
+            lease = self._core_lease()
+            if lease is not None:   # a person's round waiting on these cores may get them mid-step
+                self.trainers[task_name].pause = lease.pause
             if _dist().is_main():
                 reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
