@@ -58,6 +58,7 @@ trainers (each trainer loads its own bases). Shapes in comments: B sequences, T 
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -532,8 +533,8 @@ class MAGRPOTrainer:
         self.train_seconds = 0.0   # rollout + update wall time of `train` so far (max_minutes, lr_schedule)
         self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
-        # Called between the pieces of a step (a micro-batch's forward, its backward, an agent);
-        # returns the seconds it paused. `collab trainer --core-lease` sets it (cpushare.CoreLease.pause:
+        # Called between the pieces of a step (each decoder layer's forward and backward, a
+        # micro-batch, an agent: _layer_pauses); returns the seconds it paused. `collab trainer --core-lease` sets it (cpushare.CoreLease.pause:
         # a person's round waiting on this process's cores gets them, within a budget); None = never.
         self.pause: Callable[[], float] | None = None
         self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
@@ -574,16 +575,17 @@ class MAGRPOTrainer:
         m.update(group_metrics(used, self.task.level_names))
         weights = turn_weights(used)                                                  # (turns,)
         changed = []
-        for i, agent in enumerate(self.agents):
-            items = []  # (sample, advantage, loss weight)
-            for g in used:
-                adv = advantages(agent_returns(g, i, cfg.cross_credit), cfg.advantage_mode, cfg.normalize_std)
-                items += [(s, a, weights[g.turn]) for s, a in zip(g.samples[i], adv)]
-            stats = self._update_agent(agent, items)
-            m.update({f"{agent}/{k}": v for k, v in stats.items()})
-            if stats["trained_samples"]:
-                changed.append(agent)
-            self._pause()
+        with self._layer_pauses():
+            for i, agent in enumerate(self.agents):
+                items = []  # (sample, advantage, loss weight)
+                for g in used:
+                    adv = advantages(agent_returns(g, i, cfg.cross_credit), cfg.advantage_mode, cfg.normalize_std)
+                    items += [(s, a, weights[g.turn]) for s, a in zip(g.samples[i], adv)]
+                stats = self._update_agent(agent, items)
+                m.update({f"{agent}/{k}": v for k, v in stats.items()})
+                if stats["trained_samples"]:
+                    changed.append(agent)
+                self._pause()
         self.step += 1
         m["time/update_s"] = time.perf_counter() - t_start   # pauses included: they are in time/paused_s
         m["time/paused_s"] = self._paused_s
@@ -605,6 +607,31 @@ class MAGRPOTrainer:
     def _pause(self) -> None:
         if self.pause is not None:
             self._paused_s += self.pause()
+
+    @contextlib.contextmanager
+    def _layer_pauses(self):
+        """While update() runs with a pause hook: a pause point after every decoder layer's forward
+        and, through a hook on the layer's output, after its backward too. A person's round that
+        starts mid-step then waits for one layer (~10-60 ms for the embedded model on 2 CPU cores), not
+        for a whole micro-batch's forward or backward (~1-1.5 s). The layers are those the model
+        names as its unsplittable blocks (transformers' `_no_split_modules`); a model naming none
+        keeps the coarse points only. Hooks go at the end: nothing outside update() pauses."""
+        handles = []
+        if self.pause is not None:
+            def after_layer(module, args, output):
+                self._pause()
+                hidden = output[0] if isinstance(output, tuple) else output
+                if torch.is_tensor(hidden) and hidden.requires_grad:
+                    hidden.register_hook(lambda grad: self._pause())   # runs as backward leaves the layer
+            for model in {id(m): m for m in self.model_of.values()}.values():
+                blocks = set(getattr(model, "_no_split_modules", None) or ())
+                handles += [mod.register_forward_hook(after_layer) for mod in model.modules()
+                            if type(mod).__name__ in blocks]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
     def lateness(self, group: Group) -> int:
         """Versions some agent wrote after the group arrived (group.created_at), the most over

@@ -333,16 +333,30 @@ def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
 
 def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer):
     """trainer.pause (cpushare.CoreLease.pause under `collab trainer --core-lease`) is offered after
-    each micro-batch's forward and backward and after each agent; what it returns adds up to the
-    step's time/paused_s (0 when nothing paused)."""
-    calls = []
-    trainer.pause = lambda: calls.append(1) or 0.25
+    every decoder layer's forward and backward, each micro-batch's forward and backward and each
+    agent; what it returns adds up to the step's time/paused_s (0 when nothing paused)."""
+    import traceback
+
+    model = trainer.model_of[trainer.agents[0]]
+    layers = sum(type(m).__name__ in set(model._no_split_modules) for m in model.modules())
+    hooks_before = sum(len(m._forward_hooks) for m in model.modules())
+    calls = []   # per call: True if offered from inside loss.backward()
+
+    def pause():
+        calls.append(any(f.name == "_engine_run_backward" for f in traceback.extract_stack()))
+        return 0.25
+
+    trainer.pause = pause
     try:
         m = trainer.update(on_policy_groups(trainer))
     finally:
         trainer.pause = None
-    assert len(calls) >= 3 * len(trainer.agents)        # forward, backward (one micro-batch at least), the agent
+    assert layers >= 2
+    # at least: one micro-batch's forward and backward through every layer, per agent
+    assert calls.count(True) >= layers * len(trainer.agents)
+    assert calls.count(False) >= (layers + 2) * len(trainer.agents)
     assert m["time/paused_s"] == pytest.approx(0.25 * len(calls))
+    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks_before   # nothing left behind
     assert trainer.update(on_policy_groups(trainer))["time/paused_s"] == 0.0
 
 
