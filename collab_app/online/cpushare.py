@@ -23,9 +23,10 @@ working, so a person's round is decoded on every core whenever no step runs, and
 (never two torch processes spinning on the same cores) still holds.
 
 The trainer also pauses for a person's round that waits on its cores (`CoreLease.pause`, between
-the pieces of a step: a micro-batch's forward, its backward, an agent), within a budget: a step
+the pieces of a step: each decoder layer's forward and backward, a micro-batch, an agent; so a
+round waits for one layer, ~10-60 ms, not for a whole forward or backward), within a budget: a step
 pauses at most `yield_share / (1 - yield_share)` times its working time (ServiceConfig.yield_share,
-0.5 = a step takes at most twice its working time). Why both halves: the trainer starts a step as
+0.5 = a step takes at most twice its working time), in pauses of MIN_PAUSE_S at least. Why both halves: the trainer starts a step as
 soon as a rating completes its K ready groups, so the person's next round usually lands in it and,
 on one core, took 7.3 s against 4.4 s on two (Xeon with AMX, `collab bench generate --beside-training`, docs/results
 "A person's round first"); while a scripted rater keeps a round running nearly all the time an
