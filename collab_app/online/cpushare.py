@@ -26,7 +26,7 @@ The trainer also pauses for a person's round that waits on its cores (`CoreLease
 the pieces of a step: each decoder layer's forward and backward, a micro-batch, an agent; so a
 round waits for one layer, ~10-60 ms, not for a whole forward or backward), within a budget: a step
 pauses at most `yield_share / (1 - yield_share)` times its working time (ServiceConfig.yield_share,
-0.5 = a step takes at most twice its working time), in pauses of MIN_PAUSE_S at least. Why both halves: the trainer starts a step as
+0.5 = a step takes at most twice its working time). Why both halves: the trainer starts a step as
 soon as a rating completes its K ready groups, so the person's next round usually lands in it and,
 on one core, took 7.3 s against 4.4 s on two (Xeon with AMX, `collab bench generate --beside-training`, docs/results
 "A person's round first"); while a scripted rater keeps a round running nearly all the time an
@@ -70,13 +70,6 @@ log = logging.getLogger(__name__)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 YIELD_SHARE = 0.5   # ServiceConfig.yield_share's default: a step pauses for rounds at most as long as it works
-# The shortest pause worth taking. The trainer may pause after every decoder layer (~10-60 ms), but
-# handing the cores over costs both sides: the engine widens at its next decode step (~35 ms), the
-# trainer polls every 10 ms, and each hand-over re-forms the OpenMP team. With rounds back to back the
-# budget runs out, and without this floor the step and the round would then trade the cores every few
-# layers in slivers (measured: rounds beside a step 6.1 s instead of 5.1-5.4 s with coarse pauses);
-# with it the step works until it has earned MIN_PAUSE_S of budget, then pauses that long.
-MIN_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -370,7 +363,7 @@ class CoreLease:
         t0 = time.monotonic()
         worked = max(t0 - self._unit_t0 - self._paused, self._last_work)
         end = t0 + worked * self.yield_share / (1.0 - self.yield_share) - self._paused
-        if end - t0 < MIN_PAUSE_S:
+        if end - t0 < 0.05:
             return 0.0
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.want)
