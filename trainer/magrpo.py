@@ -534,8 +534,9 @@ class MAGRPOTrainer:
         self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
         # Called between the pieces of a step (each decoder layer's forward and backward, a
-        # micro-batch, an agent: _layer_pauses); returns the seconds it paused. `collab trainer --core-lease` sets it (cpushare.CoreLease.pause:
-        # a person's round waiting on this process's cores gets them, within a budget); None = never.
+        # micro-batch, an agent: _layer_pauses); returns the seconds it paused. `collab trainer
+        # --core-lease` sets it (cpushare.CoreLease.pause: a person's round waiting on this
+        # process's cores gets them, within a budget); None = never.
         self.pause: Callable[[], float] | None = None
         self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
         adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
@@ -622,7 +623,7 @@ class MAGRPOTrainer:
                 self._pause()
                 hidden = output[0] if isinstance(output, tuple) else output
                 if torch.is_tensor(hidden) and hidden.requires_grad:
-                    hidden.register_hook(lambda grad: self._pause())   # runs as backward leaves the layer
+                    hidden.register_hook(lambda grad: self._pause())   # backward reaches this layer's output: between two layers
             for model in {id(m): m for m in self.model_of.values()}.values():
                 blocks = set(getattr(model, "_no_split_modules", None) or ())
                 handles += [mod.register_forward_hook(after_layer) for mod in model.modules()
