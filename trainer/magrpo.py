@@ -576,17 +576,17 @@ class MAGRPOTrainer:
         m.update(group_metrics(used, self.task.level_names))
         weights = turn_weights(used)                                                  # (turns,)
         changed = []
-        with self._layer_pauses():
-            for i, agent in enumerate(self.agents):
-                items = []  # (sample, advantage, loss weight)
-                for g in used:
-                    adv = advantages(agent_returns(g, i, cfg.cross_credit), cfg.advantage_mode, cfg.normalize_std)
-                    items += [(s, a, weights[g.turn]) for s, a in zip(g.samples[i], adv)]
+        for i, agent in enumerate(self.agents):
+            items = []  # (sample, advantage, loss weight)
+            for g in used:
+                adv = advantages(agent_returns(g, i, cfg.cross_credit), cfg.advantage_mode, cfg.normalize_std)
+                items += [(s, a, weights[g.turn]) for s, a in zip(g.samples[i], adv)]
+            with self._layer_pauses():
                 stats = self._update_agent(agent, items)
-                m.update({f"{agent}/{k}": v for k, v in stats.items()})
-                if stats["trained_samples"]:
-                    changed.append(agent)
-                self._pause()
+            m.update({f"{agent}/{k}": v for k, v in stats.items()})
+            if stats["trained_samples"]:
+                changed.append(agent)
+            self._pause()
         self.step += 1
         m["time/update_s"] = time.perf_counter() - t_start   # pauses included: they are in time/paused_s
         m["time/paused_s"] = self._paused_s
