@@ -317,6 +317,15 @@ def fp16_linear(w):
     return linear
 
 
+# At most this many rows (decode steps: 8 for a person's round, 128 for the rollout workload),
+# the deltas' GEMMs (rows x in x rank, rows x rank x out) run on the calling thread alone: MKL
+# splits even an 8 x 576 x 16 GEMM over the engine's OpenMP team, and the fork and barrier cost
+# more than the work (py-spy, compiled round on two cores, Xeon with AMX: 17% of the model's
+# samples in the LoRA op, most of them in libgomp's barrier; one thread: 108 -> 90 µs per layer
+# for its four linears). The sums are the same (no GEMM here splits its inner dimension).
+# Prefills (hundreds of rows) keep every thread.
+SERIAL_LORA_ROWS = 128
+
 BASE_GEMMS = {"fp16": fp16_linear, "int8": int8_linear}   # TeamLoRA.collab_quantize kinds
 BYTES = {"fp16": 2, "int8": 1}                            # bytes per weight of each kind
 
@@ -384,9 +393,17 @@ class TeamLoRA:
         if stacked is None:                                                # no key of the batch adapts this layer
             return
         a, b, widths = stacked                                             # (in, R), (R, out), R per key
-        h = x.float() @ a                                                  # (T, R)
-        h *= self._collab_mask(widths, x.shape[0])                         # each row keeps its own key's columns
-        out += h @ b                                                       # fp32 sums, rounded once to out's dtype
+        threads = torch.get_num_threads()
+        serial = threads > 1 and x.shape[0] <= SERIAL_LORA_ROWS
+        if serial:
+            torch.set_num_threads(1)
+        try:
+            h = x.float() @ a                                              # (T, R)
+            h *= self._collab_mask(widths, x.shape[0])                     # each row keeps its own key's columns
+            out += h @ b                                                   # fp32 sums, rounded once to out's dtype
+        finally:
+            if serial:
+                torch.set_num_threads(threads)
 
     def _collab_stack(self, layer: str):
         """(A (in, R), B (R, out), (R_k per key)) of the batch's keys for `layer`, stacked in the

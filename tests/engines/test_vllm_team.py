@@ -356,3 +356,44 @@ def test_every_bf16_layer_gets_vllms_amx_gemm_while_an_engine_is_built(monkeypat
     with amx_gemm_for_every_layer():
         assert dispatched()[1] is False and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
     assert calibrate._exact_linear(w.float(), torch.bfloat16)[1] != "sgl"
+
+
+def test_a_decode_steps_deltas_run_on_one_thread_and_the_thread_count_comes_back(tmp_path, monkeypatch):
+    """vllm_team.SERIAL_LORA_ROWS: up to that many rows (decode steps) the deltas' tiny GEMMs run on
+    the calling thread alone (MKL's fork and barrier cost more than the work), with the same sums as
+    on the engine's threads; the thread count is restored after each layer, an error included;
+    a prefill (more rows) keeps every thread."""
+    from collab_app.engines import vllm_team
+
+    torch.manual_seed(0)
+    w = FakeWorker()
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "o_proj"], seed=1)
+    w.collab_load("x1", a1)
+    real = torch.set_num_threads
+    old = torch.get_num_threads()
+    calls = []
+
+    def recording(n):
+        calls.append(n)
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", recording)
+    real(2)
+    try:
+        x = torch.randn(vllm_team.SERIAL_LORA_ROWS, IN)
+        serial, _ = w.run([("r1", "x1", 5), ("r2", None, vllm_team.SERIAL_LORA_ROWS - 5)], x)
+        assert calls == [1, 2, 1, 2] and torch.get_num_threads() == 2      # qkv and o: one thread each
+        calls.clear()
+        monkeypatch.setattr(vllm_team, "SERIAL_LORA_ROWS", 0)
+        threaded, _ = w.run([("r1", "x1", 5), ("r2", None, x.shape[0] - 5)], x)
+        assert calls == []                                                  # more rows: every thread
+        for name in ("qkv", "o"):
+            assert torch.equal(serial[name], threaded[name])
+        monkeypatch.setattr(vllm_team, "SERIAL_LORA_ROWS", 10**6)
+        w._collab_stacked.clear()
+        w._collab_deltas["x1"] = {k: (a, b[:, :1]) for k, (a, b) in w._collab_deltas["x1"].items()}  # shapes broken
+        with pytest.raises(RuntimeError):
+            w.run([("r1", "x1", 5)])
+        assert torch.get_num_threads() == 2
+    finally:
+        real(old)
