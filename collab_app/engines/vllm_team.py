@@ -160,16 +160,23 @@ def amx_gemm_for_every_layer():
     from vllm.model_executor.layers import utils
 
     with _SGL_CAP_HOOK:
-        cap = getattr(utils, "_CPU_SGL_GEMM_MAX_WEIGHT_BYTES", None)
-        if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-            cap = None        # leave vLLM's cap (and its own choice below it) alone
-        if cap is not None:   # absent in another vLLM version: its own dispatch stands
+        cap = getattr(utils, "_CPU_SGL_GEMM_MAX_WEIGHT_BYTES", None)   # None: another vLLM, its own dispatch
+        lift = cap is not None and _native_bf16_here()
+        if lift:
             utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES = _SGL_EVERY_LAYER
         try:
             yield
         finally:
-            if cap is not None:
+            if lift:
                 utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES = cap
+
+
+def _native_bf16_here() -> bool:
+    """trainer.dtypes' rule: bf16 hardware AND torch dispatching AVX-512 kernels (False in a process
+    told to act as an AVX2 CPU, whose hardware still answers AMX)."""
+    from trainer.dtypes import cpu_capability, cpu_has_native_bf16
+
+    return cpu_has_native_bf16(cpu_capability())
 
 
 def served_bf16_gemm(w):
@@ -179,7 +186,7 @@ def served_bf16_gemm(w):
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils
 
-    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+    if not _native_bf16_here():
         return None                     # acting as a lesser CPU: see amx_gemm_for_every_layer
     with amx_gemm_for_every_layer():
         if not utils.check_cpu_sgl_kernel(w.shape[0], w.shape[1], w.dtype):
