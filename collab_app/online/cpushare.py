@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import itertools
 import json
 import logging
 import math
@@ -270,6 +272,9 @@ def apply_to_serving(split: CpuSplit) -> None:
         torch.set_num_threads(len(split.engine))
 
 
+_LEASES = itertools.count()   # CoreLease: a distinct wait file per engine of this process
+
+
 class CoreLease:
     """The trainer child's cores, lent to the serving engine while the trainer is not working, and
     while a person's round waits for them (within a budget).
@@ -287,10 +292,13 @@ class CoreLease:
         while it decodes on the borrowed cores.
       - `path + ".want"`: exists while the trainer waits for or holds the lock. The engine checks it
         before every decode step and releases at once; it never tries to borrow while it exists.
-      - `path + ".wait"`: exists while an engine's generate call decodes on its own cores only
-        (it could not borrow). The trainer checks it between the pieces of a step (`pause`): it
-        then takes its want file away and unlocks, waits until the engine has borrowed and its
-        call has ended (or its budget is spent), and takes the lock back.
+      - `path + ".wait.<engine>"`: exists while that engine's generate call decodes on its own
+        cores only (it could not borrow); one file per engine (a team on two bases has two
+        engines, whose calls may overlap: with one shared file, the call that ended first took
+        away the other's "waiting"). The trainer checks for any between the pieces of a step
+        (`pause`): it then takes its want file away and unlocks, waits until no engine waits any
+        more (the waiting one has borrowed) and the borrower's call has ended (or its budget is
+        spent), and takes the lock back.
     So the trainer waits at most one decode step (~0.1-0.2 s here), the engine never blocks, and
     two torch processes never spin on the same cores (the module's rule) -- the lock is exclusive.
     Left out: lending the ENGINE's cores to the trainer while nobody waits for a round (a step
@@ -300,7 +308,7 @@ class CoreLease:
     def __init__(self, path: str, yield_share: float = 0.0):
         self.path = path
         self.want = path + ".want"
-        self.wait = path + ".wait"
+        self.wait = f"{path}.wait.{os.getpid()}-{next(_LEASES)}"   # this engine's wait file (docstring)
         self.yield_share = yield_share   # the trainer's pause budget (module docstring); 0 = never pause
         self._fd: int | None = None      # the engine's borrowed lock
         self._unit: int | None = None    # the trainer's lock, while a unit of work holds it
@@ -358,7 +366,7 @@ class CoreLease:
         import fcntl
 
         fd = self._unit
-        if fd is None or self.yield_share <= 0 or not os.path.exists(self.wait):
+        if fd is None or self.yield_share <= 0 or not self.round_waits():
             return 0.0
         t0 = time.monotonic()
         worked = max(t0 - self._unit_t0 - self._paused, self._last_work)
@@ -370,7 +378,7 @@ class CoreLease:
         fcntl.flock(fd, fcntl.LOCK_UN)
         # the engine borrows at its next decode step (its wait file goes), and unlocks when its
         # call ends; a call that ends before it borrows takes its wait file away too
-        while time.monotonic() < end and os.path.exists(self.wait):
+        while time.monotonic() < end and self.round_waits():
             time.sleep(0.01)
         got = False
         while not got and time.monotonic() < end:
@@ -391,9 +399,16 @@ class CoreLease:
         """At the trainer's start: a want file from a predecessor killed mid-step would keep the
         engine from borrowing until the next step, and a wait file from a killed engine would
         make steps pause for nobody; nobody wants or waits for the cores yet."""
-        for f in (self.want, self.wait):
+        for f in (self.want, *self._wait_files()):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f)
+
+    def _wait_files(self) -> list[str]:
+        return glob.glob(glob.escape(self.path) + ".wait.*")
+
+    def round_waits(self) -> bool:
+        """Whether some engine's generate call decodes without the trainer's cores (any wait file)."""
+        return bool(self._wait_files())
 
     # -- the engine's side ---------------------------------------------------------------------
     def wanted(self) -> bool:

@@ -491,9 +491,36 @@ def test_a_wait_file_left_by_a_killed_engine_is_cleared_at_the_trainers_start(tm
     from collab_app.online.cpushare import CoreLease
 
     path = str(tmp_path / "cores.lock")
-    CoreLease(path).waiting(True)                 # serve was killed mid-round
-    CoreLease(path).clear_stale()
-    assert not os.path.exists(path + ".wait")
+    engines = [CoreLease(path), CoreLease(path)]
+    for engine in engines:
+        engine.waiting(True)                      # serve was killed mid-round (a team on two bases)
+    trainer = CoreLease(path)
+    assert trainer.round_waits()
+    trainer.clear_stale()
+    assert not trainer.round_waits() and not any(os.path.exists(e.wait) for e in engines)
+
+
+def test_one_engines_call_ending_does_not_hide_anothers_waiting_round(tmp_path):
+    """A team on two bases has an engine per base, each with its own lease handle; their calls may
+    overlap (two people's rounds). When one call ends, the other still waits for the cores, and a
+    step in progress still pauses for it."""
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    first, second, trainer = CoreLease(path), CoreLease(path), CoreLease(path, yield_share=0.5)
+    assert first.wait != second.wait
+    first.waiting(True)
+    second.waiting(True)
+    second.waiting(False)                         # the second base's call ended
+    assert trainer.round_waits()                  # the first's round still waits
+    first.waiting(False)
+    assert not trainer.round_waits()
+    with _a_step_in_progress(tmp_path, 2.0) as (engine, after, paused):
+        first.waiting(True)                       # the first base's engine waits for a round
+        _poll(first.try_borrow)                   # the step let go for the first engine's round
+        first.waiting(False)
+        first.give_back()
+        assert after.wait(5) and paused[0] > 0
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to lend one")
@@ -517,16 +544,16 @@ def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wa
         seen["wide"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
         with open(path + ".want", "w"):   # the trainer wants its core
             pass
-        seen["wide waits"] = os.path.exists(path + ".wait")
+        seen["wide waits"] = os.path.exists(spare.lease.wait)
         spare.before_step()
         seen["narrow"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
-        seen["narrow waits"] = os.path.exists(path + ".wait")   # a trainer in a step may pause for it
+        seen["narrow waits"] = os.path.exists(spare.lease.wait)   # a trainer in a step may pause for it
         os.unlink(path + ".want")
         spare.before_step()
-        seen["widened again waits"] = os.path.exists(path + ".wait")
+        seen["widened again waits"] = os.path.exists(spare.lease.wait)
         spare.end()
         seen["end"] = (sorted(os.sched_getaffinity(0)), torch.get_num_threads(), spare.widened)
-        seen["end waits"] = os.path.exists(path + ".wait")
+        seen["end waits"] = os.path.exists(spare.lease.wait)
 
     main_before = (sorted(os.sched_getaffinity(0)), torch.get_num_threads())
     t = threading.Thread(target=decode)
