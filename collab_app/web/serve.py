@@ -309,6 +309,22 @@ def remote_engine_url(cfg: ServeConfig) -> str:
     return target if target.startswith(("http://", "https://")) else ""
 
 
+def race_before_the_split(cfg: ServeConfig, bases: list[str]) -> None:
+    """Engine `auto`: the engine race for each base, cached once per machine (`collab models` at
+    install) and run here where it is missing (a Space that starts on other hardware than it was
+    built on, a changed calibration key), BEFORE serve confines itself to its engine cores: the
+    race's child engines inherit this process's cores, and its cache key says every core. Later,
+    make_engine("auto") finds it cached. An engine chosen by hand (--engine, COLLAB_ENGINE) or a
+    remote one races nothing here, as in make_engine; a GPU or COLLAB_CALIBRATE=0 neither
+    (engines.auto_choice)."""
+    if cfg.engine != "auto" or remote_engine_url(cfg) or os.environ.get("COLLAB_ENGINE", "auto") != "auto":
+        return
+    from collab_app.engines import auto_choice
+
+    for base in dict.fromkeys(bases):
+        auto_choice(base, measure=True)
+
+
 def engine_kwargs(cfg: ServeConfig) -> dict:
     """make_engine's keywords from cfg beyond kind and model: the retry window where the engine is a
     vLLM server (`remote_engine_url`); for the in-process engines, the transformers engine's decode
@@ -366,6 +382,7 @@ def serve(cfg: ServeConfig) -> None:
         split = None if remote_engine_url(cfg) else plan(cfg.engine_cores)
         argv = trainer_argv(cfg, adapters_dir, model_path, agent_models)
         if split is not None:
+            race_before_the_split(cfg, [model_path, *agent_models.values()])
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
             if cfg.borrow_cores:   # the engine decodes on the child's cores between its steps

@@ -135,3 +135,18 @@ def test_vllm_runs_compiled_and_borrows_exactly_where_serve_would(monkeypatch):
     monkeypatch.setattr(engines, "_race_compiles", lambda path, measure=False: True)
     assert kw("vllm", "/m", "bfloat16", None) == {}
     assert bench.NO_BORROWING == {"vllm-noborrow"}
+
+
+def test_the_engine_race_is_timed_apart_from_the_engines_start(monkeypatch, tmp_path):
+    """A vLLM variant that leaves compiling to the race runs it (cached, or now) before the worker's
+    core split and off the start-up clock (`race_s` beside `startup_s`); the others race nothing."""
+    from collab_app import engines
+
+    asked = []
+    monkeypatch.setattr(engines, "auto_choice", lambda path, measure=False: asked.append((path, measure)) or ([], ""))
+    status = tmp_path / "status"
+    assert isinstance(bench.race_first("vllm", "/m", status), float)
+    assert asked == [("/m", True)] and status.read_text() == "engine race (once per machine)"
+    for kind in ("vllm-eager", "vllm-compiled", "transformers", "transformers-torch", "plain", "remote"):
+        assert bench.race_first(kind, "/m") is None
+    assert len(asked) == 1
