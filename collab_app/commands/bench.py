@@ -268,7 +268,8 @@ def vllm_variant_kw(engine: str, model_path: str, dtype: str, quantize: str | No
 
     kw = {k: v for k, v in VLLM_VARIANTS[engine].items() if k != "quantize"}
     if "enforce_eager" not in kw:
-        kw.update(vllm_compile_kw(model_path, dtype, quantize, kw.get("in_process", True), measure=True))
+        # cached: race_first ran it (or found it) before the split; a race that failed is not run twice
+        kw.update(vllm_compile_kw(model_path, dtype, quantize, kw.get("in_process", True)))
     return kw
 
 

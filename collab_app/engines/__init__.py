@@ -176,24 +176,21 @@ def _raced(model_path: str | None, measure: bool) -> dict | None:
         return None
 
 
-def _race_compiles(path: str, measure: bool = False) -> bool:
-    """Whether the engine race found vLLM compiled faster than eager here: cached, or run now if
-    `measure` and nothing is cached (engine_race's doc; COLLAB_CALIBRATE=0 or dtype chosen by
-    hand: eager)."""
-    raced = _raced(path, measure=measure)
+def _race_compiles(path: str) -> bool:
+    """Whether the engine race cached here found vLLM compiled faster than eager (engine_race's
+    doc; never raced here, COLLAB_CALIBRATE=0 or dtype chosen by hand: eager)."""
+    raced = _raced(path, measure=False)
     return bool(raced and raced.get("compile"))
 
 
-def vllm_compile_kw(path: str, dtype: str, quantize: str | None, in_process: bool = True,
-                    measure: bool = False) -> dict:
+def vllm_compile_kw(path: str, dtype: str, quantize: str | None, in_process: bool = True) -> dict:
     """The `enforce_eager` the app gives a CPU vLLM engine of this dtype and these base GEMMs:
-    {"enforce_eager": False} where the engine race found vLLM compiled faster here (cached; run
-    now if `measure`) and the engine can compile (engine_vllm.cpu_compile_unfit), else {} (the
-    engine's own default: eager on CPU, compiled on a GPU). One rule for `make_engine` (which has
-    raced already) and `collab bench generate` (measure=True: with no race cached, as after a
-    change of calibrate's machine key, serve would race before building, so the bench does too),
-    so the bench's `vllm` is the engine `collab serve` runs."""
-    if cuda_available() or not _race_compiles(path, measure):
+    {"enforce_eager": False} where the engine race cached here found vLLM compiled faster and
+    the engine can compile (engine_vllm.cpu_compile_unfit), else {} (the engine's own default:
+    eager on CPU, compiled on a GPU). One rule for `make_engine` and `collab bench generate`, so
+    the bench's `vllm` is the engine `collab serve` runs; both have run the race (or found it
+    cached) first: make_engine("auto") through auto_choice, the bench through `race_first`."""
+    if cuda_available() or not _race_compiles(path):
         return {}
     from collab_app.engines.engine_vllm import cpu_compile_unfit
 

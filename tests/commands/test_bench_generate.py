@@ -116,23 +116,23 @@ def test_vllm_runs_compiled_and_borrows_exactly_where_serve_would(monkeypatch):
 
     monkeypatch.setattr(engines, "cuda_available", lambda: False)
     asked = []
-    monkeypatch.setattr(engines, "_race_compiles", lambda path, measure=False: asked.append(measure) or True)
+    monkeypatch.setattr(engines, "_race_compiles", lambda path: asked.append(path) or True)
     monkeypatch.setattr("collab_app.engines.engine_vllm.cpu_compile_unfit",
                         lambda dtype, quantize, in_process=True:
                         None if dtype == "bfloat16" and not quantize and in_process else "unfit")
     kw = bench.vllm_variant_kw
     assert kw("vllm", "/m", "bfloat16", None) == {"enforce_eager": False}
-    assert asked == [True]     # nothing cached: the bench races first, as serve's make_engine("auto") would
+    assert asked == ["/m"]     # the cached race: race_first measured it before the split (its own test)
     assert kw("vllm-noborrow", "/m", "bfloat16", None) == {"enforce_eager": False}
     assert kw("vllm-eager", "/m", "bfloat16", None) == {"enforce_eager": True}
     assert kw("vllm", "/m", "float32", None) == {}                                # fp32: the engine's default (eager)
     assert kw("vllm-fp16", "/m", "float32", "fp16") == {}
     assert kw("vllm-spawn", "/m", "bfloat16", None) == {"in_process": False}       # needs this process to compile
-    monkeypatch.setattr(engines, "_race_compiles", lambda path, measure=False: False)  # the race kept eager here
+    monkeypatch.setattr(engines, "_race_compiles", lambda path: False)  # the race kept eager here
     assert kw("vllm", "/m", "bfloat16", None) == {}
     assert kw("vllm-compiled", "/m", "bfloat16", None) == {"enforce_eager": False}
     monkeypatch.setattr(engines, "cuda_available", lambda: True)                   # a GPU: vLLM's own default
-    monkeypatch.setattr(engines, "_race_compiles", lambda path, measure=False: True)
+    monkeypatch.setattr(engines, "_race_compiles", lambda path: True)
     assert kw("vllm", "/m", "bfloat16", None) == {}
     assert bench.NO_BORROWING == {"vllm-noborrow"}
 
