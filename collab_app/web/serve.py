@@ -325,14 +325,28 @@ def race_before_the_split(cfg: ServeConfig, bases: list[str]) -> None:
         auto_choice(base, measure=True)
 
 
+def trainer_lora_rank(cfg: ServeConfig) -> int:
+    """The LoRA rank the child trainer's adapters will have (`--lora-r` in --trainer-args, else the
+    trainer's default), at least 8 (vLLM's GPU LoRA takes 1, 8, 16, 32, ...): vLLM serves adapters
+    up to its `max_lora_rank` on GPU and in a compiled CPU engine's in-graph slots."""
+    import argparse
+
+    from trainer.config import MAGRPOConfig
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--lora-r", type=int, default=MAGRPOConfig.lora_r)
+    return max(8, parser.parse_known_args(shlex.split(cfg.trainer_args))[0].lora_r)
+
+
 def engine_kwargs(cfg: ServeConfig) -> dict:
     """make_engine's keywords from cfg beyond kind and model: the retry window where the engine is a
     vLLM server (`remote_engine_url`); for the in-process engines, the transformers engine's decode
-    thread (requests arrive on many server threads: engine_hf's doc, "Threads"; vLLM ignores it)
-    and, where --vllm-compile is not auto, vLLM's `enforce_eager` (the transformers engine drops it)."""
+    thread (requests arrive on many server threads: engine_hf's doc, "Threads"; vLLM ignores it),
+    vLLM's `max_lora_rank` (`trainer_lora_rank`) and, where --vllm-compile is not auto, vLLM's
+    `enforce_eager` (the transformers engine drops both)."""
     if remote_engine_url(cfg):
         return {"retry_s": cfg.engine_retry_s}
-    kw = {"decode_thread": True}
+    kw = {"decode_thread": True, "max_lora_rank": trainer_lora_rank(cfg)}
     if cfg.vllm_compile != "auto":
         kw["enforce_eager"] = cfg.vllm_compile == "off"
     return kw

@@ -468,10 +468,20 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
                                Sampling(max_new_tokens=24, temperature=0.5))
             return [[_teacher_gap(teacher, s).mean().item() for s in per_agent] for per_agent in out]
 
+        def worker():
+            return eng._call(eng.llm.collective_rpc, "collab_check")[0]
+
         eng.load_adapter("c1", adapters[2], 1)
         other, base = gaps()
+        before = worker()
         eng.load_adapter("c1", adapters[1], 2)
         own, base_after = gaps()
+        after = worker()
+        # q|k|v and o of every layer add their deltas inside the graph (vllm_team.graph_lora_linear),
+        # and c1's new version took its agent's slot
+        layers = eng.llm.llm_engine.model_config.hf_config.num_hidden_layers
+        assert before["in_graph"] == 2 * layers and len(after["slots"]) == 1, after
+        assert list(after["slots"].values()) == list(before["slots"].values()) and after["keys"] != before["keys"]
         # judged on the mean of 4 samples: one sample's mean gap over its 24 tokens ranged 0.03-0.14
         # in 24 draws (Xeon with AMX, with vLLM's sampler and with cpu_sampler alike), 0.07 on average
         assert statistics.fmean(own) < 0.15, own

@@ -125,9 +125,10 @@ def test_serve_vllm_compile_overrides_the_race_for_the_served_engine(raced, monk
     from collab_app.engines import engine_vllm
     from collab_app.web.serve import ServeConfig, engine_kwargs
 
-    assert engine_kwargs(ServeConfig()) == {"decode_thread": True}      # auto: the race decides
-    assert engine_kwargs(ServeConfig(vllm_compile="on")) == {"decode_thread": True, "enforce_eager": False}
-    assert engine_kwargs(ServeConfig(vllm_compile="off")) == {"decode_thread": True, "enforce_eager": True}
+    local = {"decode_thread": True, "max_lora_rank": 8}
+    assert engine_kwargs(ServeConfig()) == local                         # auto: the race decides
+    assert engine_kwargs(ServeConfig(vllm_compile="on")) == local | {"enforce_eager": False}
+    assert engine_kwargs(ServeConfig(vllm_compile="off")) == local | {"enforce_eager": True}
     for elsewhere in ({"engine": "transformers"}, {"engine_url": "http://127.0.0.1:8000"}):
         with pytest.raises(ValueError, match="--vllm-compile on applies to vLLM in this process"):
             ServeConfig(vllm_compile="on", **elsewhere)
@@ -144,7 +145,8 @@ def test_serve_vllm_compile_overrides_the_race_for_the_served_engine(raced, monk
     engines.make_engine("transformers", raced["model"], **engine_kwargs(ServeConfig(vllm_compile="on", engine="auto")))
     assert [(kind, kw.get("enforce_eager")) for kind, kw in built] == \
         [("vllm", None), ("vllm", False), ("vllm", True), ("hf", None)]
-    assert "enforce_eager" not in built[-1][1]
+    assert "enforce_eager" not in built[-1][1] and "max_lora_rank" not in built[-1][1]
+    assert all(kw["max_lora_rank"] == 8 for kind, kw in built if kind == "vllm")
 
 
 def test_compiled_vllm_that_loses_or_does_not_start_leaves_vllm_eager(raced):
@@ -296,6 +298,7 @@ def test_the_race_is_found_whatever_the_callers_thread_count(model_path):
         one = engine_race.race_key(model_path)
         torch.set_num_threads(2)
         assert engine_race.race_key(model_path) == one
+        assert f"r{engine_race.ENGINES_REVISION} " in one   # an upgrade that moves the race races again
     finally:
         torch.set_num_threads(before)
 
@@ -316,3 +319,16 @@ def test_what_the_children_cached_meanwhile_is_kept(raced, tmp_path, monkeypatch
     auto_choice(raced["model"], measure=True)
     cache = json.loads((tmp_path / "calibration.json").read_text())
     assert set(cache) == {"dtype entry", f"race {raced['model']}"}
+
+
+def test_serve_starts_vllm_for_the_rank_its_trainer_child_trains():
+    """vLLM serves adapters up to its max_lora_rank (GPU LoRA, a compiled CPU engine's in-graph
+    slots): serve starts it for the rank of the adapters its trainer child will write, --lora-r in
+    --trainer-args or the trainer's default, never below 8 (vLLM's GPU LoRA takes 1, 8, 16, ...)."""
+    from collab_app.web.serve import ServeConfig, trainer_lora_rank
+    from trainer.config import MAGRPOConfig
+
+    assert trainer_lora_rank(ServeConfig()) == max(8, MAGRPOConfig.lora_r)
+    assert trainer_lora_rank(ServeConfig(trainer_args="--learning-rate 5e-5 --lora-r 32 --lora-alpha 64")) == 32
+    assert trainer_lora_rank(ServeConfig(trainer_args="--lora-r 4")) == 8
+    assert trainer_lora_rank(ServeConfig(trainer_args="--lora-r 16 --lora-r 64")) == 64     # the last flag wins, as argparse's

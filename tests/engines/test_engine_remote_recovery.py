@@ -282,11 +282,11 @@ def test_serve_sets_retry_s_only_for_a_remote_engine(monkeypatch):
                           description="x")
     assert cfg.engine_retry_s == 2.5 and engine_kwargs(cfg) == {"retry_s": 2.5}
     # in-process engines: no retry window; the transformers engine's decode thread (vLLM drops it)
-    assert engine_kwargs(ServeConfig()) == {"decode_thread": True}
-    assert engine_kwargs(ServeConfig(engine="transformers")) == {"decode_thread": True}
+    assert engine_kwargs(ServeConfig()) == {"decode_thread": True, "max_lora_rank": 8}
+    assert engine_kwargs(ServeConfig(engine="transformers")) == {"decode_thread": True, "max_lora_rank": 8}
     monkeypatch.setenv("COLLAB_ENGINE", "http://127.0.0.1:8000")      # auto -> the URL, as make_engine reads it
     assert engine_kwargs(ServeConfig(engine_retry_s=0)) == {"retry_s": 0}
-    assert engine_kwargs(ServeConfig(engine="vllm")) == {"decode_thread": True}
+    assert engine_kwargs(ServeConfig(engine="vllm")) == {"decode_thread": True, "max_lora_rank": 8}
     # the same rule decides that serve does not split the cores for its trainer child: the
     # generating engine is elsewhere (before, COLLAB_ENGINE=URL still split them)
     from collab_app.web.serve import remote_engine_url

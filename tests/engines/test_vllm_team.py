@@ -128,7 +128,7 @@ def test_every_row_gets_its_own_adapter_in_one_forward(tmp_path, order):
     # the deltas are not noise-sized: an adapter row differs from its base forward
     base_qkv, _ = expected(w, x[:3], None)
     assert (out["qkv"][:3] - base_qkv).abs().max() > 0.1
-    assert w.collab_check() == {"wrapped": 2, "keys": ["x1-v1-1", "x2-v1-2"]}
+    assert w.collab_check() == {"wrapped": 2, "in_graph": 0, "keys": ["x1-v1-1", "x2-v1-2"], "slots": {}}
 
 
 def test_weights_are_never_modified_and_a_dropped_key_is_refused(tmp_path):
@@ -397,3 +397,108 @@ def test_a_decode_steps_deltas_run_on_one_thread_and_the_thread_count_comes_back
         assert torch.get_num_threads() == 2
     finally:
         real(old)
+
+
+def save_rank(path, modules, seed, r):
+    """save_adapter with rank `r` instead of R."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    outs = {"q_proj": Q, "k_proj": KV, "v_proj": KV, "o_proj": IN}
+    tensors = {}
+    for m in modules:
+        name = f"base_model.model.model.layers.0.self_attn.{m}"
+        tensors[f"{name}.lora_A.weight"] = torch.randn(r, IN, generator=g)
+        tensors[f"{name}.lora_B.weight"] = torch.randn(outs[m], r, generator=g)
+    path.mkdir()
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 2 * r, "peft_type": "LORA"}))
+    return str(path)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path, compiled):
+    """vllm_team.graph_lora_linear, what a compiled engine puts on q|k|v (and o) while vLLM loads
+    them: one slot per agent in buffers the graph reads at every call, a row mask picking each
+    row's slot. Traced ONCE (as vLLM does) before any adapter, the graph must give every row its
+    own version's peft forward, base rows nothing, for a decode-sized batch and a prefill-sized
+    one from the same trace, next to a layer still served by the op (o_proj here); a new version
+    takes its agent's slot in place, and the mask is all zero between forwards."""
+    from collab_app.engines import vllm_team
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    w = FakeWorker()
+    attn = w.model_runner.get_model().model.layers[0].self_attn
+    mask = torch.zeros(64, 2)
+    vllm_team.graph_lora_linear(attn.qkv_proj, "model.layers.0.self_attn.qkv_proj", 2, R + 1, mask)
+    vllm_team.wrap_linear(attn.o_proj, "model.layers.0.self_attn.o_proj")
+    if compiled:
+        graph = torch.compile(lambda x: (attn.qkv_proj(x), attn.o_proj(x)), fullgraph=True, backend="aot_eager", dynamic=True)
+
+        def model_forward(x):
+            qkv, o = graph(x)
+            w.outputs = {"qkv": qkv, "o": o}
+
+        w.model_runner._model_forward = model_forward
+        out, x = w.run([("r0", None, 3)])                                  # traced here, no adapter anywhere
+        torch.testing.assert_close(out["qkv"], expected(w, x, None)[0])
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)   # rank R < the slots' R + 1
+    a2 = save_rank(tmp_path / "a2", ["q_proj", "k_proj", "v_proj"], seed=2, r=R + 1)
+    a3 = save_adapter(tmp_path / "a3", ["k_proj", "o_proj"], seed=3)
+    w.collab_load("x1-v1-1", a1)
+    w.collab_load("x2-v1-2", a2)
+    assert w.collab_check()["slots"] == {"x1-v1-1": 0, "x2-v1-2": 1}
+
+    def check(adapters, batches):
+        for batch in batches:
+            with torch.compiler.set_stance("fail_on_recompile"):           # as vLLM: the first trace is the only one
+                out, x = w.run(batch)
+            start = 0
+            for _, key, n in batch:
+                rows = slice(start, start + n)
+                want_qkv, want_o = expected(w, x[rows], adapters[key])
+                torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
+                start += n
+            assert not mask.any()                                          # zero between forwards
+
+    few = [("r1", "x1-v1-1", 3), ("r2", None, 2), ("r3", "x2-v1-2", 3)]
+    many = [("r1", "x1-v1-1", 20), ("r2", None, 5), ("r3", "x2-v1-2", 10), ("r4", "x1-v1-1", 7)]   # index-tensor rows
+    check({"x1-v1-1": a1, "x2-v1-2": a2, None: None}, [few, many])
+    # a new version of agent x1 takes x1's slot; the engine drops the old key right after
+    w.collab_load("x1-v2-3", a3, replaces="x1-v1-1")
+    w.collab_drop("x1-v1-1")
+    assert w.collab_check()["slots"] == {"x1-v2-3": 0, "x2-v1-2": 1}
+    swapped = [[(rid, "x1-v2-3" if key == "x1-v1-1" else key, n) for rid, key, n in b] for b in (few, many)]
+    check({"x1-v2-3": a3, "x2-v1-2": a2, None: None}, swapped)
+    out, x = w.run([("r1", "x2-v1-2", 3)])
+    assert (out["qkv"] - expected(w, x, None)[0]).abs().max() > 0.1      # the deltas are not noise-sized
+
+
+def test_in_graph_slots_refuse_what_they_cannot_hold(tmp_path):
+    """A compiled engine's slots: a rank above theirs, or a version beyond one per agent, is refused
+    with what to change; nothing of the refused adapter is served, and a dropped key's slot is
+    zero and free again."""
+    from collab_app.engines import vllm_team
+
+    w = FakeWorker()
+    attn = w.model_runner.get_model().model.layers[0].self_attn
+    mask = torch.zeros(16, 2)
+    for mod, name in ((attn.qkv_proj, "qkv_proj"), (attn.o_proj, "o_proj")):
+        vllm_team.graph_lora_linear(mod, f"model.layers.0.self_attn.{name}", 2, R, mask)
+    with pytest.raises(ValueError, match=rf"rank {R + 1} .* max_lora_rank >= {R + 1}"):
+        w.collab_load("big", save_rank(tmp_path / "big", ["q_proj"], seed=1, r=R + 1))
+    w.collab_load("k1", save_adapter(tmp_path / "a1", ["q_proj", "o_proj"], seed=1))
+    w.collab_load("k2", save_adapter(tmp_path / "a2", ["v_proj"], seed=2))
+    with pytest.raises(ValueError, match="num_agents >= 3"):
+        w.collab_load("k3", save_adapter(tmp_path / "a3", ["q_proj"], seed=3))
+    assert w.collab_check()["keys"] == ["k1", "k2"]
+    w.collab_drop("k1")
+    assert not attn.qkv_proj.collab_a[:, :3 * R].any() and not attn.o_proj.collab_b[:R].any()
+    w.collab_load("k3", tmp_path / "a3")
+    assert w.collab_check()["slots"] == {"k2": 1, "k3": 0}
+    out, x = w.run([("r1", "k3", 2), ("r2", None, 2)])
+    a3 = str(tmp_path / "a3")
+    torch.testing.assert_close(out["qkv"][:2], expected(w, x[:2], a3)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["o"], expected(w, x, None)[1], rtol=1e-5, atol=1e-5)
