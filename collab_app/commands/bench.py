@@ -135,7 +135,8 @@ def _worker(args) -> None:
         from collab_app.engines.engine_vllm import VLLMEngine
 
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
-                            num_agents=2, quantize=quantize, **vllm_variant_kw(args.engine, args.model_path, args.dtype, quantize))
+                            num_agents=2, max_lora_rank=max(8, args.lora_rank), quantize=quantize,
+                            **vllm_variant_kw(args.engine, args.model_path, args.dtype, quantize))
     else:
         from collab_app.engines.engine_hf import TransformersEngine
 

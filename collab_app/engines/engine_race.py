@@ -35,8 +35,8 @@ later starts ~25 s instead of ~11). On fp32 CPUs it does not run (engine_vllm's 
 
 The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
 machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
-machine key + the engines raced and their ENGINES_REVISION); re-run when the key changes. Only a race that every contestant
-run here finished is cached, so a failed start is tried again next time. `make_engine("auto")` runs
+machine key + the engines raced and their ENGINES_REVISION); re-run when the key changes. Only a
+race that every contestant run here finished is cached, so a failed start is tried again next time. `make_engine("auto")` runs
 it on a CPU where both engines are candidates (about a minute, once); `collab serve --vllm-compile
 on|off` overrides its compile decision; COLLAB_CALIBRATE=0 turns it off (the tests): then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
 `collab models` prints it (and runs it at install).
@@ -76,7 +76,7 @@ ROUND_TIMEOUT_S = 120   # one round of a started child
 MEMORY_HEADROOM = 1.25
 # Part of the cache key: bumped when this project's engines change speed enough to move the race,
 # so an upgraded install races again instead of trusting a verdict on the old code. 2: the LoRA
-# deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds ~24% shorter).
+# deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds 12-24% shorter).
 ENGINES_REVISION = 2
 
 
