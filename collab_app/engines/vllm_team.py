@@ -41,7 +41,8 @@ frozen as "no adapter". Every linear layer is therefore wrapped while vLLM loads
   slot: y = base(x) + ((x·A) ⊙ mask)·B, two GEMMs with the mask, the sum and the cast fused
   around them by inductor. Why: the op below costs its dispatch, Python, a stacking lookup and a
   thread-count switch per call, 120 calls a step; in the graph an interactive round is 12%
-  shorter in the bench (24% in paired A/Bs), the rollout 6-11%, a prefill-heavy round no longer (docs/results "LoRA deltas inside the compiled graph").
+  shorter in the bench (24% in paired A/Bs), the rollout 6-11%, a prefill-heavy round no longer
+  (docs/results "LoRA deltas inside the compiled graph").
 - the other layers record the opaque op `collab::team_lora_` (out, x, layer name), which at run
   time finds the forward's worker (`_FORWARD`, set around each forward on the engine's thread)
   and adds the deltas of the adapters on them (none for the trainer's defaults); eager calls
