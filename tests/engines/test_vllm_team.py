@@ -72,8 +72,33 @@ class FakeWorker(TeamLoRA):
         return self.outputs, x
 
 
-def save_adapter(path, modules, seed, alpha=16):
-    """A peft LoRA directory on `modules` (hf names) with random A and B."""
+def assert_rows_follow(worker, batch, out, x, adapters):
+    """Every request's rows of `batch` equal peft's forward with its key's adapter (None: base)."""
+    start = 0
+    for _, key, n in batch:
+        rows = slice(start, start + n)
+        want_qkv, want_o = expected(worker, x[rows], adapters[key])
+        torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
+        start += n
+
+
+def trace_once(worker):
+    """As a compiled vLLM engine does: the worker's model traced ONCE (row count dynamic), by a
+    first forward of 3 base rows, before any adapter; returns that forward's (outputs, x)."""
+    attn = worker.model_runner.get_model().model.layers[0].self_attn
+    graph = torch.compile(lambda x: (attn.qkv_proj(x), attn.o_proj(x)), fullgraph=True, backend="aot_eager", dynamic=True)
+
+    def model_forward(x):
+        qkv, o = graph(x)
+        worker.outputs = {"qkv": qkv, "o": o}
+
+    worker.model_runner._model_forward = model_forward
+    return worker.run([("r0", None, 3)])
+
+
+def save_adapter(path, modules, seed, alpha=16, r=R):
+    """A peft LoRA directory on `modules` (hf names) with random rank-`r` A and B."""
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
@@ -81,11 +106,11 @@ def save_adapter(path, modules, seed, alpha=16):
     tensors = {}
     for m in modules:
         name = f"base_model.model.model.layers.0.self_attn.{m}"
-        tensors[f"{name}.lora_A.weight"] = torch.randn(R, IN, generator=g)
-        tensors[f"{name}.lora_B.weight"] = torch.randn(outs[m], R, generator=g)
+        tensors[f"{name}.lora_A.weight"] = torch.randn(r, IN, generator=g)
+        tensors[f"{name}.lora_B.weight"] = torch.randn(outs[m], r, generator=g)
     path.mkdir()
     save_file(tensors, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text(json.dumps({"r": R, "lora_alpha": alpha, "peft_type": "LORA"}))
+    (path / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": alpha, "peft_type": "LORA"}))
     return str(path)
 
 
@@ -117,14 +142,7 @@ def test_every_row_gets_its_own_adapter_in_one_forward(tmp_path, order):
     else:   # a key's requests apart in the batch: the index-tensor path
         batch = [("r1", "x1-v1-1", 3), ("r3", None, 2), ("r4", "x2-v1-2", 1), ("r2", "x1-v1-1", 2)]
     out, x = w.run(batch)
-    start = 0
-    adapters = {"x1-v1-1": a1, "x2-v1-2": a2, None: None}
-    for rid, key, n in batch:
-        rows = slice(start, start + n)
-        want_qkv, want_o = expected(w, x[rows], adapters[key])
-        torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
-        start += n
+    assert_rows_follow(w, batch, out, x, {"x1-v1-1": a1, "x2-v1-2": a2, None: None})
     # the deltas are not noise-sized: an adapter row differs from its base forward
     base_qkv, _ = expected(w, x[:3], None)
     assert (out["qkv"][:3] - base_qkv).abs().max() > 0.1
@@ -262,14 +280,7 @@ def test_a_graph_compiled_before_any_adapter_adds_the_deltas_loaded_after(tmp_pa
     wrap_linear(attn.qkv_proj, "model.layers.0.self_attn.qkv_proj")
     wrap_linear(attn.o_proj, "model.layers.0.self_attn.o_proj")
     wrap_linear(attn.o_proj, "model.layers.0.self_attn.o_proj")          # idempotent
-    compiled = torch.compile(lambda x: (attn.qkv_proj(x), attn.o_proj(x)), fullgraph=True, backend="aot_eager", dynamic=True)
-
-    def model_forward(x):
-        qkv, o = compiled(x)
-        w.outputs = {"qkv": qkv, "o": o}
-
-    w.model_runner._model_forward = model_forward
-    out, x = w.run([("r0", None, 3)])                                    # traced here, no adapter anywhere
+    out, x = trace_once(w)                                               # no adapter anywhere yet
     torch.testing.assert_close(out["qkv"], expected(w, x, None)[0])
     a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)
     w.collab_load("x1-v1-1", a1)
@@ -399,23 +410,6 @@ def test_a_decode_steps_deltas_run_on_one_thread_and_the_thread_count_comes_back
         real(old)
 
 
-def save_rank(path, modules, seed, r):
-    """save_adapter with rank `r` instead of R."""
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(seed)
-    outs = {"q_proj": Q, "k_proj": KV, "v_proj": KV, "o_proj": IN}
-    tensors = {}
-    for m in modules:
-        name = f"base_model.model.model.layers.0.self_attn.{m}"
-        tensors[f"{name}.lora_A.weight"] = torch.randn(r, IN, generator=g)
-        tensors[f"{name}.lora_B.weight"] = torch.randn(outs[m], r, generator=g)
-    path.mkdir()
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 2 * r, "peft_type": "LORA"}))
-    return str(path)
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path, compiled):
     """vllm_team.graph_lora_linear, what a compiled engine puts on q|k|v (and o) while vLLM loads
@@ -434,17 +428,10 @@ def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path,
     vllm_team.graph_lora_linear(attn.qkv_proj, "model.layers.0.self_attn.qkv_proj", 2, R + 1, mask)
     vllm_team.wrap_linear(attn.o_proj, "model.layers.0.self_attn.o_proj")
     if compiled:
-        graph = torch.compile(lambda x: (attn.qkv_proj(x), attn.o_proj(x)), fullgraph=True, backend="aot_eager", dynamic=True)
-
-        def model_forward(x):
-            qkv, o = graph(x)
-            w.outputs = {"qkv": qkv, "o": o}
-
-        w.model_runner._model_forward = model_forward
-        out, x = w.run([("r0", None, 3)])                                  # traced here, no adapter anywhere
+        out, x = trace_once(w)                                             # no adapter anywhere yet
         torch.testing.assert_close(out["qkv"], expected(w, x, None)[0])
     a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)   # rank R < the slots' R + 1
-    a2 = save_rank(tmp_path / "a2", ["q_proj", "k_proj", "v_proj"], seed=2, r=R + 1)
+    a2 = save_adapter(tmp_path / "a2", ["q_proj", "k_proj", "v_proj"], seed=2, alpha=2 * (R + 1), r=R + 1)
     a3 = save_adapter(tmp_path / "a3", ["k_proj", "o_proj"], seed=3)
     w.collab_load("x1-v1-1", a1)
     w.collab_load("x2-v1-2", a2)
@@ -454,13 +441,7 @@ def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path,
         for batch in batches:
             with torch.compiler.set_stance("fail_on_recompile"):           # as vLLM: the first trace is the only one
                 out, x = w.run(batch)
-            start = 0
-            for _, key, n in batch:
-                rows = slice(start, start + n)
-                want_qkv, want_o = expected(w, x[rows], adapters[key])
-                torch.testing.assert_close(out["qkv"][rows], want_qkv, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(out["o"][rows], want_o, rtol=1e-5, atol=1e-5)
-                start += n
+            assert_rows_follow(w, batch, out, x, adapters)
             assert not mask.any()                                          # zero between forwards
 
     few = [("r1", "x1-v1-1", 3), ("r2", None, 2), ("r3", "x2-v1-2", 3)]
@@ -488,7 +469,7 @@ def test_in_graph_slots_refuse_what_they_cannot_hold(tmp_path):
     for mod, name in ((attn.qkv_proj, "qkv_proj"), (attn.o_proj, "o_proj")):
         vllm_team.graph_lora_linear(mod, f"model.layers.0.self_attn.{name}", 2, R, mask)
     with pytest.raises(ValueError, match=rf"rank {R + 1} .* max_lora_rank >= {R + 1}"):
-        w.collab_load("big", save_rank(tmp_path / "big", ["q_proj"], seed=1, r=R + 1))
+        w.collab_load("big", save_adapter(tmp_path / "big", ["q_proj"], seed=1, r=R + 1))
     w.collab_load("k1", save_adapter(tmp_path / "a1", ["q_proj", "o_proj"], seed=1))
     w.collab_load("k2", save_adapter(tmp_path / "a2", ["v_proj"], seed=2))
     with pytest.raises(ValueError, match="num_agents >= 3"):
