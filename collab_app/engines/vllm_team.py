@@ -419,10 +419,11 @@ BYTES = {"fp16": 2, "int8": 1}                            # bytes per weight of 
 
 class TeamLoRA:
     """vLLM worker extension (`LLM(worker_extension_cls=...)`). State on the worker:
-    `_collab_keys` the loaded keys; `_collab_slot_of[key]` a key's in-graph slot (compiled
+    `_collab_slot_of[key]` a key's in-graph slot (compiled
     engines: `graph_lora_linear`'s layers, A and B written into their buffers) and
     `_collab_slot_mask` the row mask those layers share; `_collab_deltas[key][layer] = (A (R, in),
-    B (out, R))` fp32 for the layers served by the op instead (every layer in an eager engine),
+    B (out, R))` fp32 for the layers served by the op instead (every layer in an eager engine;
+    every loaded key has an entry, empty if all its layers are in the graph),
     with the scale folded into B and the shards of a fused layer (q|k|v, gate|up) stacked
     block-diagonally; `_collab_rows` the (key, token rows) of the forward in progress whose key
     has op layers; `_collab_stacked[keys][layer]` those keys' A's and B's stacked for one GEMM
@@ -431,7 +432,7 @@ class TeamLoRA:
 
     def _collab_state(self):
         if not hasattr(self, "_collab_deltas"):
-            self._collab_deltas, self._collab_rows, self._collab_keys = {}, (), set()
+            self._collab_deltas, self._collab_rows = {}, ()
             self._collab_stacked, self._collab_masks, self._collab_slot_of = {}, {}, {}
             runner = self.model_runner
             forward = runner._model_forward
@@ -471,7 +472,7 @@ class TeamLoRA:
         runner = self.model_runner
         batch = runner.input_batch
         n = batch.num_reqs
-        if not self._collab_keys or n == 0:
+        if not self._collab_deltas or n == 0:
             return ()
         bounds = runner.query_start_loc.np[: n + 1].tolist()
         by_key: dict[str, list[int]] = {}
@@ -483,7 +484,7 @@ class TeamLoRA:
                 by_key.setdefault(key, []).append(k)
         rows = []
         for key, reqs in by_key.items():
-            if key not in self._collab_keys:
+            if key not in self._collab_deltas:
                 raise KeyError(f"request asks for adapter {key!r}, which is not loaded in the worker")
             if reqs == list(range(reqs[0], reqs[-1] + 1)):
                 rows.append((key, slice(bounds[reqs[0]], bounds[reqs[-1] + 1])))
@@ -627,7 +628,6 @@ class TeamLoRA:
         elif key in self._collab_slot_of:        # loaded again without in-graph layers: its old slot goes
             self._collab_clear_slot(self._collab_slot_of.pop(key))
         self._collab_deltas[key] = deltas
-        self._collab_keys.add(key)
         self._collab_stacked.clear()
         return {"key": key, "layers": len(deltas) + len(slotted)}
 
@@ -689,7 +689,6 @@ class TeamLoRA:
         """Forget `key` (requests naming it must be finished)."""
         self._collab_state()
         self._collab_deltas.pop(key, None)
-        self._collab_keys.discard(key)
         slot = self._collab_slot_of.pop(key, None)
         if slot is not None:
             self._collab_clear_slot(slot)
@@ -717,5 +716,5 @@ class TeamLoRA:
         computes through vLLM's packed GEMM (`cpu_linear`) and the keys loaded."""
         model = self._collab_state()
         wrapped = sum(1 for _, m in model.named_modules() if getattr(getattr(m, "cpu_linear", None), "collab_layer", None))
-        return {"wrapped": wrapped, "in_graph": len(self._collab_slotted()), "keys": sorted(self._collab_keys),
+        return {"wrapped": wrapped, "in_graph": len(self._collab_slotted()), "keys": sorted(self._collab_deltas),
                 "slots": dict(sorted(self._collab_slot_of.items()))}
