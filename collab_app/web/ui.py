@@ -25,6 +25,7 @@ ever in `allowed_paths`.
 """
 from __future__ import annotations
 
+import time
 
 import gradio as gr
 
@@ -558,6 +559,39 @@ def launch(ctx: AppContext, server_name: str = "127.0.0.1", server_port: int | N
     demo.queue(max_size=max_size, default_concurrency_limit=4)
     app_kwargs = dict(app_kwargs or {})
     app_kwargs["middleware"] = [identity_middleware(ctx), *app_kwargs.get("middleware", [])]
+    block = not launch_kw.pop("prevent_thread_lock", False)
+    # Gradio's own "is localhost reachable" check (networking.url_ok, run when `_frontend` is on)
+    # gives up at the FIRST 3 s timeout or refused connection of a HEAD / (its retry loop sits
+    # inside its try), and then refuses to serve ("a shareable link must be created"). A loaded
+    # 2-core machine can take longer than that to answer the page (it failed once so in the test
+    # suite), so that check is off and ours, patient, runs instead; Gradio has by then already
+    # fetched its own /startup-events over localhost.
     demo.launch(server_name=server_name, server_port=server_port, share=share, max_file_size=max_file_size,
-                app_kwargs=app_kwargs, **launch_kw)
+                app_kwargs=app_kwargs, prevent_thread_lock=True, _frontend=False, **launch_kw)
+    if not share:
+        wait_until_served(demo.local_url)
+    if block:
+        demo.block_thread()
     return demo
+
+
+def wait_until_served(url: str, timeout_s: float = 120.0) -> None:
+    """Return once `url` answers a HEAD (any status below 500), retrying refused connections
+    and slow answers for up to `timeout_s`; else raise RuntimeError saying what was tried."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while True:
+        try:
+            r = httpx.head(url, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+            if r.status_code < 500:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the app at {url} did not answer within {timeout_s:.0f} s ({last}); "
+                               "check that nothing blocks connections to this host and port (a proxy, "
+                               "a firewall, HTTP_PROXY without NO_PROXY=localhost)")
+        time.sleep(0.5)
