@@ -61,6 +61,7 @@ import itertools
 import queue
 import re
 import threading
+import time
 from concurrent.futures import Future
 
 import torch
@@ -200,6 +201,13 @@ class _DecodeThread:
 _DECODER: _DecodeThread | None = None
 _DECODER_LOCK = threading.Lock()
 
+# A stream decodes its newest snapshot at most this often (and at once when generate ends). Why:
+# each snapshot wakes the consuming thread, which takes the GIL from the generating thread to
+# decode every row; on a GPU, where that thread's Python sets the pace of a decode step (~30 ms),
+# a snapshot per step made a streamed round 1.30x a non-streamed one (5.18 vs 3.99 s, 8 rows x 128
+# tokens, H200; docs/results "On a GPU"). Ten a second still reads as smooth text.
+STREAM_INTERVAL_S = 0.1
+
 
 def decoder_thread() -> _DecodeThread:
     """The process's one decode thread, shared by every engine built with decode_thread=True
@@ -258,26 +266,36 @@ class InverseCDFSampling(LogitsProcessor):
 
 class _RowStreamer(BaseStreamer, StoppingCriteria):
     """transformers streamer + stopping criterion for `generate_stream`. `put` (in the generate
-    thread) gets the prompt once, then each step's new token per row; it queues every row's
-    tokens so far and the log-probs `SampledLogprobs` has taken so far. As a stopping criterion
-    it ends generation once the consumer set `cancel`."""
+    thread) gets the prompt once, then each step's new token per row; it appends them, and the
+    log-probs `SampledLogprobs` has taken since, to per-row lists that only grow, and queues the
+    counts (tokens, log-probs) so far: the consumer slices the lists at those counts. O(1) per
+    step on the generating thread (it stacked and copied every step so far, every step, before).
+    `ended` is set once generate returns. As a stopping criterion it ends generation once the
+    consumer set `cancel`."""
 
     def __init__(self, logprobs: SampledLogprobs):
         self.queue: queue.Queue = queue.Queue()
         self.logprobs = logprobs
-        self.steps: list[torch.Tensor] = []
+        self.tokens: list[list[int]] = []   # per row, tokens so far
+        self.lps: list[list[float]] = []    # per row, log-probs so far (one step behind the tokens)
         self.prompt_seen = False
         self.cancel = False
+        self.ended = threading.Event()
         self.result = self.error = None
 
     def put(self, value):
         if not self.prompt_seen:
             self.prompt_seen = True
             return
-        self.steps.append(value.reshape(-1))
-        toks = torch.stack(self.steps, 1).tolist()                   # (rows, steps so far)
-        lps = torch.stack(self.logprobs.taken, 1).tolist() if self.logprobs.taken else [[] for _ in toks]
-        self.queue.put((toks, lps))
+        new = value.reshape(-1).tolist()                            # (rows,)
+        if not self.tokens:
+            self.tokens, self.lps = [[] for _ in new], [[] for _ in new]
+        for row, tok in zip(self.tokens, new):
+            row.append(tok)
+        for step in self.logprobs.taken[len(self.lps[0]):]:         # (rows,) each
+            for row, lp in zip(self.lps, step.tolist()):
+                row.append(lp)
+        self.queue.put((len(self.tokens[0]), len(self.lps[0])))
 
     def end(self):
         pass
@@ -411,8 +429,8 @@ class TransformersEngine:
 
     def generate_stream(self, requests: list[Request], n: int, sampling: Sampling):
         """One `model.generate` in a thread; a streamer (`_RowStreamer`) hands each decode step's
-        tokens back here, where they are decoded into a `Progress` (at most one per step: when
-        this side is slower, stale steps are skipped, each snapshot being cumulative). A row is
+        tokens back here, where they are decoded into a `Progress` (at most one per step and one
+        per STREAM_INTERVAL_S: steps in between are skipped, each snapshot being cumulative). A row is
         done one step after its EOS (its log-prob arrives with the next step's logits). Stopping
         the stream early stops the generate thread at its next step."""
         return self._generate(requests, n, sampling, progress=True)
@@ -479,6 +497,7 @@ class TransformersEngine:
                     if spare is not None:
                         spare.end()
                     streamer.queue.put(None)
+                    streamer.ended.set()
 
             if self._decoder is not None and threading.get_ident() != self._decoder.ident:
                 thread = self._decoder.submit(run)   # the engine's own decode thread (module doc, "Threads")
@@ -497,7 +516,10 @@ class TransformersEngine:
             done: list[list[Sample | None]] = [[None] * n for _ in requests]
             try:
                 finished = False
+                last = None
                 while not finished:
+                    if last is not None:   # at most one snapshot per STREAM_INTERVAL_S (STREAM_INTERVAL_S's doc)
+                        streamer.ended.wait(max(0.0, last + STREAM_INTERVAL_S - time.monotonic()))
                     item = streamer.queue.get()
                     while item is not None and not streamer.queue.empty():  # skip to the newest step
                         nxt = streamer.queue.get()
@@ -507,7 +529,9 @@ class TransformersEngine:
                         item = nxt
                     if item is None:
                         break
-                    toks, lps = item
+                    last = time.monotonic()
+                    toks = [row[:item[0]] for row in streamer.tokens]   # the lists grow under us: cut at the counts
+                    lps = [row[:item[1]] for row in streamer.lps]
                     for r, (i, _) in enumerate(rows):
                         j = r % n
                         if done[i][j] is not None:
