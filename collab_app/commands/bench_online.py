@@ -157,6 +157,41 @@ def connect(url: str, proc: subprocess.Popen, timeout: float = 600):
             time.sleep(2)
 
 
+API_RETRIES = 2   # api_call: tries again after the client lost an answer, at most this often
+
+
+def api_call(client, timeout_s: float | None = None, **kw):
+    """`client.submit(**kw).result(timeout_s)` for a scripted caller of the app's API (the bench's
+    raters, the e2e tests), with two things a person's page does on its own:
+    - the server's per-session limits (rounds / ratings per minute): wait as its error says;
+    - an answer gradio_client lost (concurrent.futures.CancelledError): its reader of the
+      session's event stream can end (the server closed the stream after the previous event) just
+      as the next event is submitted, and that event is then cancelled on the client side. Seen
+      once in ~60 rounds of the e2e learning test (a /rate after a /generate). Tried again, at most
+      API_RETRIES times: both calls a rater makes are safe to repeat (a re-rating replaces the
+      rater's rating of that joint answer; a second /generate is a new round, the lost one stays
+      unrated as a closed page leaves it)."""
+    from concurrent.futures import CancelledError
+
+    from gradio_client.exceptions import AppError
+
+    lost = 0
+    while True:
+        try:
+            return client.submit(**kw).result(timeout=timeout_s)
+        except AppError as e:
+            wait = re.search(r"too many .* try again in (\d+) s", str(e))
+            if not wait:
+                raise
+            time.sleep(int(wait.group(1)) + 1)
+        except CancelledError:
+            lost += 1
+            if lost > API_RETRIES:
+                raise
+            log.warning("the API client lost the answer to %s (%d of %d); trying again",
+                        kw.get("api_name"), lost, API_RETRIES)
+
+
 def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds: list[dict]) -> float:
     """Raters take turns (one round each, round robin) until the time is up; one record per round
     appended to `rounds` (kept if the server fails midway). Returns the start time."""
@@ -169,16 +204,7 @@ def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds:
     t_start = time.time()
 
     def call(client, **kw):
-        from gradio_client.exceptions import AppError
-
-        while True:   # the server's per-session limits (rounds / ratings per minute): wait as told
-            try:
-                return client.submit(**kw).result(timeout=cfg.round_timeout_s)
-            except AppError as e:
-                wait = re.search(r"too many .* try again in (\d+) s", str(e))
-                if not wait:
-                    raise
-                time.sleep(int(wait.group(1)) + 1)
+        return api_call(client, timeout_s=cfg.round_timeout_s, **kw)
     end = time.monotonic() + 60 * cfg.minutes
     k = 0
     while time.monotonic() < end:

@@ -94,3 +94,44 @@ def test_held_out_scores_states_on_a_real_engine():
         assert r["greedy"]["words"] > 0
     assert rows[0]["greedy"] == rows[1]["greedy"]
     assert rows[0]["sampled"] == rows[1]["sampled"]
+
+
+class _Job:
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def result(self, timeout=None):
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+class _Client:
+    """gradio_client.Client's submit, scripted: each call takes the next outcome."""
+
+    def __init__(self, outcomes):
+        self.outcomes, self.calls = list(outcomes), []
+
+    def submit(self, **kw):
+        self.calls.append(kw)
+        return _Job(self.outcomes.pop(0))
+
+
+def test_api_call_asks_again_for_an_answer_the_client_lost_and_waits_out_limits():
+    from concurrent.futures import CancelledError
+
+    from gradio_client.exceptions import AppError
+
+    from collab_app.commands.bench_online import API_RETRIES, api_call
+
+    client = _Client([CancelledError(), AppError("too many ratings: try again in 0 s"), "rating saved"])
+    t0 = time.monotonic()
+    assert api_call(client, joint_sample_id=3, rating=5, api_name="/rate") == "rating saved"
+    assert time.monotonic() - t0 >= 1.0                        # the limit's "0 s" + 1
+    assert client.calls == [{"joint_sample_id": 3, "rating": 5, "api_name": "/rate"}] * 3
+    lost = _Client([CancelledError()] * (API_RETRIES + 1))
+    with pytest.raises(CancelledError):
+        api_call(lost, api_name="/generate")                   # not forever
+    assert len(lost.calls) == API_RETRIES + 1
+    with pytest.raises(AppError, match="no such joint answer"):  # other errors are the caller's
+        api_call(_Client([AppError("no such joint answer")]), api_name="/rate")

@@ -17,29 +17,13 @@ import time
 
 import pytest
 
-from collab_app.commands.bench_online import connect, stop_server
+from collab_app.commands.bench_online import api_call, connect, stop_server
 from helpers.launch import free_port
 
 TEXT = ("The city council voted on Tuesday to extend the bike lane network by twelve kilometres next "
         "year. The plan is funded by a parking fee increase that drivers' groups oppose, while cyclists "
         "say the new lanes will make commuting safer across the river.")
 DEADLINE_S = 900   # a hang fails here; a healthy run ends in a few minutes
-
-
-def polite(call, **kw):
-    """`call(**kw)`, waiting out the server's per-session limit (rounds / ratings per minute) the
-    way a person would: its error says how long."""
-    import re
-    from gradio_client.exceptions import AppError
-
-    while True:
-        try:
-            return call(**kw)
-        except AppError as e:
-            wait = re.search(r"too many .* try again in (\d+) s", str(e))
-            if not wait:
-                raise
-            time.sleep(int(wait.group(1)) + 1)
 
 
 def rate_by_length(candidates) -> list[int]:
@@ -74,16 +58,16 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
         served: list[dict[str, int | None]] = []     # per round: agent -> adapter version it came from
         end = time.monotonic() + DEADLINE_S
         while time.monotonic() < end:
-            out = polite(client.predict, task="tldr", text=TEXT, api_name="/generate")
+            out = api_call(client, task="tldr", text=TEXT, api_name="/generate")
             cands = out["candidates"]
             assert len(cands) == 2 and out["group_id"] >= 1
             served.append({p["agent"]: p["adapter_version"] for p in cands[0]["parts"]})
             for c, r in zip(cands, rate_by_length(cands)):   # the same Client (session) that generated
-                msg = polite(client.predict, joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
+                msg = api_call(client, joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
                 assert msg.startswith("rating saved")
             if max((v or 0) for v in served[-1].values()) >= 2:
                 break
-        stats = client.predict(api_name="/stats")
+        stats = api_call(client, api_name="/stats")
         # the CPU split (collab_app/online/cpushare.py): serving and the trainer child on disjoint cores
         kids = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)
         kid_pids = [int(p) for p in kids.stdout.split()]
@@ -166,10 +150,10 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
         client = connect(f"http://127.0.0.1:{port}/", proc, timeout=300)
         end = time.monotonic() + LEARN_DEADLINE_S
         while time.monotonic() < end and (learned() or 0.0) < 1.0:
-            cands = client.predict(task="tldr", text=TEXT, api_name="/generate")["candidates"]
+            cands = api_call(client, task="tldr", text=TEXT, api_name="/generate")["candidates"]
             ratings = [rate(c["combined"]) for c in cands]
             for c, r in zip(cands, ratings):
-                client.predict(joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
+                api_call(client, joint_sample_id=c["joint_sample_id"], rating=r, api_name="/rate")
             version = min((p["adapter_version"] or 0) for p in cands[0]["parts"])
             rounds.append((version, sum(ratings) / len(ratings)))
     finally:
