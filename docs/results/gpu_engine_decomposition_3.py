@@ -103,6 +103,12 @@ def fresh(fn, threads=None):
     t = threading.Thread(target=body); t.start(); t.join()
 
 
+def save(name):
+    print(json.dumps(res, indent=1), flush=True)
+    os.makedirs(OUT, exist_ok=True)
+    json.dump(res, open(f"{OUT}/{name}", "w"), indent=1)
+
+
 def launches():
     x = torch.zeros(64, device=DEV)
     for _ in range(3000):
@@ -115,9 +121,7 @@ if os.environ.get("ENGINE_ONLY"):   # the second call: the engine's two paths al
     firsts.clear()
     res["engine_stream_again"] = timeit(stream)
     res["engine_stream_again_first_words"] = firsts
-    print(json.dumps(res, indent=1), flush=True)
-    os.makedirs(OUT, exist_ok=True)
-    json.dump(res, open(f"{OUT}/gpu-h200-engine-decomposition-3-engine-only.json", "w"), indent=1)
+    save("gpu-h200-engine-decomposition-3-engine-only.json")
     sys.exit(0)
 res["raw_main"] = timeit(raw)
 res["raw_decoder"] = timeit(lambda: eng._decoder.submit(raw).result())
@@ -131,6 +135,4 @@ res["torch_threads_decoder"] = eng._decoder.submit(torch.get_num_threads).result
 firsts.clear()
 res["engine_stream_again"] = timeit(stream)
 res["engine_stream_again_first_words"] = firsts
-print(json.dumps(res, indent=1), flush=True)
-os.makedirs(OUT, exist_ok=True)
-json.dump(res, open(f"{OUT}/gpu-h200-engine-decomposition-3.json", "w"), indent=1)
+save("gpu-h200-engine-decomposition-3.json")
