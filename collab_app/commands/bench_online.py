@@ -158,19 +158,52 @@ def connect(url: str, proc: subprocess.Popen, timeout: float = 600):
 
 
 API_RETRIES = 2   # api_call: tries again after the client lost an answer, at most this often
+SETTLE_S = 2.0    # settle: the longest wait for the client to read the server's close of its stream
+
+
+def settle(client, timeout_s: float = SETTLE_S) -> bool:
+    """Wait (at most `timeout_s`) until gradio_client has read the end of the session's event
+    stream, when it is about to end; True if nothing is left to wait for.
+
+    Why (gradio 6.31 / gradio_client 2.7.2, protocol sse_v3): the server sends `process_completed`
+    and, when the session has no other event pending, `close_stream` right after it. The answer
+    reaches the caller at the first; the client's reader thread ends only at the second. An event
+    submitted in between finds the reader still open, does not open its own, and is then cancelled
+    on the client side when that reader ends (`concurrent.futures.CancelledError`; the server still
+    runs it). A caller that submits at once after an answer, as scripts do, hits it now and then:
+    the e2e learning test lost a /rate this way once in ~60 rounds. So before a submit: while the
+    client's stream is open with none of its events pending, the close is on its way: wait for it.
+    The attributes read are gradio_client's own (no public API says this); if they are gone, this
+    waits for nothing."""
+    end = time.monotonic() + timeout_s
+    while True:
+        lock = getattr(client, "pending_lock", None)
+        if lock is None:
+            return True
+        with lock:
+            ending = getattr(client, "stream_open", False) and not getattr(client, "pending_event_ids", True)
+        if not ending:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.005)
+
+
+def predict(client, *args, timeout_s: float | None = None, **kw):
+    """`client.predict(*args, **kw)` (its errors too) without gradio_client's stream race (`settle`)."""
+    settle(client)
+    return client.submit(*args, **kw).result(timeout=timeout_s)
 
 
 def api_call(client, timeout_s: float | None = None, **kw):
     """`client.submit(**kw).result(timeout_s)` for a scripted caller of the app's API (the bench's
     raters, the e2e tests), with two things a person's page does on its own:
     - the server's per-session limits (rounds / ratings per minute): wait as its error says;
-    - an answer gradio_client lost (concurrent.futures.CancelledError): its reader of the
-      session's event stream can end (the server closed the stream after the previous event) just
-      as the next event is submitted, and that event is then cancelled on the client side. Seen
-      once in ~60 rounds of the e2e learning test (a /rate after a /generate). Tried again, at most
-      API_RETRIES times: both calls a rater makes are safe to repeat (a re-rating replaces the
-      rater's rating of that joint answer; a second /generate is a new round, the lost one stays
-      unrated as a closed page leaves it)."""
+    - an answer gradio_client lost (concurrent.futures.CancelledError): `settle` avoids the race
+      that loses one; should one be lost anyway, it is tried again, at most API_RETRIES times: both
+      calls a rater makes are safe to repeat (a re-rating replaces the rater's rating of that joint
+      answer; a second /generate is a new round, the lost one stays unrated as a closed page
+      leaves it)."""
     from concurrent.futures import CancelledError
 
     from gradio_client.exceptions import AppError
@@ -178,7 +211,7 @@ def api_call(client, timeout_s: float | None = None, **kw):
     lost = 0
     while True:
         try:
-            return client.submit(**kw).result(timeout=timeout_s)
+            return predict(client, timeout_s=timeout_s, **kw)
         except AppError as e:
             wait = re.search(r"too many .* try again in (\d+) s", str(e))
             if not wait:

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from collab_app.commands.bench_online import predict
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # script mode: tests/ (helpers)
 
@@ -43,13 +45,13 @@ def run_load(url: str, problems: list[str], users: int, rounds: int) -> dict:
         for r in range(rounds):
             try:
                 t0 = time.monotonic()
-                out = client.predict(task="humaneval", problem=problems[(u + r * users) % len(problems)],
-                                     api_name="/generate")
+                out = predict(client, task="humaneval", problem=problems[(u + r * users) % len(problems)],
+                              api_name="/generate")
                 t1 = time.monotonic()
                 ids = []
                 for i, cand in enumerate(out["candidates"]):
-                    msg = client.predict(joint_sample_id=cand["joint_sample_id"], rating=1 + (u + i) % 5,
-                                         api_name="/rate")   # the rater is this client's session
+                    msg = predict(client, joint_sample_id=cand["joint_sample_id"], rating=1 + (u + i) % 5,
+                                  api_name="/rate")   # the rater is this client's session
                     ids.append(int(msg.split("#")[1]))
                 t2 = time.monotonic()
                 with lock:

@@ -17,6 +17,7 @@ import os
 import httpx
 import pytest
 
+from collab_app.commands.bench_online import predict
 from collab_app.web import handlers as H
 from collab_app.web.access import Quota
 from collab_app.web.context import open_store, prepare_home
@@ -56,7 +57,7 @@ def test_a_replayed_session_hash_cannot_rate_read_or_exhaust_another_session(app
     url, ctx = app
     ctx.limits.set_quota("web", Quota(rounds_per_minute=2, ratings_per_minute=0, rounds_in_flight=0))   # the victim's budget: 2 rounds a minute
     victim = client(url)
-    out = victim.predict("tldr", "", "eval", TEXT, "", "", api_name="/generate")
+    out = predict(victim, "tldr", "", "eval", TEXT, "", "", api_name="/generate")
     jid = out["candidates"][0]["joint_sample_id"]
     groups = ctx.store.recent_groups(5)
     assert len(groups) == 1 and groups[0].session_id != victim.session_hash   # stored under the server's id
@@ -65,13 +66,13 @@ def test_a_replayed_session_hash_cannot_rate_read_or_exhaust_another_session(app
     attacker.session_hash = victim.session_hash  # the replay: the victim's hash, not its cookie
     # rate: refused (before the fix: "rating saved", as the victim)
     with pytest.raises(Exception) as rated:
-        attacker.predict(jid, 1, "", "", api_name="/rate")
+        predict(attacker, jid, 1, "", "", api_name="/rate")
     assert "rating saved" not in str(rated.value)
     # exhaust: the victim's round budget is not the attacker's to spend
     for _ in range(2):
         with pytest.raises(Exception):
-            attacker.predict("tldr", "", "eval", TEXT, "", "", api_name="/generate")
-    assert victim.predict("tldr", "", "eval", TEXT, "", "", api_name="/generate")["group_id"]
+            predict(attacker, "tldr", "", "eval", TEXT, "", "", api_name="/generate")
+    assert predict(victim, "tldr", "", "eval", TEXT, "", "", api_name="/generate")["group_id"]
     # read: the victim's event stream (Gradio's /queue/data?session_hash=...) is refused
     r = httpx.get(f"{url}/gradio_api/queue/data", params={"session_hash": victim.session_hash},
                   cookies=attacker.cookies, timeout=30)
@@ -81,8 +82,8 @@ def test_a_replayed_session_hash_cannot_rate_read_or_exhaust_another_session(app
     # the attacker's own session rates nothing of the victim's either
     attacker.reset_session()
     with pytest.raises(AppError, match="another session"):
-        attacker.predict(jid, 1, "", "", api_name="/rate")
-    assert victim.predict(jid, 5, "", "", api_name="/rate").startswith("rating saved")
+        predict(attacker, jid, 1, "", "", api_name="/rate")
+    assert predict(victim, jid, 5, "", "", api_name="/rate").startswith("rating saved")
     rows = ctx.store.ratings_for(joint_sample_id=jid)
     assert [r.value for r in rows] == [5]
 
@@ -90,7 +91,7 @@ def test_a_replayed_session_hash_cannot_rate_read_or_exhaust_another_session(app
 def test_a_forged_cookie_is_no_session(app):
     url, ctx = app
     victim = client(url)
-    out = victim.predict("tldr", "", "eval", TEXT, "", "", api_name="/generate")
+    out = predict(victim, "tldr", "", "eval", TEXT, "", "", api_name="/generate")
     jid = out["candidates"][0]["joint_sample_id"]
     sid = ctx.store.recent_groups(1)[0].session_id
     attacker = client(url)
@@ -98,7 +99,7 @@ def test_a_forged_cookie_is_no_session(app):
         attacker.cookies = {"collab_session": forged}
         attacker.reset_session()
         with pytest.raises(Exception) as e:
-            attacker.predict(jid, 1, "", "", api_name="/rate")
+            predict(attacker, jid, 1, "", "", api_name="/rate")
         assert "rating saved" not in str(e.value)
     assert ctx.store.ratings_for(joint_sample_id=jid) == []
 
@@ -113,7 +114,7 @@ def test_fifty_fresh_identities_from_one_client_are_throttled(tmp_path):
         done, refused = 0, []
         for _ in range(50):                        # a script: a fresh client (session) per round
             try:
-                client(url).predict("tldr", "", "eval", TEXT, "", "", api_name="/generate")
+                predict(client(url), "tldr", "", "eval", TEXT, "", "", api_name="/generate")
                 done += 1
             except Exception as e:  # noqa: BLE001 - what the refusals say is checked below
                 refused.append(str(e))

@@ -18,6 +18,7 @@ import threading
 
 import pytest
 
+from collab_app.commands.bench_online import predict
 from collab_app.engines.engine_types import Sampling
 from collab_app.web import core
 from collab_app.web import handlers as H
@@ -300,8 +301,8 @@ def test_export_over_gradios_file_route_and_the_store_is_refused(app, monkeypatc
     monkeypatch.setattr(H.tempfile, "mkdtemp", mkdtemp)
     client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
     with pytest.raises(AppError, match="admin token wrong"):
-        client.predict("not-the-token", ["jsonl"], api_name="/export")
-    out = client.predict(TOKEN, ["jsonl"], api_name="/export")
+        predict(client, "not-the-token", ["jsonl"], api_name="/export")
+    out = predict(client, TOKEN, ["jsonl"], api_name="/export")
     files = {os.path.basename(f["path"]): f for f in out}
     assert set(files) == {"joint_samples.jsonl", "meta.json"}
     r = httpx.get(files["joint_samples.jsonl"]["url"], timeout=60)   # the URL Gradio gives: its file route

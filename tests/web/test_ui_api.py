@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from collab_app.commands.bench_online import predict
 from helpers.launch import start_app
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no network from tests
@@ -44,7 +45,7 @@ def test_generate_rate_and_count(app, client):
     url, ctx = app
     task = ctx.tasks["humaneval"]
     pid = task.examples("eval")[3]["id"]
-    out = client.predict(task="humaneval", problem=pid, api_name="/generate")
+    out = predict(client, task="humaneval", problem=pid, api_name="/generate")
     assert len(out["candidates"]) == 2 and out["group_id"] >= 1
     cand = out["candidates"][0]
     assert [p["role"] for p in cand["parts"]] == ["helper", "main"]
@@ -52,19 +53,19 @@ def test_generate_rate_and_count(app, client):
     grp = ctx.store.group(out["group_id"])
     assert grp.example_id == pid and grp.session_id    # the client's session hash is recorded
 
-    before = client.predict(api_name="/stats")["ratings"]
-    msg = client.predict(joint_sample_id=cand["joint_sample_id"], rating=4, comment="ok", api_name="/rate")
+    before = predict(client, api_name="/stats")["ratings"]
+    msg = predict(client, joint_sample_id=cand["joint_sample_id"], rating=4, comment="ok", api_name="/rate")
     assert msg.startswith("rating saved: #")
     rid = int(msg.split("#")[1])
-    assert client.predict(api_name="/stats")["ratings"] == before + 1
+    assert predict(client, api_name="/stats")["ratings"] == before + 1
     stored = ctx.store.ratings_for(cand["joint_sample_id"])
     assert [(r.id, r.rater, r.value, r.comment) for r in stored] == [(rid, f"session:{grp.session_id}", 4, "ok")]
     assert f"**ratings** {before + 1} " in H.data_stats(ctx)   # what the Data tab shows
 
     # the other forms, from the same client (session); then a second client is refused
-    msg = client.predict(group_id=out["group_id"], ranks=[2, 1], api_name="/rank")
+    msg = predict(client, group_id=out["group_id"], ranks=[2, 1], api_name="/rank")
     assert "best first: candidate 2 > candidate 1" in msg
-    assert "candidate 1 is the best of 2" in client.predict(group_id=out["group_id"], best=1, api_name="/pick_best")
+    assert "candidate 1 is the best of 2" in predict(client, group_id=out["group_id"], best=1, api_name="/pick_best")
     kinds = [(r.kind, r.value, r.revision) for r in ctx.store.ratings_for(group_id=out["group_id"])]
     assert kinds == [("pick_best", 5, 2), ("pick_best", 1, 1)]   # each form replaced the session's rows
 
@@ -74,22 +75,22 @@ def test_other_session_cannot_rate(app, client):
     from gradio_client.exceptions import AppError
 
     url, ctx = app
-    out = client.predict(task="humaneval", problem=ctx.tasks["humaneval"].examples("eval")[1]["id"],
-                         api_name="/generate")
+    out = predict(client, task="humaneval", problem=ctx.tasks["humaneval"].examples("eval")[1]["id"],
+                  api_name="/generate")
     other = Client(url, verbose=False, analytics_enabled=False, download_files=False)
     n = ctx.store.stats()["ratings"]
     for kwargs, api in ((dict(joint_sample_id=out["candidates"][0]["joint_sample_id"], rating=5), "/rate"),
                         (dict(group_id=out["group_id"], ranks=[1, 2]), "/rank"),
                         (dict(group_id=out["group_id"], best=2), "/pick_best")):
         with pytest.raises(AppError, match="another session"):
-            other.predict(**kwargs, api_name=api)
+            predict(other, **kwargs, api_name=api)
     assert ctx.store.stats()["ratings"] == n
 
 
 def test_writing_over_api(client):
     text = ("Researchers trained a small model to summarise news. It learned faster when two copies "
             "worked together, one writing a short summary and one a longer one, and people rated them.")
-    out = client.predict(task="tldr", text=text, api_name="/generate")
+    out = predict(client, task="tldr", text=text, api_name="/generate")
     assert len(out["candidates"]) == 2 and len(out["candidates"][0]["parts"]) == 2
 
 
@@ -107,9 +108,9 @@ def test_bad_generate_input(app, client, kwargs, fragment):
 
     groups = app[1].store.stats()["groups"]
     with pytest.raises(AppError, match=fragment):
-        client.predict(**kwargs, api_name="/generate")
+        predict(client, **kwargs, api_name="/generate")
     assert app[1].store.stats()["groups"] == groups         # nothing stored
-    assert "ratings" in client.predict(api_name="/stats")   # and the app is still up
+    assert "ratings" in predict(client, api_name="/stats")   # and the app is still up
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -124,15 +125,15 @@ def test_bad_rating(app, client, kwargs, fragment):
 
     n = app[1].store.stats()["ratings"]
     with pytest.raises(AppError, match=fragment):
-        client.predict(**kwargs, api_name="/rate")
+        predict(client, **kwargs, api_name="/rate")
     assert app[1].store.stats()["ratings"] == n
 
 
 @pytest.fixture(scope="module")
 def own_group(client) -> int:
     """A group this test client generated (so only the ranking itself can be wrong)."""
-    return client.predict(task="tldr", text="A short note about bicycles, parking and a council vote.",
-                          api_name="/generate")["group_id"]
+    return predict(client, task="tldr", text="A short note about bicycles, parking and a council vote.",
+                   api_name="/generate")["group_id"]
 
 
 @pytest.mark.parametrize("ranks, fragment", [
@@ -143,9 +144,9 @@ def test_bad_ranking(app, client, own_group, ranks, fragment):
 
     n = app[1].store.stats()["ratings"]
     with pytest.raises(AppError, match=fragment):
-        client.predict(group_id=own_group, ranks=ranks, api_name="/rank")
+        predict(client, group_id=own_group, ranks=ranks, api_name="/rank")
     with pytest.raises(AppError, match="no group"):
-        client.predict(group_id=10**9, ranks=[1, 2], api_name="/rank")
+        predict(client, group_id=10**9, ranks=[1, 2], api_name="/rank")
     assert app[1].store.stats()["ratings"] == n
 
 
@@ -173,4 +174,4 @@ def test_binary_junk_over_http(app, client):
     status, text = _call_raw(url, b'{"data": ["tldr", "", "eval", "\xff\xfe\x00junk", "", ""]}')
     assert status >= 400 or "event: error" in text
     assert ctx.store.stats()["groups"] == groups
-    assert "ratings" in client.predict(api_name="/stats")   # still up
+    assert "ratings" in predict(client, api_name="/stats")   # still up
