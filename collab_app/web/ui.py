@@ -8,7 +8,10 @@ only maps components to handler arguments and results to component updates.
 API endpoints (gradio_client): `/generate`, `/rate`, `/rank`, `/pick_best`, `/stats` (see `_api`).
 The UI's own events are private to the browser (`api_visibility="private"`) because they carry
 UI-shaped outputs. `/generate` returns the final round (its streaming is the page's); a client
-rates with the same `Client` (same session) that generated, or with the admin token.
+rates with the same `Client` (same session) that generated, or with the admin token. A script
+that submits the next call the moment an answer arrives can have it cancelled by gradio_client
+itself (its stream race: `collab_app.commands.bench_online.settle`); `bench_online.predict` is
+`client.predict` without it.
 
 Who rates is never typed: the rater id is the Gradio session (or the Hugging Face login on a
 Space with OAuth: a "Sign in" button appears there); the old "your name" box is gone.

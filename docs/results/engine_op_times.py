@@ -7,7 +7,7 @@ per round and printed as one JSON line after each round line.
 
 Timed (seconds per round, calls per round): `execute_model` (the model's forward and the LM head),
 `sample_tokens` (vLLM's sampling step) and inside it `sampler` (vLLM's Sampler: log-probs, our
-inverse-CDF draw), and inside the forward `lora` (vllm_team.TeamLoRA._collab_add, the deltas of
+inverse-CDF draw; its pieces `s_logprobs`, `s_sample` with our draw `s_rows` in it, `s_gather`), and inside the forward `lora` (vllm_team.TeamLoRA._collab_add, the deltas of
 every linear layer), `attn` (CPUAttentionBackendImpl.forward), `kv` (its do_kv_cache_update). The
 base GEMMs and inductor's fused kernels are the rest of `execute_model`. The timers cost ~1 µs a
 call (~0.5 ms a step), a py-spy `--native` profile more than half the round (docs/results "What is
@@ -52,14 +52,17 @@ def timed(owner, name: str, key: str, threads_one=lambda *a, **k: False):
             TOTAL[key] += time.perf_counter() - t
             CALLS[key] += 1
 
-    setattr(owner, name, wrapper)
+    import inspect
+
+    static = isinstance(inspect.getattr_static(owner, name), staticmethod)
+    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
 
 from vllm.v1.attention.backends import cpu_attn  # noqa: E402
 from vllm.v1.sample import sampler  # noqa: E402
 from vllm.v1.worker import gpu_model_runner  # noqa: E402
 
-from collab_app.engines import vllm_team  # noqa: E402
+from collab_app.engines import cpu_sampler, vllm_team  # noqa: E402
 
 Impl = cpu_attn.CPUAttentionBackendImpl
 timed(Impl, "do_kv_cache_update", "kv",
@@ -88,6 +91,12 @@ def build(self, common_prefix_len, common, *args, **kwargs):
 Builder.build = build
 timed(vllm_team.TeamLoRA, "_collab_add", "lora")
 timed(sampler.Sampler, "forward", "sampler")
+# inside it: the raw log-probs (log_softmax), the draw (temperature, top-k/p, softmax, and in it our
+# inverse CDF `rows`), the gather of the sampled token's log-prob and rank (vLLM's compiled count)
+timed(sampler.Sampler, "compute_logprobs", "s_logprobs")
+timed(sampler.Sampler, "sample", "s_sample")
+timed(sampler.Sampler, "gather_logprobs", "s_gather")
+timed(cpu_sampler, "sample_rows", "s_rows")
 timed(gpu_model_runner.GPUModelRunner, "execute_model", "execute_model")
 timed(gpu_model_runner.GPUModelRunner, "sample_tokens", "sample_tokens")
 
