@@ -196,7 +196,7 @@ def predict(client, *args, timeout_s: float | None = None, **kw):
 
 
 def api_call(client, timeout_s: float | None = None, **kw):
-    """`client.submit(**kw).result(timeout_s)` for a scripted caller of the app's API (the bench's
+    """`predict(client, **kw)` for a scripted caller of the app's API (the bench's
     raters, the e2e tests), with two things a person's page does on its own:
     - the server's per-session limits (rounds / ratings per minute): wait as its error says;
     - an answer gradio_client lost (concurrent.futures.CancelledError): `settle` avoids the race
