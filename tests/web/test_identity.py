@@ -8,8 +8,9 @@ engine of tests/helpers/scripted.py:
 - a forged cookie is no session;
 - 50 fresh identities from one client in a minute are throttled (new sessions per network,
   and rounds per network over all sessions).
-These tests use only gradio_client and HTTP, so they also run against the code before the fix
-(where they fail: the attacks succeed)."""
+These tests use only gradio_client and HTTP, so they also ran against the code before the fix
+(where they failed: the attacks succeeded); they now call it through bench_online.predict, which
+waits out gradio_client's stream race (bench_online.settle)."""
 from __future__ import annotations
 
 import os
