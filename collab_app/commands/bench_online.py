@@ -175,11 +175,11 @@ def settle(client, timeout_s: float = SETTLE_S) -> bool:
     client's stream is open with none of its events pending, the close is on its way: wait for it.
     The attributes read are gradio_client's own (no public API says this); if they are gone, this
     waits for nothing."""
+    lock = getattr(client, "pending_lock", None)
+    if lock is None:
+        return True
     end = time.monotonic() + timeout_s
     while True:
-        lock = getattr(client, "pending_lock", None)
-        if lock is None:
-            return True
         with lock:
             ending = getattr(client, "stream_open", False) and not getattr(client, "pending_event_ids", True)
         if not ending:

@@ -40,10 +40,16 @@ class _SlowCloseJson:
 def echo_app():
     import gradio as gr
 
+    from collab_app.web.ui import wait_until_served
+
     with gr.Blocks() as demo:
         box = gr.Textbox()
         box.submit(lambda s: s.upper(), box, box, api_name="echo")
-    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    # launched as ui.launch launches the app: Gradio's single-shot reachability check off (it can
+    # refuse to serve on a loaded box), the project's own wait instead
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                        _frontend=False)
+    wait_until_served(demo.local_url)
     yield demo.local_url
     demo.close()
 
