@@ -103,6 +103,12 @@ class Group:
     id: Any = None                               # the caller's id (the store's group id), echoed by update()
 
 
+class StepStopped(Exception):
+    """update() was told to stop (MAGRPOTrainer.stop_requested) at one of its pause points: the step
+    was abandoned before anything was saved. No version moved on disk; this process's in-memory
+    adapters may be half-stepped, so a caller that goes on must rebuild the trainer from disk."""
+
+
 class RewardError(RuntimeError):
     """Task.reward raised: the example and outputs are in the message (never a silent 0)."""
 
@@ -538,6 +544,10 @@ class MAGRPOTrainer:
         # --core-lease` sets it (cpushare.CoreLease.pause: a person's round waiting on this
         # process's cores gets them, within a budget); None = never.
         self.pause: Callable[[], float] | None = None
+        # Checked at the same points, before `pause`: True = abandon the step (StepStopped). The
+        # trainer service sets it to its stop event, so SIGTERM ends a step within one layer's time
+        # instead of a whole step's (30-60 s on an AVX2-only CPU), and the step's groups stay ready.
+        self.stop_requested: Callable[[], bool] | None = None
         self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
         adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
 
@@ -606,6 +616,9 @@ class MAGRPOTrainer:
         return m
 
     def _pause(self) -> None:
+        # every call sits before the step's saves (update): raising here leaves the disk untouched
+        if self.stop_requested is not None and self.stop_requested():
+            raise StepStopped(f"step {self.step + 1} stopped at a pause point; nothing of it was saved")
         if self.pause is not None:
             self._paused_s += self.pause()
 
@@ -616,9 +629,10 @@ class MAGRPOTrainer:
         starts mid-step then waits for one layer (~10-60 ms for the embedded model on 2 CPU cores), not
         for a whole micro-batch's forward or backward (~1-1.5 s). The layers are those the model
         names as its unsplittable blocks (transformers' `_no_split_modules`); a model naming none
-        keeps the coarse points only. Hooks go at the end: nothing outside update() pauses."""
+        keeps the coarse points only. Hooks go at the end: nothing outside update() pauses. A stop
+        hook alone (stop_requested) installs the same points: a stop is seen within one layer."""
         handles = []
-        if self.pause is not None:
+        if self.pause is not None or self.stop_requested is not None:
             def after_layer(module, args, output):
                 self._pause()
                 hidden = output[0] if isinstance(output, tuple) else output

@@ -52,6 +52,11 @@ Crash safety (kill -9 at any point; tests/online/test_crash_safety.py does it):
   rename and step 4 can apply one batch twice. Deliberately accepted (exactly-once would need the
   step's group ids inside the adapter dir, which trainer/adapters.py does not carry).
 Ratings are never touched here (the store's own transactions keep them).
+A stop (SIGTERM / SIGINT, `stop_event`) during a step abandons it at its next pause point (after a
+decoder layer's forward or backward: MAGRPOTrainer.stop_requested), inside step 2 before its saves: as a kill there,
+nothing was written and the groups stay ready, but the process ends within a layer's time instead
+of finishing a step that nothing will publish (30-60 s on an AVX2-only CPU). Not under torchrun:
+every rank is inside the step's collectives, so the step is finished first, as before.
 
 Status and pause live in the store's `app_state` table (`STATUS_KEY`, `PAUSE_KEY`; helpers
 `read_status`, `set_paused`), so the UI and the service need no other channel and an external
@@ -401,6 +406,9 @@ class TrainerService:
             lease = self._core_lease()
             if lease is not None:   # a person's round waiting on these cores may get them mid-step
                 self.trainers[task_name].pause = lease.pause
+            if _dist().world_size() == 1:   # a stop abandons the step at its next pause point (run);
+                # data parallel: every rank is inside the step's collectives, so it ends the step first
+                self.trainers[task_name].stop_requested = self.stop_event.is_set
             if _dist().is_main():
                 reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
@@ -442,6 +450,8 @@ class TrainerService:
 
     def train_step(self, task_name: str, ready) -> dict:
         """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
+        from trainer.magrpo import StepStopped
+
         step = self.next_step()
         ids = [g.group_id for g in ready]
         if task_name not in self.trainers:
@@ -456,6 +466,8 @@ class TrainerService:
         try:
             try:
                 metrics = trainer.update(groups)
+            except StepStopped:   # not the groups' fault: no suspects
+                raise
             except Exception as e:
                 self._blame(task_name, ids, e)
                 raise
@@ -632,6 +644,7 @@ class TrainerService:
         """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done.
         Under torchrun, ranks > 0 follow rank 0 instead (`follow`)."""
         from trainer import adapters
+        from trainer.magrpo import StepStopped
 
         if not _dist().is_main():
             return self.follow()
@@ -656,6 +669,9 @@ class TrainerService:
                     did = self.poll_once()
                     self._backoff = 0.0
                     self._in_step = False
+                except StepStopped as e:   # stopped mid-step: nothing saved, its groups stay ready
+                    log.info("%s; its groups stay ready for the next start", e)
+                    break
                 except Exception as e:  # noqa: BLE001 - report, back off, retry; never die silently
                     log.exception("trainer step failed")
                     if self._in_step:   # data parallel: the followers' adapters may now differ from ours
@@ -700,7 +716,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     service = TrainerService(cfg)
 
     def stop(signum, _frame):
-        log.info("signal %d: stopping after the current step", signum)
+        log.info("signal %d: stopping (a step under way stops at its next layer, nothing of it saved)", signum)
         service.stop_event.set()
 
     signal.signal(signal.SIGTERM, stop)

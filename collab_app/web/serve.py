@@ -252,7 +252,8 @@ class ChildTrainer:
         return subprocess.Popen(self.cmd, env={**os.environ, **self.env})
 
     def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM (the service finishes its current step), then SIGKILL after `timeout`."""
+        """SIGTERM (the service abandons a step under way at its next layer, nothing of it saved;
+        under torchrun it finishes the step), then SIGKILL after `timeout`."""
         self._stopping.set()
         if self.proc is None or self.proc.poll() is not None:
             return

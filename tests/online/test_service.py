@@ -197,6 +197,46 @@ def test_only_groups_in_the_gradient_are_marked_trained_late_ones_are_retired(sq
     assert sqlite_store.ready_groups(svc.rule) == []
 
 
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_stop_during_a_step_abandons_it_at_the_next_layer(sqlite_store, tmp_path, caplog, where):
+    """SIGTERM's path (the service's stop_event) in the middle of a step: update() stops at its next
+    pause point (a decoder layer's forward, or the backward through one) with StepStopped, run()
+    ends, nothing of the step is on disk or in the store, and its group stays ready, not blamed
+    (no suspect); the next service trains it."""
+    import logging
+    import traceback
+
+    from collab_app.online.service import SUSPECTS_KEY
+
+    svc = service(sqlite_store, tmp_path, min_groups=1)
+    (gid,) = add_groups(sqlite_store, 1)
+    trainer = svc.trainer_for(TASK.name)
+    calls = []
+
+    def pause() -> float:   # stands in for the core lease's pause: asks for the stop at the first point in `where`
+        backward = any(f.name == "_engine_run_backward" for f in traceback.extract_stack())
+        calls.append(backward)
+        if backward == (where == "backward"):
+            svc.stop_event.set()
+        return 0.0
+
+    trainer.pause = pause
+    with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
+        assert svc.run() == 0
+    assert calls[-1] == (where == "backward")   # stopped in the phase asked for, at the next point: no later one
+    assert "step 1 stopped at a pause point; nothing of it was saved; its groups stay ready" in caplog.text
+    assert "trainer step failed" not in caplog.text          # not the error path (backoff, blame)
+    assert sqlite_store.group(gid).status == "ready"
+    assert not (sqlite_store.get_state(SUSPECTS_KEY) or {}).get("groups")
+    for a in AGENTS:
+        assert [v for v, _ in adapters.list_versions(svc.cfg.adapters_dir, a)] == [0]
+        assert [r.version for r in sqlite_store.adapter_versions(a)] == [0]
+    assert sqlite_store.train_steps() == [] and read_status(sqlite_store)["state"] == "stopped"
+
+    again = service(sqlite_store, tmp_path, min_groups=1)   # a restart trains the group
+    assert again.poll_once() == "trained" and sqlite_store.group(gid).status == "trained"
+
+
 def test_own_coding_problems_wait_until_an_admin_allows_them(sqlite_store, tmp_path):
     """Groups of a person's own coding problem ("custom-coding") never reach the shared team's
     trainer unless the admin flag allows it; they stay in the store meanwhile."""
