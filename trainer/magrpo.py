@@ -546,7 +546,7 @@ class MAGRPOTrainer:
         self.pause: Callable[[], float] | None = None
         # Checked at the same points, before `pause`: True = abandon the step (StepStopped). The
         # trainer service sets it to its stop event, so SIGTERM ends a step within one layer's time
-        # instead of a whole step's (30-60 s on an AVX2-only CPU), and the step's groups stay ready.
+        # instead of a whole step's (30-60 s under the AVX2 emulation of docs/results), and the step's groups stay ready.
         self.stop_requested: Callable[[], bool] | None = None
         self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
         adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
