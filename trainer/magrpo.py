@@ -618,7 +618,8 @@ class MAGRPOTrainer:
     def _pause(self) -> None:
         # every call sits before the step's saves (update): raising here leaves the disk untouched
         if self.stop_requested is not None and self.stop_requested():
-            raise StepStopped(f"step {self.step + 1} stopped at a pause point; nothing of it was saved")
+            # no step number: the service numbers its steps over all tasks, this trainer over its own
+            raise StepStopped("the step under way stopped at a pause point; nothing of it was saved")
         if self.pause is not None:
             self._paused_s += self.pause()
 

@@ -450,8 +450,6 @@ class TrainerService:
 
     def train_step(self, task_name: str, ready) -> dict:
         """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
-        from trainer.magrpo import StepStopped
-
         step = self.next_step()
         ids = [g.group_id for g in ready]
         if task_name not in self.trainers:
@@ -466,8 +464,6 @@ class TrainerService:
         try:
             try:
                 metrics = trainer.update(groups)
-            except StepStopped:   # not the groups' fault: no suspects
-                raise
             except Exception as e:
                 self._blame(task_name, ids, e)
                 raise
@@ -509,7 +505,10 @@ class TrainerService:
     def _blame(self, task_name: str, ids: list[int], error: Exception) -> None:
         """`update` raised on the groups `ids`: make them suspects; a suspect that raised alone is
         set aside (module doc). Never raises itself: the step's own error is the one to report."""
-        if isinstance(error, OSError) or self.store is None:   # the machine's fault, not the groups'
+        from trainer.magrpo import StepStopped
+
+        # the machine's fault or a stop (SIGTERM mid-step), not the groups'
+        if isinstance(error, (OSError, StepStopped)) or self.store is None:
             return
         try:
             suspects = dict(self._suspects)

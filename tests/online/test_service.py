@@ -224,7 +224,7 @@ def test_a_stop_during_a_step_abandons_it_at_the_next_layer(sqlite_store, tmp_pa
     with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
         assert svc.run() == 0
     assert calls[-1] == (where == "backward")   # stopped in the phase asked for, at the next point: no later one
-    assert "step 1 stopped at a pause point; nothing of it was saved; its groups stay ready" in caplog.text
+    assert "the step under way stopped at a pause point; nothing of it was saved; its groups stay ready" in caplog.text
     assert "trainer step failed" not in caplog.text          # not the error path (backoff, blame)
     assert sqlite_store.group(gid).status == "ready"
     assert not (sqlite_store.get_state(SUSPECTS_KEY) or {}).get("groups")
