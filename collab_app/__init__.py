@@ -16,3 +16,8 @@ GOMP_SPINCOUNT = "100000000"
 LIBGOMP_DEFAULT_SPINCOUNT = "300000"   # libgomp's own value when neither this nor OMP_WAIT_POLICY is set
 _os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
 SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its libgomp kept the default
+
+# torch's CPU allocator puts tensors of >= 2 MiB in transparent huge pages (collab_app/engines/
+# huge_pages.py: why, and the measurements). Like the spin, read once by torch (at its first
+# allocation), so set here; a value already in the environment wins (0 = off).
+_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

@@ -38,9 +38,9 @@ serve did; `vllm-borrow` and `vllm-compiled-borrow` were the borrowing variants:
 figures taken before then name their variants that way.)
 `--engines plain` (a default): the baseline a reader knows, eager
 transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
-no adapters, not streamed). Every run also prints the floor: the weights' bytes x decode steps /
-one core's measured read bandwidth, the round time no engine can beat on this memory (fp32, fp16
-and int8 weights).
+no adapters, not streamed, in torch's 4 KiB pages: THP_MEM_ALLOC_ENABLE=0, engines/huge_pages.py).
+Every run also prints the floor: the weights' bytes x decode steps / one core's measured read
+bandwidth, the round time no engine can beat on this memory (fp32, fp16 and int8 weights).
 The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed. Figures on
 both CPU kinds, with command lines and load averages: docs/results/README.md.
 
@@ -420,7 +420,9 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
     peak = peak_pss = 0
     with open(logf, "w") as log, tqdm(desc=engine, bar_format="{desc}: {elapsed} {postfix}", file=sys.stderr,
                                       mininterval=1 if sys.stderr.isatty() else 30) as bar:
-        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        # the baseline keeps torch's 4 KiB pages, as a reader's transformers has them (engines/huge_pages.py)
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"} if engine == "plain" else None
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
         tick = 0
         while child.poll() is None:

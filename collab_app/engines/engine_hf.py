@@ -58,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import queue
 import re
 import threading
@@ -72,10 +73,13 @@ from transformers.generation.streamers import BaseStreamer
 
 from collab_app.engines import (DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, checkpoint_dtype,
                                flags_quantize, resolve_dtype)
+from collab_app.engines import huge_pages
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.cpu_sampler import sample_rows
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 from trainer.dtypes import gqa_attention, resolve_device
+
+log = logging.getLogger(__name__)
 
 
 def row_segments(names: list[str | None]) -> list[tuple[int, int, str]]:
@@ -369,6 +373,8 @@ class TransformersEngine:
         gqa_attention(self.model, self.device)   # on a CPU: masked attention without copied key/value heads (trainer.dtypes)
         if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
             self._pack_base_gemms(self.quantize)
+        if self.device == "cpu":
+            log.info("transformers engine: %s", huge_pages.summary())
 
     def _pack_base_gemms(self, kind: str) -> None:
         """Every nn.Linear of the base model computes through `kind`'s packed weights (module doc)."""

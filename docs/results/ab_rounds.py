@@ -28,8 +28,9 @@ import sys
 import time
 
 
-def start(tree: str, args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=tree)
+def start(tree: str, args: list[str], side: str) -> subprocess.Popen:
+    own = dict(kv.split("=", 1) for kv in os.environ.get(f"ENV_{side}", "").split())
+    env = dict(os.environ, PYTHONPATH=tree, **own)
     proc = subprocess.Popen([sys.executable, f"{tree}/docs/results/engine_rounds.py", args[0], "stdin", *args[1:]],
                             cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:                      # warm-up done when it prints its pid
@@ -53,7 +54,7 @@ def main() -> None:
     args = sys.argv[4:] or ["vllm", "bfloat16"]
     gap = float(os.environ.get("GAP_S", 0))
     load0 = os.getloadavg()
-    sides = {"A": start(tree_a, args), "B": start(tree_b, args)}
+    sides = {"A": start(tree_a, args, "A"), "B": start(tree_b, args, "B")}
     times, tokens = {"A": [], "B": []}, {"A": [], "B": []}
     t0 = time.time()
     for k in range(pairs):
@@ -73,6 +74,7 @@ def main() -> None:
     low, high = boot[250], boot[9749]
     out = {"A": tree_a, "B": tree_b, "args": args, "pairs": pairs, "eager": os.environ.get("EAGER", "1"),
            "nosplit": os.environ.get("NOSPLIT", "0"), "gap_s": gap,
+           "env_A": os.environ.get("ENV_A", ""), "env_B": os.environ.get("ENV_B", ""),
            "median_A_s": round(statistics.median(times["A"]), 3), "median_B_s": round(statistics.median(times["B"]), 3),
            "ratio_B_over_A": round(math.exp(mean), 4),
            "ratio_95": [round(math.exp(low), 4), round(math.exp(high), 4)],
