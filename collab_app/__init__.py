@@ -17,7 +17,14 @@ LIBGOMP_DEFAULT_SPINCOUNT = "300000"   # libgomp's own value when neither this n
 _os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
 SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its libgomp kept the default
 
-# torch's CPU allocator puts tensors of >= 2 MiB in transparent huge pages (collab_app/engines/
-# huge_pages.py: why, and the measurements). Like the spin, read once by torch (at its first
-# allocation), so set here; a value already in the environment wins (0 = off).
-_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+THP_VAR = "THP_MEM_ALLOC_ENABLE"   # torch's allocator: tensors >= 2 MiB in transparent huge pages
+
+
+def huge_pages_for_serving() -> bool:
+    """A serving process (engine + app) asks torch's CPU allocator for transparent huge pages
+    (collab_app/engines/huge_pages.py: why, the measurements, and why training processes do
+    not). torch reads the variable once, at its first allocation, so this only works before
+    torch is imported; a value already in the environment wins. True if huge pages are on."""
+    if THP_VAR not in _os.environ and "torch" not in _sys.modules:
+        _os.environ[THP_VAR] = "1"
+    return _os.environ.get(THP_VAR) == "1"

@@ -420,8 +420,10 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
     peak = peak_pss = 0
     with open(logf, "w") as log, tqdm(desc=engine, bar_format="{desc}: {elapsed} {postfix}", file=sys.stderr,
                                       mininterval=1 if sys.stderr.isatty() else 30) as bar:
-        # the baseline keeps torch's 4 KiB pages, as a reader's transformers has them (engines/huge_pages.py)
-        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"} if engine == "plain" else None
+        # an engine's worker serves as `collab serve` does (huge pages unless the environment says
+        # otherwise); the baseline keeps torch's 4 KiB pages, as a reader's transformers has them
+        # (engines/huge_pages.py)
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"} if engine == "plain" else {"THP_MEM_ALLOC_ENABLE": "1", **os.environ}
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
         tick = 0

@@ -108,10 +108,9 @@ def make_engine(kind: str = "auto", model: str | None = None, **kw) -> Engine:
     from collab_app.engines.model import ensure_model
 
     if not collab_app.SPIN_BEFORE_TORCH and os.environ.get("GOMP_SPINCOUNT") == collab_app.GOMP_SPINCOUNT:
-        log.warning("torch was imported before collab_app, so OpenMP kept its default wait and torch's allocator "
-                    "its 4 KiB pages: a CPU engine's parallel regions and weight reads run slower (import collab_app "
-                    "first, or set GOMP_SPINCOUNT=%s THP_MEM_ALLOC_ENABLE=1 before starting Python)",
-                    collab_app.GOMP_SPINCOUNT)
+        log.warning("torch was imported before collab_app, so OpenMP kept its default wait: a CPU engine's "
+                    "parallel regions run slower from its decoding thread (import collab_app first, or set "
+                    "GOMP_SPINCOUNT=%s before starting Python)", collab_app.GOMP_SPINCOUNT)
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
     if kind.startswith(("http://", "https://")):
         kind, kw = "remote", {**kw, "url": kind}

@@ -12,9 +12,14 @@ the AVX2 emulation (eager fp32 + fp16 weights; 0.94-1.01).
 How: torch's own CPU allocator does it when `THP_MEM_ALLOC_ENABLE=1` (c10's alloc_cpu: a tensor
 of >= 2 MiB is 2 MiB-aligned and `madvise(MADV_HUGEPAGE)`d before its first page is touched, so
 the kernel backs it with huge pages at the first write: no copy, no start-up cost). c10 reads the
-variable once, at its first allocation, so collab_app/__init__.py sets it before anything of ours
-imports torch (a value already in the environment wins; `THP_MEM_ALLOC_ENABLE=0` turns it off).
-Child processes (the trainer child, the engine race) inherit it.
+variable once, at its first allocation, so a serving process sets it before torch loads:
+`collab_app.huge_pages_for_serving()`, called when collab_app.web.serve is imported (`collab
+serve`, `make run`, the Space); `collab bench generate`'s engine workers get it too. A value
+already in the environment wins (`THP_MEM_ALLOC_ENABLE=0` turns it off). Not in training
+processes: serve's pinned trainer child (and the bench's training load) get `0`
+(cpushare._pin_and_exec), since a trainer allocates and frees its activations every step and its
+forward + backward ran slower in huge pages (docs/results, same section); in-process `collab
+train` and the test suite (torch imported first) keep 4 KiB pages.
 
 Measured and not kept: moving memory already written into huge pages after the engine is built
 (`madvise(MADV_COLLAPSE)`, Linux >= 6.1, over every resident anonymous mapping) gave the same

@@ -574,6 +574,9 @@ def _pin_and_exec(cores: list[int], argv: list[str]) -> None:
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)   # the serving process's cores, not ours
     if os.environ.get("GOMP_SPINCOUNT") == collab_app.GOMP_SPINCOUNT:   # ours, not the user's:
         os.environ["GOMP_SPINCOUNT"] = collab_app.LIBGOMP_DEFAULT_SPINCOUNT   # no long spin on lent cores
+    # a trainer's steps allocate and free their activations every step: in huge pages they ran
+    # slower (engines/huge_pages.py), so the pinned child keeps torch's 4 KiB pages
+    os.environ[collab_app.THP_VAR] = "0"
     os.execvp(argv[0], argv)
 
 

@@ -62,6 +62,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
+import collab_app
+
+collab_app.huge_pages_for_serving()   # before anything here imports torch (engines/huge_pages.py)
+
 log = logging.getLogger(__name__)
 
 

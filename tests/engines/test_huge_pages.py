@@ -1,7 +1,8 @@
-"""engines/huge_pages.py: importing collab_app before torch puts torch's large CPU tensors in
-transparent huge pages (torch's allocator, THP_MEM_ALLOC_ENABLE), a value in the environment
-wins, and the log line says how much memory sits in them. Each case in a fresh interpreter: torch
-reads the variable once per process."""
+"""engines/huge_pages.py: a serving process (collab_app.web.serve imported before torch) puts
+torch's large CPU tensors in transparent huge pages (torch's allocator, THP_MEM_ALLOC_ENABLE), other
+processes and the pinned trainer child do not, a value in the environment wins, and the log line
+says how much memory sits in them. Each case in a fresh interpreter: torch reads the variable once
+per process."""
 from __future__ import annotations
 
 import os
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.skipif(MODE in (None, "never"), reason=f"no transparent
 
 PROBE = """
 import sys
-import collab_app   # first, as our entry points do
+if sys.argv[1] == "serve":
+    import collab_app.web.serve   # first, as `collab serve` does
 import torch
 t = torch.ones(64 << 18)   # 64 MiB, every page written
 ptr, huge = t.data_ptr(), None
@@ -37,26 +39,37 @@ print(huge, os.environ.get("THP_MEM_ALLOC_ENABLE"))
 """
 
 
-def probe(value: str | None) -> tuple[int, str]:
+def probe(value: str | None, entry: str = "serve") -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k != huge_pages.VAR}
     if value is not None:
         env[huge_pages.VAR] = value
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", PROBE, entry], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     kb, seen = out.stdout.split()
     return int(kb), seen
 
 
-def test_importing_collab_app_first_puts_large_tensors_in_huge_pages():
+def test_a_serving_process_puts_large_tensors_in_huge_pages():
     kb, seen = probe(None)
     assert seen == "1"
     assert kb >= 60 * 1024, f"only {kb} kB of a 64 MiB tensor in huge pages"
 
 
 @pytest.mark.skipif(MODE == "always", reason="THP mode 'always': every large mapping gets huge pages anyway")
-def test_a_value_in_the_environment_wins():
-    kb, seen = probe("0")
-    assert seen == "0" and kb == 0
+def test_other_processes_and_a_value_in_the_environment_keep_4_kib_pages():
+    assert probe(None, entry="other") == (0, "None")     # a trainer, a test run: nothing asked
+    assert probe("0") == (0, "0")                        # the user's value wins in serve too
+
+
+def test_the_pinned_trainer_child_keeps_4_kib_pages():
+    from collab_app.online.cpushare import pinned_command
+
+    code = "import os; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))"
+    env = {**os.environ, huge_pages.VAR: "1"}            # inherited from a serving process
+    out = subprocess.run(pinned_command([sorted(os.sched_getaffinity(0))[0]], [sys.executable, "-c", code]),
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "0"
 
 
 def test_the_log_line_reports_resident_memory_in_huge_pages():
