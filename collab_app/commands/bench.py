@@ -423,7 +423,8 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
         # an engine's worker serves as `collab serve` does (huge pages unless the environment says
         # otherwise); the baseline keeps torch's 4 KiB pages, as a reader's transformers has them
         # (engines/huge_pages.py)
-        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"} if engine == "plain" else {"THP_MEM_ALLOC_ENABLE": "1", **os.environ}
+        pages = "THP_MEM_ALLOC_ENABLE"
+        env = {**os.environ, pages: "0"} if engine == "plain" else {pages: "1", **os.environ}
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
         tick = 0

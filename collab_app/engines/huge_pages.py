@@ -1,5 +1,5 @@
-"""Transparent huge pages (2 MiB) for torch's large CPU tensors: the weights every decode step
-streams, the KV cache, the trainer's activations.
+"""Transparent huge pages (2 MiB) for a serving process's large CPU tensors: the weights every
+decode step streams and the KV cache.
 
 Why: a CPU decode step of the embedded model reads all ~270 MB of its bf16 weights (~540 MB in
 fp32) for 8 rows; through 4 KiB pages that is ~66,000 pages a step, each a TLB miss and a page walk
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 
-VAR = "THP_MEM_ALLOC_ENABLE"   # read by torch's c10 (alloc_cpu.cpp)
+from collab_app import THP_VAR as VAR   # "THP_MEM_ALLOC_ENABLE", read by torch's c10 (alloc_cpu.cpp)
 
 
 def resident() -> tuple[int, int] | None:
