@@ -20,11 +20,10 @@ SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its
 THP_VAR = "THP_MEM_ALLOC_ENABLE"   # torch's allocator: tensors >= 2 MiB in transparent huge pages
 
 
-def huge_pages_for_serving() -> bool:
+def huge_pages_for_serving() -> None:
     """A serving process (engine + app) asks torch's CPU allocator for transparent huge pages
     (collab_app/engines/huge_pages.py: why, the measurements, and why training processes do
     not). torch reads the variable once, at its first allocation, so this only works before
-    torch is imported; a value already in the environment wins. True if huge pages are on."""
+    torch is imported; a value already in the environment wins."""
     if THP_VAR not in _os.environ and "torch" not in _sys.modules:
         _os.environ[THP_VAR] = "1"
-    return _os.environ.get(THP_VAR) == "1"

@@ -61,6 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from collab_app import THP_VAR
 from collab_app.engines import engine_race
 from collab_app.engines.model import make_random_lora  # noqa: F401 - where benches, tests and docs/results scripts find it
 
@@ -423,8 +424,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
         # an engine's worker serves as `collab serve` does (huge pages unless the environment says
         # otherwise); the baseline keeps torch's 4 KiB pages, as a reader's transformers has them
         # (engines/huge_pages.py)
-        pages = "THP_MEM_ALLOC_ENABLE"
-        env = {**os.environ, pages: "0"} if engine == "plain" else {pages: "1", **os.environ}
+        env = {**os.environ, THP_VAR: "0"} if engine == "plain" else {THP_VAR: "1", **os.environ}
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
         tick = 0
