@@ -47,6 +47,8 @@ both CPU kinds, with command lines and load averages: docs/results/README.md.
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
 `collab bench comlrl ...` runs collab_app.commands.bench_comlrl:cli_main(argv) (PyPI comlrl's MAGRPO
 at a wall-clock budget, evaluated before/after).
+`collab bench page ...` runs collab_app.commands.bench_page:cli_main(argv) (a person's round in the
+real page, headless Chromium, next to the same rounds through the API).
 """
 from __future__ import annotations
 
@@ -553,9 +555,14 @@ def cli_main(argv: list[str]) -> int:
         from collab_app.commands.bench_comlrl import cli_main as comlrl
 
         return int(comlrl(argv[1:]) or 0)
+    if argv and argv[0] == "page":
+        from collab_app.commands.bench_page import cli_main as page
+
+        return int(page(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), "
                                 "`train` (MAGRPO step), `online` (scripted raters against `collab serve`), "
-                                "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget)")
+                                "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget), `page` (a person's round in headless "
+                                "Chromium next to the API)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
@@ -596,6 +603,8 @@ def cli_main(argv: list[str]) -> int:
                                   "(collab_app.commands.bench_online; own options)")
     sub.add_parser("comlrl", help="PyPI comlrl's MAGRPOTrainer on our task for --max-minutes, evaluated before/after "
                                   "(collab_app.commands.bench_comlrl; own options; needs the `compare` extra)")
+    sub.add_parser("page", help="a person's round timed in the real page (headless Chromium) next to the same rounds "
+                                "through the API, quiet and beside a MAGRPO step (collab_app.commands.bench_page; own options)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)

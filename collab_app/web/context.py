@@ -201,6 +201,11 @@ class AppContext:
     """how long the Training tab's status and figures are reused for every visitor (seconds)."""
     training_refresh_s: float = 10.0
     """how often an open Training tab refreshes (seconds; only while it is the selected tab)."""
+    page_update_s: float = 0.25
+    """least seconds between two updates of a round streaming into the page. Each update costs
+    Gradio 6.31 ~20-30 ms of Python per page (every output the update leaves alone, gr.skip(), is
+    rebuilt as a component: ui._Panel has ~35), under the GIL the in-process engine's decode loop
+    needs: at 0.1 s a round in the page took 2-3x the API's (docs/results "A round in the real page")."""
     engine_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _watcher: Any = field(default=None, repr=False)
@@ -223,7 +228,7 @@ class AppContext:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
-        for name in ("shared_ttl_s", "training_refresh_s"):
+        for name in ("shared_ttl_s", "training_refresh_s", "page_update_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.admin_token == "":

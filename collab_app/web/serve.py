@@ -133,6 +133,8 @@ class ServeConfig:
     """chat completions one API key may start per minute (0 = no limit)."""
     api_max_ratings_per_minute: int = 60
     """ratings one API key may store per minute (0 = no limit)."""
+    page_update_s: float = 0.25
+    """least seconds between two updates of a round streaming into the page (each costs the engine's process ~20-30 ms of Python)."""
     swap_interval_s: float = 2.0
     """how often the hot-swap watcher looks for new adapter versions."""
     engine_cores: int = 0
@@ -153,6 +155,8 @@ class ServeConfig:
                 raise ValueError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
+        if not self.page_update_s > 0:
+            raise ValueError(f"page_update_s must be > 0 seconds (0.25: four updates a second), got {self.page_update_s}")
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
             raise ValueError(f"engine_url must start with http:// or https://, e.g. http://127.0.0.1:8000; got {self.engine_url!r}")
         if self.engine_retry_s < 0:
@@ -427,6 +431,7 @@ def serve(cfg: ServeConfig) -> None:
                                     "max_ratings_per_minute_per_network": cfg.max_ratings_per_minute_per_network,
                                     "max_ratings_per_minute_global": cfg.max_ratings_per_minute_global,
                                     "require_login_to_rate": cfg.require_login_to_rate,
+                                    "page_update_s": cfg.page_update_s,
                                     "session_secret": signing_key},
                             admin_token=admin_token, agent_models=agent_models, **engine_kwargs(cfg))
         if lease_path:

@@ -3,6 +3,7 @@ real tasks, the real batcher; every intermediate state of a round can be observe
 from __future__ import annotations
 
 import threading
+import time
 
 from collab_app.engines.engine_types import EngineError, Progress, Sample, Sampling
 from collab_app.engines.team import Agent, Team
@@ -17,12 +18,14 @@ TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes. Resid
 class ScriptedStreamEngine:
     """Request i, sample j: "<agent> <j>: w0 w1 ..." (words from its prompt), one word per
     snapshot; sample j is done after 3 + 2 j words. With `gated`, each snapshot waits for
-    `release()`. A prompt containing BAD is refused with EngineError before any snapshot."""
+    `release()`; with `delay_s`, each comes that long after the last. A prompt containing BAD is
+    refused with EngineError before any snapshot."""
 
     name, model_path, max_model_len = "scripted", "scripted", 4096
 
-    def __init__(self, gated: bool = False):
+    def __init__(self, gated: bool = False, delay_s: float = 0.0):
         self.gate = threading.Semaphore(0) if gated else None
+        self.delay_s = delay_s
         self.versions: dict = {}
         self.calls: list[int] = []            # requests per generate_stream call
         self.closed = threading.Event()       # a stream was closed before its end
@@ -54,6 +57,8 @@ class ScriptedStreamEngine:
             for k in range(1, steps + 1):
                 if self.gate is not None:
                     self.gate.acquire()
+                if self.delay_s:
+                    time.sleep(self.delay_s)
                 texts = [[" ".join(w[:k]) for w in row] for row in finals]
                 done = [[self._sample(r, " ".join(w)) if k >= len(w) else None for w in row]
                         for r, row in zip(requests, finals)]

@@ -257,3 +257,41 @@ def test_own_coding_problems_need_an_admin_to_train(rated):
     assert "train the shared team (admin allowed)" in H.training_status(ctx)
     H.set_custom_training(ctx, TOKEN, False)
     assert not H.custom_training_allowed(ctx)
+
+
+def test_the_page_streams_no_faster_than_the_contexts_update_interval(tmp_path, monkeypatch):
+    """The page's round asks the handler for updates at most every ctx.page_update_s (each update
+    costs Gradio ~20-30 ms of Python beside the engine: docs/results "A round in the real page"),
+    and a round streams in fewer updates at a longer interval (the scripted engine's snapshots
+    come every 20 ms; observed as counts, not timed against a limit)."""
+    import dataclasses
+
+    import gradio as gr
+
+    from collab_app.web import serve, ui
+
+    with pytest.raises(ValueError, match="page_update_s must be > 0"):
+        make_ctx(tmp_path, ScriptedStreamEngine(), page_update_s=0)
+    with pytest.raises(ValueError, match="page_update_s must be > 0"):
+        serve.ServeConfig(page_update_s=-1)
+    assert '"page_update_s": cfg.page_update_s' in __import__("inspect").getsource(serve.serve)
+    assert {f.name: f.default for f in dataclasses.fields(serve.ServeConfig)}["page_update_s"] == \
+        {f.name: f.default for f in dataclasses.fields(AppContext)}["page_update_s"]
+    seen = []
+    real = H.generate
+
+    def spy(ctx, ep, caller, **kw):
+        seen.append(kw.get("min_update_s"))
+        return real(ctx, ep, caller, **kw)
+    monkeypatch.setattr(ui.H, "generate", spy)
+    monkeypatch.setattr(ui, "_caller", lambda request: A)     # the session a page's cookie would name
+    updates = {}
+    for interval in (0.01, 0.3):
+        ctx = make_ctx(tmp_path / str(interval), ScriptedStreamEngine(delay_s=0.02), page_update_s=interval)
+        with gr.Blocks():
+            panel = ui._Panel(ctx, "write", 2)
+            state = gr.State()
+        ep = H.start_writing(ctx, "tldr", TEXT)
+        updates[interval] = len(list(panel.stream(ep, state, None)))
+    assert seen == [0.01, 0.3]
+    assert updates[0.3] < updates[0.01], updates
