@@ -216,7 +216,8 @@ def play_round(ctx, episode: dict, caller: Caller, num_generations: int, samplin
     `sampling` (engine_types.Sampling), streamed. Yields {"kind": "progress", "message",
     "candidates"} events (candidates as in `_candidates`, without joint_sample ids): when a
     candidate is written or checked, when text grew (at most one per `min_update_s`: an engine
-    may snapshot every few ms, a page needs no more than ~10 updates a second), and every
+    may snapshot every few ms; the page asks for ctx.page_update_s, whose updates cost Gradio's
+    Python in this process), and every
     `tick_s` while nothing happens (the elapsed time); and finally
     {"kind": "done", "episode": new_state, "message"}. The group (G joint answers, automatic
     rewards) is stored before "done", so every candidate in it can be rated.
