@@ -308,6 +308,7 @@ def run(cfg: BenchPageConfig) -> dict:
            "COLLAB_MODEL": os.environ.get("COLLAB_MODEL") or ensure_model(None)}
     cmd = serve_command(cfg, home, port)
     log.info("starting: %s", shlex.join(cmd))
+    t_up = time.time()
     with open(os.path.join(home, "serve.log"), "w") as logf:
         proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     texts = [ex["text"] for ex in load_task(TEXTS_TASK).examples("train")]
@@ -315,7 +316,6 @@ def run(cfg: BenchPageConfig) -> dict:
     error, prober, startup_s = None, None, None
     loadavg_start = os.getloadavg()
     try:
-        t_up = time.time()
         client = connect(url, proc)
         startup_s = time.time() - t_up
         with sync_playwright() as p:
