@@ -130,6 +130,9 @@ class BenchPageConfig:
         if self.think_s < 0 or self.probe_s < 0 or self.round_timeout_s <= 0:
             raise ValueError(f"think_s and probe_s must be >= 0 (0 = none / off) and round_timeout_s > 0; got "
                              f"{self.think_s}, {self.probe_s}, {self.round_timeout_s}")
+        if os.path.exists(os.path.join(self.out_dir, "home")):
+            raise ValueError(f"{self.out_dir!r} holds a previous run's server home (a run starts from an untrained team "
+                             "in a fresh store): pass another --out-dir or remove that folder")
         if not os.path.exists(self.chromium):
             raise ValueError(f"no Chromium at {self.chromium}: `apt-get install chromium` (make browser-deps) or pass "
                              "--chromium PATH")

@@ -21,14 +21,21 @@ ANY_FILE = __file__   # an existing path for configs built where Chromium is not
                                        ({"think_s": -1}, "think_s and probe_s must be >= 0"),
                                        ({"probe_s": -0.5}, "think_s and probe_s must be >= 0"),
                                        ({"round_timeout_s": 0}, "round_timeout_s > 0")])
-def test_config_rules(kw, match):
+def test_config_rules(kw, match, tmp_path):
     with pytest.raises(ValueError, match=match):
-        BenchPageConfig(chromium=ANY_FILE, **kw)
+        BenchPageConfig(chromium=ANY_FILE, out_dir=str(tmp_path), **kw)
+
+
+def test_a_previous_runs_folder_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "home").mkdir()
+    with pytest.raises(ValueError, match="pass another --out-dir or remove that folder"):
+        BenchPageConfig(chromium=ANY_FILE, out_dir=str(tmp_path))
+    BenchPageConfig(chromium=ANY_FILE, out_dir=str(tmp_path / "fresh"))
 
 
 def test_a_missing_browser_says_how_to_get_one(tmp_path):
     with pytest.raises(ValueError, match="apt-get install chromium"):
-        BenchPageConfig(chromium=str(tmp_path / "no-chromium"))
+        BenchPageConfig(chromium=str(tmp_path / "no-chromium"), out_dir=str(tmp_path / "out"))
 
 
 def test_defaults_are_what_a_person_gets_from_serve(tmp_path):
@@ -36,7 +43,7 @@ def test_defaults_are_what_a_person_gets_from_serve(tmp_path):
     from collab_app.web.serve import ServeConfig
 
     serve = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
-    cfg = BenchPageConfig(chromium=ANY_FILE)
+    cfg = BenchPageConfig(chromium=ANY_FILE, out_dir=str(tmp_path / "out"))
     assert (cfg.num_generations, cfg.max_new_tokens, cfg.min_groups) == \
         (serve["num_generations"], serve["max_new_tokens"], serve["min_groups"])
     cmd = serve_command(dataclasses.replace(cfg, serve_args="--engine-cores -1", trainer_args="--lora-r 16"),
