@@ -280,15 +280,9 @@ def summarize(rounds: list[dict], probes: list[dict]) -> dict:
     return out
 
 
-def tokens_per_group(db_url: str, group_ids: list[int]) -> dict[int, int]:
+def tokens_per_group(store, group_ids: list[int]) -> dict[int, int]:
     """Tokens the team generated per group (all agents' samples; the store's token ids)."""
-    from collab_app.online.store import Store
-
-    store = Store(db_url)
-    try:
-        return {g: sum(len(s.token_ids) for row in store.group(g).samples for s in row) for g in group_ids}
-    finally:
-        store.close()
+    return {g: sum(len(s.token_ids) for row in store.group(g).samples for s in row) for g in group_ids}
 
 
 def run(cfg: BenchPageConfig) -> dict:
@@ -362,9 +356,9 @@ def run(cfg: BenchPageConfig) -> dict:
     store = Store(db_url)
     try:
         steps = store.train_steps()
+        tokens = tokens_per_group(store, [r["group_id"] for r in rounds])
     finally:
         store.close()
-    tokens = tokens_per_group(db_url, [r["group_id"] for r in rounds])
     for r in rounds:
         r["tokens"] = tokens.get(r["group_id"])
     probes = classify(rounds, prober.samples if prober else [], step_intervals(steps))

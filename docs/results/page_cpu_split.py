@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from collab_app.commands import bench_page as B
 from collab_app.commands.bench_online import connect, stop_server, _free_port
 from tasks import load_task
+from collab_app.online.store import Store
 
 home, rounds = sys.argv[1], int(sys.argv[2])
 TCK = os.sysconf("SC_CLK_TCK")
@@ -58,7 +59,9 @@ try:
             if side == "page": prev = r["group_id"]
             c1 = {p: cpu(p) - c0.get(p, 0) for p in tree(proc.pid)}; ch1 = sum(cpu(p) for p in chromium_pids()) - ch0
             th1 = threads(proc.pid); thd = {n: round(v - th0.get(n, 0), 2) for n, v in th1.items() if v - th0.get(n, 0) > 0.05}
-            tok = B.tokens_per_group(f"sqlite:///{home}/collab.db", [r["group_id"]])[r["group_id"]]
+            store = Store(f"sqlite:///{home}/collab.db")
+            tok = B.tokens_per_group(store, [r["group_id"]])[r["group_id"]]
+            store.close()
             print(json.dumps({"side": side, "tokens": tok, "ms_per_token": round(1000 * r["server_s"] / tok, 1), "wall": round(dt, 2), "round_s": round(r["round_s"], 2), "server_s": r["server_s"],
                               "serve_cpu": round(c1.get(proc.pid, 0), 2),
                               "children_cpu": {p: round(v, 2) for p, v in c1.items() if p != proc.pid and v > 0.05},
