@@ -295,3 +295,37 @@ def test_the_page_streams_no_faster_than_the_contexts_update_interval(tmp_path, 
         updates[interval] = len(list(panel.stream(ep, state, None)))
     assert seen == [0.01, 0.3]
     assert updates[0.3] < updates[0.01], updates
+
+
+def test_each_page_update_names_every_markdown_and_never_a_picked_rating(tmp_path, monkeypatch):
+    """ui._Panel.stream's update contract: after the reset, every update names each Markdown output
+    with the text the page should show (Gradio rebuilds an output left alone, which costs it ~4x
+    a plain value: docs/results "A round in the real page"), and a rating is only ever shown,
+    never given a value, so stars picked mid-round stay picked. The last update holds the stored
+    round's texts."""
+    import gradio as gr
+
+    from collab_app.web import ui
+
+    monkeypatch.setattr(ui, "_caller", lambda request: A)
+    ctx = make_ctx(tmp_path, ScriptedStreamEngine(delay_s=0.005), page_update_s=0.01)
+    with gr.Blocks():
+        panel = ui._Panel(ctx, "write", 2)
+        state = gr.State()
+    ep = H.start_writing(ctx, "tldr", TEXT)
+    updates = list(panel.stream(ep, state, None))
+    assert len(updates) > 3
+    markdowns = set(panel.markdowns())
+    for upd in updates[1:]:
+        assert markdowns <= set(upd), markdowns - set(upd)
+        for r in panel.ratings:
+            assert r not in upd or "value" not in upd[r], upd[r]
+    last = updates[-1]
+    stored = last[state]
+    assert stored["group_id"] and "rating saved" not in last[panel.status]
+    for i, c in enumerate(stored["candidates"]):
+        for a, p in enumerate(c["parts"]):
+            assert last[panel.parts[i][a]] == H.render_part(p, coding=False)
+        assert last[panel.heads[i]] == H.render_head(c, i) and last[panel.checks[i]] == H.render_checks(c)
+    K = len(stored["candidates"])
+    assert [last[r] for r in panel.ratings] == [gr.update(visible=i < K) for i in range(len(panel.ratings))]
