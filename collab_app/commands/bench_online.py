@@ -115,21 +115,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(cfg: BenchOnlineConfig, home: str, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", cfg.engine,
-           "--num-generations", str(cfg.num_generations), "--max-new-tokens", str(cfg.max_new_tokens),
-           "--min-groups", str(cfg.min_groups), "--tasks", TEXTS_TASK,
-           "--db", f"sqlite:///{home}/collab.db", "--adapters-dir", os.path.join(home, "adapters"),
-           # a scripted rater rates at once: the per-session limits meant for people are off here
-           "--max-rounds-per-minute", "0", "--max-ratings-per-minute", "0",
-           "--trainer-args", cfg.trainer_args, *shlex.split(cfg.serve_args)]
+def serve_command(cfg, home: str, port: int, *extra: str) -> list[str]:
+    """`collab serve` as a person starts it, on the TL;DR task, with a fresh store and adapters
+    under `home`. A scripted rater rates at once: the per-session limits meant for people are off;
+    `extra` (more serve flags) comes before cfg.serve_args. `cfg`: a bench config with engine,
+    num_generations, max_new_tokens, min_groups, trainer_args ("" = serve's own trainer flags)
+    and serve_args (BenchOnlineConfig, bench_page.BenchPageConfig)."""
+    return [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", cfg.engine,
+            "--num-generations", str(cfg.num_generations), "--max-new-tokens", str(cfg.max_new_tokens),
+            "--min-groups", str(cfg.min_groups), "--tasks", TEXTS_TASK,
+            "--db", f"sqlite:///{home}/collab.db", "--adapters-dir", os.path.join(home, "adapters"),
+            "--max-rounds-per-minute", "0", "--max-ratings-per-minute", "0", *extra,
+            *(["--trainer-args", cfg.trainer_args] if cfg.trainer_args else []), *shlex.split(cfg.serve_args)]
+
+
+def start_server(cfg, home: str, port: int, *extra: str) -> subprocess.Popen:
+    """serve_command's server, in its own session (stop_server ends it and its trainer child),
+    logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another."""
     from collab_app.engines.model import ensure_model
 
+    cmd = serve_command(cfg, home, port, *extra)
     env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False",
            "COLLAB_MODEL": os.environ.get("COLLAB_MODEL") or ensure_model(None)}
-    logf = open(os.path.join(home, "serve.log"), "w")
     log.info("starting: %s", shlex.join(cmd))
-    return subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(os.path.join(home, "serve.log"), "w") as logf:   # the child keeps its own copy of the file
+        return subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -38,10 +38,8 @@ import json
 import logging
 import os
 import re
-import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -49,7 +47,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 
 from collab_app.commands.bench_online import (TEXTS_TASK, _free_port, _unix, api_call, connect, preference,
-                                              stop_server)
+                                              start_server, stop_server)
 
 log = logging.getLogger(__name__)
 
@@ -138,17 +136,8 @@ class BenchPageConfig:
                              "--chromium PATH")
 
 
-def serve_command(cfg: BenchPageConfig, home: str, port: int) -> list[str]:
-    """`collab serve` as a person starts it, on the TL;DR task, with a fresh store and adapters;
-    the per-session and per-network limits meant for people are off (the bench rates at once,
-    and its page and API client are one network)."""
-    return [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", cfg.engine,
-            "--num-generations", str(cfg.num_generations), "--max-new-tokens", str(cfg.max_new_tokens),
-            "--min-groups", str(cfg.min_groups), "--tasks", TEXTS_TASK,
-            "--db", f"sqlite:///{home}/collab.db", "--adapters-dir", os.path.join(home, "adapters"),
-            "--max-rounds-per-minute", "0", "--max-ratings-per-minute", "0",
-            "--max-rounds-per-minute-per-network", "0", "--max-ratings-per-minute-per-network", "0",
-            *(["--trainer-args", cfg.trainer_args] if cfg.trainer_args else []), *shlex.split(cfg.serve_args)]
+NETWORK_LIMITS_OFF = ("--max-rounds-per-minute-per-network", "0", "--max-ratings-per-minute-per-network", "0")
+"""serve flags beside bench_online.serve_command's: the bench's page and API client are one network."""
 
 
 def server_seconds(message: str) -> float | None:
@@ -289,8 +278,6 @@ def run(cfg: BenchPageConfig) -> dict:
     from playwright.sync_api import sync_playwright
     from tasks import load_task
 
-    from collab_app.engines.model import ensure_model
-
     out_dir = os.path.abspath(cfg.out_dir)
     home = os.path.join(out_dir, "home")
     os.makedirs(home, exist_ok=False)   # a fresh store and adapters: version 0, the untrained team
@@ -301,13 +288,8 @@ def run(cfg: BenchPageConfig) -> dict:
         shutil.copy(cache_path(), os.path.join(home, cache_path().name))
     port = cfg.port or _free_port()
     url = f"http://127.0.0.1:{port}/"
-    env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False",
-           "COLLAB_MODEL": os.environ.get("COLLAB_MODEL") or ensure_model(None)}
-    cmd = serve_command(cfg, home, port)
-    log.info("starting: %s", shlex.join(cmd))
     t_up = time.time()
-    with open(os.path.join(home, "serve.log"), "w") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_server(cfg, home, port, *NETWORK_LIMITS_OFF)
     texts = [ex["text"] for ex in load_task(TEXTS_TASK).examples("train")]
     rounds: list[dict] = []
     error, prober, startup_s = None, None, None

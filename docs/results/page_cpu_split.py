@@ -7,7 +7,7 @@ calibration.json (a `collab bench page` run's home); ONLY=page: page rounds only
 import os, sys, time, subprocess, json, glob
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from collab_app.commands import bench_page as B
-from collab_app.commands.bench_online import connect, stop_server, _free_port
+from collab_app.commands.bench_online import connect, start_server, stop_server, _free_port
 from tasks import load_task
 from collab_app.online.store import Store
 
@@ -37,9 +37,7 @@ def threads(pid):
     return res
 cfg = B.BenchPageConfig(rounds=rounds, out_dir=home)
 port = _free_port(); url = f"http://127.0.0.1:{port}/"
-env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False"}
-proc = subprocess.Popen(B.serve_command(cfg, home, port), env=env, stdout=open(home + "/serve2.log", "w"),
-                        stderr=subprocess.STDOUT, start_new_session=True)
+proc = start_server(cfg, home, port, *B.NETWORK_LIMITS_OFF)      # as the bench starts it; log: HOME/serve.log
 texts = [ex["text"] for ex in load_task("tldr").examples("train")]
 from playwright.sync_api import sync_playwright
 try:

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from collab_app.commands.bench_page import (CHROMIUM, BenchPageConfig, classify, overlap, serve_command,
+from collab_app.commands.bench_online import BenchOnlineConfig, serve_command
+from collab_app.commands.bench_page import (CHROMIUM, NETWORK_LIMITS_OFF, BenchPageConfig, classify, overlap,
                                             server_seconds, step_intervals, summarize, table)
 
 needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing: make browser-deps")
@@ -47,10 +48,11 @@ def test_defaults_are_what_a_person_gets_from_serve(tmp_path):
     assert (cfg.num_generations, cfg.max_new_tokens, cfg.min_groups) == \
         (serve["num_generations"], serve["max_new_tokens"], serve["min_groups"])
     cmd = serve_command(dataclasses.replace(cfg, serve_args="--engine-cores -1", trainer_args="--lora-r 16"),
-                        str(tmp_path), 7001)
+                        str(tmp_path), 7001, *NETWORK_LIMITS_OFF)
     assert cmd[cmd.index("--port") + 1] == "7001" and cmd[cmd.index("--tasks") + 1] == "tldr"
     assert cmd[cmd.index("--trainer-args") + 1] == "--lora-r 16" and cmd[-2:] == ["--engine-cores", "-1"]
     assert "--trainer-args" not in serve_command(cfg, str(tmp_path), 7001)     # serve's own trainer flags
+    assert "--trainer-args" in serve_command(BenchOnlineConfig(), str(tmp_path), 7001)   # the rater's own
     for limit in ("--max-rounds-per-minute", "--max-rounds-per-minute-per-network", "--max-ratings-per-minute"):
         assert cmd[cmd.index(limit) + 1] == "0"
 

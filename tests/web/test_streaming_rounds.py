@@ -71,7 +71,8 @@ def test_batcher_merges_sessions_and_hands_each_its_slice(tmp_path):
     ctx = make_ctx(tmp_path, eng)
     team = ctx.teams["tldr"]
     smp = Sampling(max_new_tokens=8)
-    ctx._batcher = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600)   # waits for both, however slow
+    ctx._batcher = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600,
+                                      company_s=None)   # waits for both, however slow
     t1 = ctx.batcher().submit(team, ["alpha one two three four five six", "alpha b c d e f g"], 2, smp)
     t2 = ctx.batcher().submit(team, ["omega one two three four five six", "omega b c d e f g"], 2, smp)
     seen = {}
@@ -89,11 +90,49 @@ def test_batcher_merges_sessions_and_hands_each_its_slice(tmp_path):
     assert all(name in t for name in seen for row in seen[name] for t in row)
 
 
+def test_the_batcher_waits_for_company_only_once_requests_overlap(tmp_path):
+    """A lone request starts at once, however long the window (600 s here: a wait would fail the
+    60 s timeouts); a request that arrives while another is open marks company, and from then on
+    a batch waits its window for others (here: until a partner makes max_examples); company is
+    forgotten after company_s. Observed through the engine's calls, not timed."""
+    import time
+
+    def finish(ticket):
+        while True:
+            kind = ticket.events.get(timeout=60)[0]
+            if kind != "progress":
+                return kind
+
+    eng = ScriptedStreamEngine(gated=True)
+    ctx = make_ctx(tmp_path, eng)
+    team, smp = ctx.teams["tldr"], Sampling(max_new_tokens=8)
+    b = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600, company_s=120)
+    assert not b.in_company()
+    eng.release(100)
+    assert finish(b.submit(team, ["alone one two three", "x y z"], 2, smp)) == "done"
+    assert eng.calls == [2] and not b.in_company()             # one person: no window before its call
+
+    eng.gate = threading.Semaphore(1)                          # one snapshot, then the engine waits
+    first = b.submit(team, ["first one two three", "x y z"], 2, smp)
+    assert first.events.get(timeout=60)[0] == "progress"       # generating ...
+    second = b.submit(team, ["second one two three", "x y z"], 2, smp)
+    assert b.in_company()                                      # ... when the second arrived
+    eng.release(100)
+    assert finish(first) == "done" and eng.calls == [2, 2]     # the second waits for the next call,
+    third = b.submit(team, ["third one two three", "x y z"], 2, smp)   # which waits for company
+    assert finish(second) == finish(third) == "done"
+    assert eng.calls == [2, 2, 4]                              # one call for both
+    b.company_s = 0.05
+    time.sleep(0.1)
+    assert not b.in_company()
+
+
 def test_bad_request_fails_alone(tmp_path):
     eng = ScriptedStreamEngine()
     ctx = make_ctx(tmp_path, eng)
     team, smp = ctx.teams["tldr"], Sampling(max_new_tokens=8)
-    ctx._batcher = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600)
+    ctx._batcher = GenerationBatcher(ctx.engine, ctx.engine_lock, max_examples=2, window_s=600,
+                                      company_s=None)
     bad = ctx.batcher().submit(team, ["BAD one two", "x y z"], 2, smp)
     good = ctx.batcher().submit(team, ["fine one two", "x y z"], 2, smp)
     last = {}
