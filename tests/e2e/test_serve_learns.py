@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -37,22 +36,20 @@ def rate_by_length(candidates) -> list[int]:
 
 
 @pytest.mark.slow
-def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_model_path):
+def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_model_path, monkeypatch):
     """On the tiny base (tests/helpers/tiny_model.py; the next test learns on the embedded model):
     what is under test is the loop store -> trainer -> hot-swap -> served, not what is written."""
+    from collab_app.commands.bench_online import BenchOnlineConfig, start_server
+
+    monkeypatch.setenv("COLLAB_MODEL", tiny_model_path)
     port = free_port()
-    env = {**os.environ, "COLLAB_HOME": str(tmp_path), "GRADIO_ANALYTICS_ENABLED": "False",
-           "COLLAB_MODEL": tiny_model_path}
-    cmd = [sys.executable, "-m", "collab_app.web.serve", "--port", str(port), "--engine", "transformers",
-           "--num-generations", "2", "--max-new-tokens", "32", "--min-groups", "2", "--tasks", "tldr",
-           "--db", f"sqlite:///{tmp_path}/collab.db", "--adapters-dir", str(tmp_path / "adapters"),
-           "--trainer-args", "--max-wait-s 0 --human-timeout-s 3600",
-           # the tiny base answers in ~1 s: at the default 10 rounds a minute the rater waited out the
-           # limit whenever the trainer needed more than ~10 rounds for two steps (28 s or 84 s a run);
-           # the limits are not what is under test here (tests/web/test_identity.py and others test them)
-           "--max-rounds-per-minute", "0", "--max-rounds-per-minute-per-network", "0", "--max-ratings-per-minute", "0"]
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cfg = BenchOnlineConfig(engine="transformers", num_generations=2, max_new_tokens=32, min_groups=2)
+    # the tiny base answers in ~1 s: at the default 10 rounds a minute the rater waited out the
+    # limit whenever the trainer needed more than ~10 rounds for two steps (28 s or 84 s a run);
+    # the limits are not what is under test here (tests/web/test_identity.py and others test them).
+    # start_server turns the per-session ones off; the per-network one here.
+    proc = start_server(cfg, str(tmp_path), port, "--max-rounds-per-minute-per-network", "0")
+    log = tmp_path / "serve.log"
     try:
         client = connect(f"http://127.0.0.1:{port}/", proc, timeout=300)
         served: list[dict[str, int | None]] = []     # per round: agent -> adapter version it came from
@@ -74,8 +71,7 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
         assert len(kid_pids) == 1, f"expected one trainer child, found {kid_pids}"
         if len(os.sched_getaffinity(0)) >= 2:
             assert not os.sched_getaffinity(proc.pid) & os.sched_getaffinity(kid_pids[0])
-        log.flush()
-        tail = (tmp_path / "serve.log").read_text()[-3000:]
+        tail = log.read_text()[-3000:]
         versions = [max((v or 0) for v in s.values()) for s in served]
         assert versions[-1] >= 2, f"no second version served in {len(served)} rounds {versions}; log:\n{tail}"
         assert versions == sorted(versions), f"a served version went backwards: {versions}"
@@ -83,7 +79,6 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
         assert stats["train_steps"] >= 2 and stats["ratings"] == 2 * len(served)
     finally:
         stop_server(proc)         # SIGTERM (serve stops its trainer child), SIGKILL of its group if hung
-        log.close()
     # and nothing of it is left running: the child trainer is gone with it
     out = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)
     assert out.stdout.strip() == "", f"trainer child still running: {out.stdout}"
