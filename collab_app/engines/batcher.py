@@ -61,7 +61,7 @@ class GenerationBatcher:
         self.max_examples, self.window_s, self.company_s = max_examples, window_s, company_s
         self._q: queue.Queue = queue.Queue()
         self._mu = threading.Lock()
-        self._open = 0                        # requests submitted and not yet ended
+        self._open: set = set()               # tickets submitted and not yet ended (done, error, or left)
         self._company_at = float("-inf")      # monotonic time a request last arrived while another was open
         self.batches: list[int] = []          # examples per engine call (last 1000; for tests / logs)
         self._thread = threading.Thread(target=self._run, name="collab-generate-batcher", daemon=True)
@@ -72,7 +72,7 @@ class GenerationBatcher:
         with self._mu:
             if self._open:
                 self._company_at = time.monotonic()
-            self._open += 1
+            self._open.add(ticket)
         self._q.put((team, list(prompts), G, sampling, ticket))
         return ticket
 
@@ -96,9 +96,14 @@ class GenerationBatcher:
             for batch in groups.values():
                 try:
                     self._generate(batch)
-                finally:
-                    with self._mu:
-                        self._open -= len(batch)
+                finally:   # tickets whose listeners left, and any path that did not end them
+                    self._end(*(it[4] for it in batch))
+
+    def _end(self, *tickets: GenerationTicket) -> None:
+        """The tickets are no longer open: called before their last event is put, so a caller who
+        submits the moment it reads "done" is not taken for company."""
+        with self._mu:
+            self._open.difference_update(tickets)
 
     def _generate(self, batch) -> None:
         from collab_app.engines.engine_types import EngineError
@@ -125,15 +130,18 @@ class GenerationBatcher:
             if last is None or not last.finished:
                 return   # every listener left
             self.batches = (self.batches + [len(live)])[-1000:]
+            self._end(*(it[4] for it in live))
             for e, it in enumerate(live):
                 it[4].events.put(("done", last.done[e]))
         except EngineError as e:
             if len(live) == 1:
+                self._end(live[0][4])
                 live[0][4].events.put(("error", e))
                 return
             for it in live:   # find the bad request(s): one call each
                 self._generate([it])
         except Exception as e:  # noqa: BLE001 - every waiting session gets the error, the thread lives
             log.exception("generation batch failed")
+            self._end(*(it[4] for it in live))
             for it in live:
                 it[4].events.put(("error", e))

@@ -160,7 +160,7 @@ class _Panel:
         alone (~0.6 ms of Python, GIL held, beside the in-process engine) where a plain value
         costs it a postprocess (~0.13 ms), and it sends the page only what changed (its stream
         diff). The ratings, dropdowns and rows stay left alone, so a rating the person picked
-        mid-round is never reset (docs/results "A round in the real page")."""
+        mid-round is never reset (docs/results "the page's updates name every Markdown")."""
         yield self.hide("*starting ...*")
         shown = dict.fromkeys(self.markdowns(), "")        # component -> text on the page (hide() cleared them)
         seen: set[int] = set()

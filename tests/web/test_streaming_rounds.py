@@ -114,6 +114,7 @@ def test_the_batcher_waits_for_company_only_once_requests_overlap(tmp_path):
 
     eng.gate = threading.Semaphore(1)                          # one snapshot, then the engine waits
     first = b.submit(team, ["first one two three", "x y z"], 2, smp)
+    assert not b.in_company()                                  # the moment the last one said done: alone
     assert first.events.get(timeout=60)[0] == "progress"       # generating ...
     second = b.submit(team, ["second one two three", "x y z"], 2, smp)
     assert b.in_company()                                      # ... when the second arrived
