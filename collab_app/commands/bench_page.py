@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import statistics
 import sys
 import threading
@@ -281,11 +280,6 @@ def run(cfg: BenchPageConfig) -> dict:
     out_dir = os.path.abspath(cfg.out_dir)
     home = os.path.join(out_dir, "home")
     os.makedirs(home, exist_ok=False)   # a fresh store and adapters: version 0, the untrained team
-    # this machine's dtype calibration and engine race as `collab models` left them in COLLAB_HOME
-    # (absent ones are measured at the server's start, inside startup_s): `make run` starts that way
-    from collab_app.engines.calibrate import cache_path
-    if cache_path().exists():
-        shutil.copy(cache_path(), os.path.join(home, cache_path().name))
     port = cfg.port or _free_port()
     url = f"http://127.0.0.1:{port}/"
     t_up = time.time()

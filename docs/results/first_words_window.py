@@ -8,16 +8,15 @@ a summary. The engine is seeded per call where it can be (vLLM), so a text's two
 
 HOME: a new folder (its store); the model and this machine's calibration come from COLLAB_HOME as
 `make run` left them (no calibration or engine race inside the figures)."""
-import json, os, shutil, statistics, sys, time
+import json, os, statistics, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from collab_app.engines.calibrate import cache_path
+from collab_app.commands.bench_online import seed_home
 from collab_app.engines.model import ensure_model
 
 home = os.path.abspath(sys.argv[1])
 os.makedirs(home)
 os.environ["COLLAB_MODEL"] = ensure_model(None)
-if cache_path().exists():
-    shutil.copy(cache_path(), home)
+seed_home(home)
 os.environ["COLLAB_HOME"] = home
 from collab_app.engines.batcher import GenerationBatcher
 from collab_app.web import handlers as H

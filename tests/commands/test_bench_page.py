@@ -142,3 +142,22 @@ def test_the_bench_times_rounds_in_the_page_and_through_the_api(tmp_path, tiny_m
         assert store.group(page["group_id"]).session_id != store.group(api["group_id"]).session_id
     finally:
         store.close()
+
+
+def test_a_bench_home_starts_with_this_machines_calibration(tmp_path, monkeypatch):
+    """bench_online.seed_home (start_server calls it): the fresh home gets COLLAB_HOME's calibration
+    file, as `make run` would find it; one already there is kept; none to copy, nothing written."""
+    from collab_app.commands.bench_online import seed_home
+
+    monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "machine"))
+    seed_home(str(tmp_path))
+    assert not (tmp_path / "calibration.json").exists()
+    (tmp_path / "machine").mkdir()
+    (tmp_path / "machine" / "calibration.json").write_text('{"measured": 1}')
+    home = tmp_path / "bench-home"
+    home.mkdir()
+    seed_home(str(home))
+    assert (home / "calibration.json").read_text() == '{"measured": 1}'
+    (home / "calibration.json").write_text('{"own": 2}')
+    seed_home(str(home))
+    assert (home / "calibration.json").read_text() == '{"own": 2}'
