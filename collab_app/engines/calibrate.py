@@ -18,7 +18,8 @@ significant bits), then int8 if its gap is no larger than bf16's (the engine alr
 where bf16 is native: int8 must not be less exact than that) and below INT8_MAX_GAP.
 
 Cached per machine and model in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU
-capability, torch version, thread count, model folder and size); re-run when any of them changes.
+capability, torch version, thread count, model folder and size, and fbgemm's instruction set where
+FBGEMM_ENABLE_INSTRUCTIONS caps it); re-run when any of them changes.
 `collab models` prints it; `make_engine("auto")` logs what was measured.
 Left out: vLLM-vs-transformers speed (both run the same GEMMs; vLLM adds paged attention and
 one-batch scheduling: `collab bench generate` measures both engines end to end).
@@ -59,8 +60,13 @@ def machine_key(model_path: str, threads: int) -> str:
     from trainer.dtypes import cpu_capability
 
     size = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
+    # fbgemm (the fp16 and int8 kinds) picks its kernels from the CPU's flags, not from torch's
+    # ATEN_CPU_CAPABILITY: only its own variable caps them (the AVX2 emulation of docs/results sets
+    # it), and the kinds' speed then differs on the same CPU
+    fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
     return (f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
-            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX")
+            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX"
+            + (f" | fbgemm {fbgemm}" if fbgemm else ""))
 
 
 def _weights(model_path: str) -> list:

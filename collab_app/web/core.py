@@ -253,6 +253,37 @@ def play_round(ctx, episode: dict, caller: Caller, num_generations: int, samplin
         ctx.limits.end_round(caller)
 
 
+def warm_up(ctx, new_tokens: int = 2) -> float | None:
+    """One short batch before the first person's round: G=2 answers of `new_tokens` tokens from
+    the first served task's team on that task's first training example, through the batcher as a
+    round runs (adapters polled, the engine lock). Returns its seconds, or None where it failed (a
+    warning: the first round then shows the engine's error as any round would).
+
+    Why: an engine does some work only the first time it meets a long prompt. vLLM eager in fp32
+    (what `auto` serves under the AVX2 emulation) took 3.5 s to a person's first words in the
+    first round after start-up and 0.5-0.7 s in the next; after this batch (4.8 s at start-up) the
+    first round's were 0.71 s (docs/results "The first round after start-up"). `collab serve` runs
+    it before the page opens, so start-up pays instead of the first person."""
+    from dataclasses import replace
+
+    t0 = time.monotonic()
+    try:
+        name = next(iter(ctx.tasks))
+        task = ctx.tasks[name]
+        prompts = check_prompts(task, task.agent_prompts(task.examples("train")[0], []))
+        with ctx.team_settings_lock:
+            sampling = replace(ctx.sampling, max_new_tokens=new_tokens)
+        ticket = ctx.batcher().submit(ctx.team_for(name), prompts, 2, sampling)
+        while (ev := ticket.events.get())[0] not in ("done", "error"):
+            pass
+        if ev[0] == "error":
+            raise ev[1]
+    except Exception as e:  # noqa: BLE001 - an optimisation: never a reason not to serve
+        log.warning("the engine's warm-up batch failed (%s: %s); serving anyway", type(e).__name__, e)
+        return None
+    return time.monotonic() - t0
+
+
 def check_prompt_tokens(ctx, team, prompts: list[str], sampling, later_turn: bool = False) -> None:
     """Each agent's prompt, as the engine will see it, must fit: tokens + max_new_tokens <=
     max_model_len. Checked here, before the batcher, so that a too-long prompt fails alone with

@@ -445,6 +445,10 @@ def serve(cfg: ServeConfig) -> None:
         watcher = ctx.adapter_watcher()
         watcher.interval_s = cfg.swap_interval_s
         watcher.start()
+        from collab_app.web.core import warm_up
+        took = warm_up(ctx)   # before the page opens: the first person's round is not the engine's first
+        if took is not None:
+            log.info("engine warm-up: one short batch in %.1f s", took)
         from collab_app.web.openai_api import openai_routes
         launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share,
                app_kwargs={"routes": openai_routes(ctx, api_cfg)})

@@ -16,6 +16,10 @@ decoding thread, as serve does between the trainer child's steps. The compiled-s
     EAGER=0 VLLM_USE_AOT_COMPILE=0 [NOSPLIT=1] python docs/results/engine_rounds.py vllm 5 bfloat16
     py-spy record -r 40 --native -f raw -o prof.txt -- python docs/results/engine_rounds.py vllm 4 bfloat16   # EAGER=0
 
+GRADIO=1 serves an idle Gradio app (queue on) in this process, as `collab serve` does beside its
+in-process engine; GRADIO_FREE_S sets its queue's idle poll (Gradio's own is 0.001 s; the A/B of
+docs/results "Gradio's idle queue polls beside the engine").
+
 With `stdin` for the count it runs one round per line it reads (docs/results/ab_rounds.py drives two
 of them, one per code version, round by round).
 """
@@ -54,6 +58,16 @@ if split is not None and os.environ.get("NOSPLIT") != "1" and os.environ.get("BO
     from collab_app.online.cpushare import lend_trainer_cores  # noqa: E402
 
     lend_trainer_cores(eng, split, os.path.join(tempfile.mkdtemp(prefix="engine-rounds-"), "trainer-cores.lock"))
+if os.environ.get("GRADIO") == "1":
+    import gradio as gr
+
+    with gr.Blocks() as demo:
+        box = gr.Textbox()
+        gr.Button().click(lambda x: x, box, box)
+    demo.queue()
+    demo.launch(prevent_thread_lock=True, _frontend=False, quiet=True)
+    if os.environ.get("GRADIO_FREE_S"):
+        demo._queue.sleep_when_free = float(os.environ["GRADIO_FREE_S"])
 team = Team([Agent(n, r) for n, r in ROLES.items()])
 for i, a in enumerate(team.agents):
     eng.register_agent(a.name)

@@ -65,6 +65,16 @@ def test_calibration_measures_once_per_machine_and_model(model_path, tmp_path, m
         cal.calibrate(model_path, threads=2)                          # another thread count: another key
 
 
+def test_fbgemms_own_isa_cap_is_part_of_the_machine_key(model_path, monkeypatch):
+    # fbgemm (the fp16 / int8 kinds) ignores ATEN_CPU_CAPABILITY: an AVX2 emulation that caps only
+    # torch would otherwise find a calibration measured with fbgemm's AVX-512 kernels
+    monkeypatch.delenv("FBGEMM_ENABLE_INSTRUCTIONS", raising=False)
+    plain = cal.machine_key(model_path, 2)
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    capped = cal.machine_key(model_path, 2)
+    assert capped != plain and capped.endswith("| fbgemm AVX2") and capped.startswith(plain)
+
+
 def test_engine_dtype_auto_on_cpu_follows_the_calibration(monkeypatch, tmp_path):
     from collab_app import engines
 

@@ -369,3 +369,27 @@ def test_each_page_update_names_every_markdown_and_never_a_picked_rating(tmp_pat
         assert last[panel.heads[i]] == H.render_head(c, i) and last[panel.checks[i]] == H.render_checks(c)
     K = len(stored["candidates"])
     assert [last[r] for r in panel.ratings] == [gr.update(visible=i < K) for i in range(len(panel.ratings))]
+
+
+def test_the_warm_up_runs_one_short_batch_of_the_first_task_and_never_stops_serving(tmp_path, caplog):
+    from collab_app.web.core import warm_up
+
+    eng = ScriptedStreamEngine()
+    ctx = make_ctx(tmp_path, eng)
+    first = next(iter(ctx.tasks))
+    seen = []
+    real = eng.generate_stream
+
+    def spy(requests, n, sampling):
+        seen.append(([r.agent for r in requests], n, sampling.max_new_tokens))
+        return real(requests, n, sampling)
+    eng.generate_stream = spy
+    took = warm_up(ctx)
+    assert took is not None and took >= 0
+    team = [a.name for a in ctx.team_for(first).agents]
+    assert seen == [(team, 2, 2)]                      # one engine call: the first task's team, G=2, 2 tokens
+    assert ctx.sampling.max_new_tokens != 2            # the server's own settings are untouched
+    # an engine that fails: a warning, no exception (serve goes on to open the page)
+    eng.generate_stream = lambda *a: (_ for _ in ()).throw(EngineError("no kernels today"))
+    assert warm_up(ctx) is None
+    assert "warm-up batch failed" in caplog.text and "no kernels today" in caplog.text
