@@ -24,6 +24,9 @@ is seconds after the click:
   sent      Gradio queues that update for the page's stream (Queue.send_message)
   dom       the words are in the page's DOM (a MutationObserver in the page)
   seen      playwright's per-frame poll sees them (what `collab bench page` reports)
+After the run each round is marked by whether its engine part until the first text overlapped one
+of the trainer child's MAGRPO steps (the store's records), and round_to_text is summarized per side
+and mark.
 ENV_SERVE: more environment for the server ("K=V K=V")."""
 import json
 import os
@@ -181,11 +184,23 @@ def main() -> None:
                        "load": round(os.getloadavg()[0], 2)}
                 row["round_to_text"] = (round(row["text"] - row["round_start"], 3)
                                         if row["text"] is not None and row["round_start"] is not None else None)
+                row["t0"] = t0   # wall clock of the click (page) or of the call (API): steps are matched after the run
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             browser.close()
     finally:
         stop_server(proc)
+    # which rounds' first words were computed while the trainer child was in a MAGRPO step
+    from collab_app.online.store import Store
+    store = Store(f"sqlite:///{home}/collab.db")
+    try:
+        steps = B.step_intervals(store.train_steps())
+    finally:
+        store.close()
+    for r in rows:
+        if r["round_start"] is not None and r["text"] is not None:
+            r["beside_step"] = B.overlap(r["t0"] + r["round_start"], r["t0"] + r["text"], steps) > 0
+            print("step", json.dumps({k: r[k] for k in ("side", "round", "round_to_text", "beside_step")}))
     keys = ["click_after_t0", "join", "start", "handler", "round_start", "text", "yielded", "sent", "dom", "seen",
             "round_to_text"]
     import statistics
@@ -193,6 +208,11 @@ def main() -> None:
         rs = [r for r in rows if r["side"] == side]
         print("median", side, json.dumps({k: round(statistics.median(r[k] for r in rs if r[k] is not None), 3)
                                           for k in keys if any(r[k] is not None for r in rs)}))
+        for beside in (False, True):
+            sub = [r["round_to_text"] for r in rs if r.get("beside_step") is beside]
+            if sub:
+                print("round_to_text", side, "beside a step" if beside else "quiet", len(sub),
+                      round(statistics.median(sub), 3))
 
 
 if __name__ == "__main__":
