@@ -26,7 +26,8 @@ is seconds after the click:
   seen      playwright's per-frame poll sees them (what `collab bench page` reports)
 After the run each round is marked by whether its engine part until the first text overlapped one
 of the trainer child's MAGRPO steps (the store's records), and round_to_text is summarized per side
-and mark.
+and mark, with the CPU seconds Chromium's processes and the server's process used in that time
+(/proc, sampled every 20 ms).
 ENV_SERVE: more environment for the server ("K=V K=V")."""
 import json
 import os
@@ -144,6 +145,36 @@ def main() -> None:
         proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     texts = [ex["text"] for ex in load_task("tldr").examples("train")]
     rows = []
+    import glob
+    import threading
+    tck = os.sysconf("SC_CLK_TCK")
+
+    def cpu_of(pids):
+        total = 0.0
+        for pid in pids:
+            try:
+                f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                total += (int(f[11]) + int(f[12])) / tck
+            except OSError:
+                pass
+        return total
+
+    def chromium_pids():
+        return [int(d.split("/")[2]) for d in glob.glob("/proc/[0-9]*/cmdline")
+                if "chromium" in open(d, "rb").read().split(b"\0")[0].decode(errors="replace")]
+    samples, stop = [], threading.Event()
+
+    def sample():   # (wall clock, Chromium's CPU seconds, the server's) every 20 ms
+        while not stop.wait(0.02):
+            samples.append((time.time(), cpu_of(chromium_pids()), cpu_of([proc.pid])))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    def cpu_between(a, b):
+        inside = [x for x in samples if a <= x[0] <= b]
+        if len(inside) < 2:
+            return None, None
+        return round(inside[-1][1] - inside[0][1], 3), round(inside[-1][2] - inside[0][2], 3)
     try:
         client = connect(url, proc)
         with sync_playwright() as p:
@@ -184,11 +215,14 @@ def main() -> None:
                        "load": round(os.getloadavg()[0], 2)}
                 row["round_to_text"] = (round(row["text"] - row["round_start"], 3)
                                         if row["text"] is not None and row["round_start"] is not None else None)
+                if row["round_start"] is not None and row["text"] is not None:
+                    row["chromium_cpu"], row["server_cpu"] = cpu_between(t0 + row["round_start"], t0 + row["text"])
                 row["t0"] = t0   # wall clock of the click (page) or of the call (API): steps are matched after the run
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             browser.close()
     finally:
+        stop.set()
         stop_server(proc)
     # which rounds' first words were computed while the trainer child was in a MAGRPO step
     from collab_app.online.store import Store
@@ -200,7 +234,8 @@ def main() -> None:
     for r in rows:
         if r["round_start"] is not None and r["text"] is not None:
             r["beside_step"] = B.overlap(r["t0"] + r["round_start"], r["t0"] + r["text"], steps) > 0
-            print("step", json.dumps({k: r[k] for k in ("side", "round", "round_to_text", "beside_step")}))
+            print("step", json.dumps({k: r.get(k) for k in ("side", "round", "round_to_text", "beside_step",
+                                                            "chromium_cpu", "server_cpu")}))
     keys = ["click_after_t0", "join", "start", "handler", "round_start", "text", "yielded", "sent", "dom", "seen",
             "round_to_text"]
     import statistics
