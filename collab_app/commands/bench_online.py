@@ -141,6 +141,20 @@ def seed_home(home: str) -> None:
         shutil.copy(src, dst)
 
 
+def use_home(home: str) -> str:
+    """For a bench that builds the app in its own process (docs/results scripts): make `home`
+    (it must not exist), seed it (seed_home) and point this process at it (COLLAB_HOME, and
+    COLLAB_MODEL = the embedded model unless already set). Returns its absolute path."""
+    from collab_app.engines.model import ensure_model
+
+    home = os.path.abspath(home)
+    os.makedirs(home)
+    os.environ["COLLAB_MODEL"] = os.environ.get("COLLAB_MODEL") or ensure_model(None)
+    seed_home(home)
+    os.environ["COLLAB_HOME"] = home
+    return home
+
+
 def start_server(cfg, home: str, port: int, *extra: str) -> subprocess.Popen:
     """serve_command's server, in its own session (stop_server ends it and its trainer child),
     logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another, with this

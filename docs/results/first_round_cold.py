@@ -10,14 +10,9 @@ HOME: a new folder (its store); the model and this machine's calibration come fr
 `make run` left them."""
 import json, os, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from collab_app.commands.bench_online import seed_home
-from collab_app.engines.model import ensure_model
+from collab_app.commands.bench_online import use_home
 
-home = os.path.abspath(sys.argv[1])
-os.makedirs(home)
-os.environ["COLLAB_MODEL"] = ensure_model(None)
-seed_home(home)
-os.environ["COLLAB_HOME"] = home
+home = use_home(sys.argv[1])   # before the app's modules read COLLAB_HOME
 from collab_app.web import handlers as H
 from collab_app.web.access import Caller
 from collab_app.web.context import build_context

@@ -161,3 +161,20 @@ def test_a_bench_home_starts_with_this_machines_calibration(tmp_path, monkeypatc
     (home / "calibration.json").write_text('{"own": 2}')
     seed_home(str(home))
     assert (home / "calibration.json").read_text() == '{"own": 2}'
+
+
+def test_an_in_process_bench_uses_a_fresh_seeded_home(tmp_path, monkeypatch):
+    """bench_online.use_home: makes the folder (never a used one), copies the machine's calibration,
+    and points the process at it; a model already named is kept."""
+    from collab_app.commands.bench_online import use_home
+
+    (tmp_path / "machine").mkdir()
+    (tmp_path / "machine" / "calibration.json").write_text('{"measured": 1}')
+    monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "machine"))
+    monkeypatch.setenv("COLLAB_MODEL", str(tmp_path / "some-model"))
+    home = use_home(str(tmp_path / "run"))
+    assert home == str(tmp_path / "run") and os.environ["COLLAB_HOME"] == home
+    assert (tmp_path / "run" / "calibration.json").read_text() == '{"measured": 1}'
+    assert os.environ["COLLAB_MODEL"] == str(tmp_path / "some-model")
+    with pytest.raises(FileExistsError):
+        use_home(home)
