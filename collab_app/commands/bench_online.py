@@ -145,26 +145,33 @@ def use_home(home: str) -> str:
     """For a bench that builds the app in its own process (docs/results scripts): make `home`
     (it must not exist), seed it (seed_home) and point this process at it (COLLAB_HOME, and
     COLLAB_MODEL = the embedded model unless already set). Returns its absolute path."""
-    from collab_app.engines.model import ensure_model
-
     home = os.path.abspath(home)
     os.makedirs(home)
-    os.environ["COLLAB_MODEL"] = os.environ.get("COLLAB_MODEL") or ensure_model(None)
+    os.environ["COLLAB_MODEL"] = served_model()
     seed_home(home)
     os.environ["COLLAB_HOME"] = home
     return home
 
 
-def start_server(cfg, home: str, port: int, *extra: str) -> subprocess.Popen:
-    """serve_command's server, in its own session (stop_server ends it and its trainer child),
-    logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another, with this
-    machine's calibration (seed_home)."""
+def served_model() -> str:
+    """The model a bench serves: COLLAB_MODEL where set, else the embedded model's folder."""
     from collab_app.engines.model import ensure_model
 
+    return os.environ.get("COLLAB_MODEL") or ensure_model(None)
+
+
+def start_server(cfg, home: str, port: int, *extra: str, launcher: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
+    """serve_command's server, in its own session (stop_server ends it and its trainer child),
+    logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another, with this
+    machine's calibration (seed_home). `launcher` replaces `python -m collab_app.web.serve` (a
+    docs/results script that wraps serve with timers); `env` adds to the server's environment."""
     seed_home(home)
     cmd = serve_command(cfg, home, port, *extra)
+    if launcher:
+        cmd = [*launcher, *cmd[3:]]   # the serve flags after `python -m collab_app.web.serve`
     env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False",
-           "COLLAB_MODEL": os.environ.get("COLLAB_MODEL") or ensure_model(None)}
+           "COLLAB_MODEL": served_model(), **(env or {})}
     log.info("starting: %s", shlex.join(cmd))
     with open(os.path.join(home, "serve.log"), "w") as logf:   # the child keeps its own copy of the file
         return subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)

@@ -124,25 +124,19 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from collab_app.commands import bench_page as B
-    from collab_app.commands.bench_online import _free_port, connect, seed_home, serve_command, stop_server
-    from collab_app.engines.model import ensure_model
+    from collab_app.commands.bench_online import _free_port, connect, start_server, stop_server
     from tasks import load_task
 
     home, rounds = os.path.abspath(sys.argv[1]), int(sys.argv[2])
     os.makedirs(home, exist_ok=False)
-    seed_home(home)
     trace = os.path.join(home, "trace.jsonl")
     cfg = B.BenchPageConfig(rounds=rounds, out_dir=os.path.join(home, "unused"))   # serve_command reads its fields
     port = _free_port()
     url = f"http://127.0.0.1:{port}/"
-    cmd = serve_command(cfg, home, port, *B.NETWORK_LIMITS_OFF)
-    cmd = [sys.executable, os.path.abspath(__file__), "serve", trace, *cmd[3:]]   # drop "-m collab_app.web.serve"
-    env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": ROOT,
-           "COLLAB_MODEL": os.environ.get("COLLAB_MODEL") or ensure_model(None),
-           **dict(kv.split("=", 1) for kv in os.environ.get("ENV_SERVE", "").split())}
-    import subprocess
-    with open(os.path.join(home, "serve.log"), "w") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    # serve through this file's timers (`serve` below), as the bench starts it otherwise
+    proc = start_server(cfg, home, port, *B.NETWORK_LIMITS_OFF,
+                        launcher=[sys.executable, os.path.abspath(__file__), "serve", trace],
+                        env={"PYTHONPATH": ROOT, **dict(kv.split("=", 1) for kv in os.environ.get("ENV_SERVE", "").split())})
     texts = [ex["text"] for ex in load_task("tldr").examples("train")]
     rows = []
     import glob

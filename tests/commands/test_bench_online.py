@@ -135,3 +135,26 @@ def test_api_call_asks_again_for_an_answer_the_client_lost_and_waits_out_limits(
     assert len(lost.calls) == API_RETRIES + 1
     with pytest.raises(AppError, match="no such joint answer"):  # other errors are the caller's
         api_call(_Client([AppError("no such joint answer")]), api_name="/rate")
+
+
+def test_start_server_runs_serves_flags_under_another_launcher_with_more_environment(tmp_path, monkeypatch):
+    """docs/results scripts wrap `collab serve` in timers: the launcher replaces `python -m
+    collab_app.web.serve` and keeps every serve flag; `env` adds to the server's environment over
+    the bench's own (its home, the served model); the output goes to home/serve.log."""
+    import json
+    import sys
+
+    from collab_app.commands.bench_online import serve_command, start_server, stop_server
+
+    monkeypatch.setenv("COLLAB_MODEL", str(tmp_path / "a-model"))
+    cfg = BenchOnlineConfig()
+    show = ("import json, os, sys; print(json.dumps([sys.argv[1:], os.environ['COLLAB_HOME'], "
+            "os.environ['COLLAB_MODEL'], os.environ['EXTRA']]))")
+    proc = start_server(cfg, str(tmp_path), 4321, "--x", launcher=[sys.executable, "-c", show, "timers"],
+                        env={"EXTRA": "on"})
+    proc.wait(60)
+    stop_server(proc)
+    args, home, model, extra = json.loads((tmp_path / "serve.log").read_text())
+    assert args == ["timers", *serve_command(cfg, str(tmp_path), 4321, "--x")[3:]]
+    assert "--port" in args and "--x" in args and args[0] == "timers"
+    assert (home, model, extra) == (str(tmp_path), str(tmp_path / "a-model"), "on")
