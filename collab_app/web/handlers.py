@@ -154,22 +154,39 @@ def render_part(part: dict, coding: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+# CommonMark's backslash escapes for the ASCII punctuation that marks anything up; `&` and `;`
+# are left to html.escape (an entity must stay whole)
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>])")
+
+
+def md_literal(text: str) -> str:
+    """`text` shown as it is inside Gradio's Markdown: no HTML, no emphasis, links or code spans
+    (a test's `__index__` or `a*b*c` is not markup). For the checks' lines: test code and error
+    messages. The agents' parts are not passed through it: an answer's own Markdown is shown."""
+    return _MD_PUNCT.sub(r"\\\1", html.escape(text, quote=False))
+
+
 def render_checks(cand: dict) -> str:
     """A checked candidate's automatic checks: each reward level and what the check found."""
     r = cand["reward"]
     if cand.get("state", "checked") != "checked":
         return ""
     if r is None:
-        return (f"**Automatic checks** failed: {html.escape(cand.get('check_error') or '?')} "
+        return (f"**Automatic checks** failed: {md_literal(cand.get('check_error') or '?')} "
                 "(your rating is this candidate's only reward)")
     lines = ["**Automatic checks**: " + " · ".join(f"{k} {v:+.2f}" for k, v in r["levels"].items())]
-    lines += [f"- {html.escape(x)}" for x in check_summary(r.get("details") or {})]
+    lines += [f"- {md_literal(x)}" for x in check_summary(r.get("details") or {})]
     return "\n".join(lines)
+
+
+def _number(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
 def check_summary(details: dict, limit: int = 400) -> list[str]:
     """Readable lines from a Reward's details: tests passed, the first failing test and its
-    error, syntax errors, where scoring stopped; other truthy entries as `key: value`."""
+    error, syntax errors, where scoring stopped; other truthy entries as `key: value` (a float
+    to 3 significant digits: a writing metric's 1.3064516129032258 reads as 1.31)."""
     d = dict(details)
     out = []
     if "tests_total" in d:
@@ -189,7 +206,7 @@ def check_summary(details: dict, limit: int = 400) -> list[str]:
     for k, v in d.items():
         if v in (None, False, "", [], {}):
             continue
-        text = v if isinstance(v, str) else repr(v)
+        text = v if isinstance(v, str) else _number(v) if isinstance(v, float) else repr(v)
         out.append(f"{k}: {text[:limit]}{' …' if len(text) > limit else ''}")
     return out
 

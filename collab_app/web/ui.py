@@ -55,7 +55,8 @@ candidates your own session generated."""
 
 
 def _err(fn):
-    """UserError -> gr.Error (a message in the UI / an AppError for API clients); the app stays up."""
+    """UserError -> gr.Error (a message in the UI / an AppError for API clients); the app stays up.
+    A person's input mistake is no fault of the server: Gradio prints no traceback for it."""
     import functools
     import inspect
 
@@ -65,7 +66,7 @@ def _err(fn):
             try:
                 yield from fn(*a, **k)
             except H.UserError as e:
-                raise gr.Error(str(e)) from None
+                raise gr.Error(str(e), print_exception=False) from None
         return gen
 
     @functools.wraps(fn)
@@ -73,7 +74,7 @@ def _err(fn):
         try:
             return fn(*a, **k)
         except H.UserError as e:
-            raise gr.Error(str(e)) from None
+            raise gr.Error(str(e), print_exception=False) from None
     return wrapped
 
 

@@ -112,6 +112,15 @@ def test_generate_and_rate_in_browser(app, page, tmp_path):
         page.click(f"#code-rate-{i} label:has-text('{value}')")
     card = page.locator("#code-cand-0").inner_text()
     assert "helper" in card and "main" in card and "Automatic checks" in card
+    # the checks' lines (test code, error messages: `[`, `(`, `_`, `*` ...) read in the page as the
+    # store holds them, not as Markdown (handlers.md_literal); HTML folds runs of white space
+    from collab_app.web.handlers import check_summary
+
+    (group,) = ctx.store.recent_groups(1)
+    shown = " ".join(" ".join(page.inner_text(f"#code-cand-{i}-checks").split()) for i in range(2))
+    for joint in group.joints:
+        for line in check_summary(joint.auto_details or {}):
+            assert " ".join(line.split()) in shown, f"{line!r} is not shown as it is in {shown!r}"
     page.click("#code-submit")
     page.wait_for_selector("#code-rate-msg:has-text('rating saved')", timeout=60_000)
     session = ctx.store.recent_groups(1)[0].session_id   # the browser session owns the group
@@ -151,6 +160,35 @@ def test_bad_input_shows_message_and_page_survives(app, page, tmp_path):
     page.wait_for_selector("#data-stats:has-text('ratings')", timeout=60_000)
     page.wait_for_selector("#data-groups:has-text('HumanEval/0')", timeout=60_000)   # this session's group
     shot(page, tmp_path, "collab-data.png")
+
+
+def test_check_lines_read_as_text_in_gradios_markdown(page):
+    """The checks' Markdown (handlers.render_checks) in Gradio's own renderer, in the browser: a
+    failing test's code and error read as the sandbox wrote them (`__index__` was bold "index")."""
+    import gradio as gr
+
+    from collab_app.web.handlers import check_summary, render_checks
+    from collab_app.web.ui import wait_until_served
+    from helpers.launch import free_port
+
+    details = {"tests_passed": 0, "tests_total": 3,
+               "first_failure": {"test": "assert f([1, 2], *args) == {'k': 1}  # [x](y) `c` <b>b</b> & #1",
+                                 "error": "TypeError: have an __index__ method; a*b*c, 2**3, ~x~ | y"},
+               "syntax_error": "line 1: def f(_x_, __y__):", "ratio": 0.34782608695652173}
+    with gr.Blocks() as demo:
+        gr.Markdown(render_checks({"reward": {"levels": {"tests": 0.0}, "details": details}}), elem_id="checks")
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, _frontend=False)
+    try:
+        wait_until_served(demo.local_url)
+        page.goto(demo.local_url)
+        page.wait_for_selector("#checks:has-text('Automatic checks')", timeout=60_000)
+        shown = " ".join(page.inner_text("#checks").split())
+        assert page.locator("#checks b, #checks strong").count() == 1   # the heading's only
+        for line in check_summary(details):
+            assert " ".join(line.split()) in shown, f"{line!r} is not shown as it is in {shown!r}"
+        assert "ratio: 0.348" in shown
+    finally:
+        demo.close()
 
 
 def test_chromium_is_debian_not_downloaded():

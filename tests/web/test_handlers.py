@@ -394,3 +394,50 @@ def test_data_tab_and_export(ctx, first_round):
         where = {os.path.dirname(os.path.dirname(f)) for f in files}
     assert len(where) == 1 and not os.path.exists(where.pop())   # the temp dir is gone afterwards
     assert not os.path.exists(os.path.join(ctx.home, "exports"))
+
+
+def test_check_lines_are_shown_as_text_not_markdown():
+    """A failing test's code and error reach the page verbatim (a test's `__index__` was bold
+    "index" in the page); floats read to 3 significant digits."""
+    from collab_app.web.handlers import check_summary, md_literal, render_checks
+
+    error = "TypeError: slice indices must be integers or None or have an __index__ method"
+    test = "assert candidate([1.0, 2.8], 0.3) == True  # *a* [x](y) `c` <b>bold</b> & more"
+    details = {"tests_passed": 0, "tests_total": 7, "first_failure": {"test": test, "error": error},
+               "length_ratio": 1.3064516129032258, "tokens": [41, 56], "big": 123456.7}
+    lines = check_summary(details)
+    assert lines[:2] == ["tests passed: 0/7", f"first failing test: {test} -> {error}"]
+    assert "length_ratio: 1.31" in lines and "tokens: [41, 56]" in lines and "big: 123457" in lines
+    md = render_checks({"reward": {"levels": {"tests": 0.0}, "details": details}})
+    assert r"\_\_index\_\_" in md and r"\*a\*" in md and r"\[x\]\(y\)" in md and r"\`c\`" in md
+    assert "<b>" not in md and "&lt;b&gt;bold&lt;/b&gt; &amp; more" in md
+    assert md_literal("a_b") == r"a\_b" and md_literal("plain words") == "plain words"
+    failed = render_checks({"reward": None, "check_error": "sandbox: __main__ *died*"})
+    assert r"\_\_main\_\_ \*died\*" in failed
+
+
+def test_a_persons_input_mistake_is_a_message_without_a_server_traceback():
+    """ui._err turns UserError into gr.Error for the page and API clients; Gradio prints a
+    traceback for every gr.Error unless told not to, which filled the server log with a person's
+    empty prompts."""
+    import gradio as gr
+
+    from collab_app.web import ui
+
+    @ui._err
+    def call():
+        raise H.UserError("text is empty: type or paste something first")
+
+    @ui._err
+    def stream():
+        yield "first"
+        raise H.UserError("text is empty")
+
+    with pytest.raises(gr.Error) as e:
+        call()
+    assert e.value.message.startswith("text is empty") and e.value.print_exception is False
+    gen = stream()
+    assert next(gen) == "first"
+    with pytest.raises(gr.Error) as e:
+        next(gen)
+    assert e.value.print_exception is False
