@@ -153,9 +153,15 @@ def main() -> None:
                 pass
         return total
 
+    def command(path):   # a process may end between the glob and the read
+        try:
+            with open(path, "rb") as f:
+                return f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            return ""
+
     def chromium_pids():
-        return [int(d.split("/")[2]) for d in glob.glob("/proc/[0-9]*/cmdline")
-                if "chromium" in open(d, "rb").read().split(b"\0")[0].decode(errors="replace")]
+        return [int(d.split("/")[2]) for d in glob.glob("/proc/[0-9]*/cmdline") if "chromium" in command(d)]
     samples, stop = [], threading.Event()
 
     def sample():   # (wall clock, Chromium's CPU seconds, the server's) every 20 ms
