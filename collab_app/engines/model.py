@@ -276,6 +276,15 @@ def _dtype_info() -> dict:
     return {"device": device, "dtype": resolve_dtype("auto", device), "cpu_capability": cpu_capability()}
 
 
+def serve_engine_threads() -> int | None:
+    """The threads `collab serve`'s engine gets beside its trainer child on this machine (its
+    default core split, cpushare.plan); None where serve splits nothing (one core, a GPU)."""
+    from collab_app.online.cpushare import plan
+
+    split = plan()
+    return len(split.engine) if split else None
+
+
 def cli_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="collab models", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF id or local folder (default: env COLLAB_MODEL, else embedded SmolLM2)")
@@ -305,6 +314,12 @@ def cli_main(argv: list[str]) -> int:
         try:   # what the CPU engines' dtype "auto" serves in on this machine (measured, cached)
             info["calibration"] = calibrate(str(path), refresh=args.calibrate)
             info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
+            # `collab serve` with its trainer child builds its engine on its share of the cores
+            # (cpushare.plan), a calibration key of its own: measured here too, so that the first
+            # `make run` does not measure it while a person waits for the page
+            threads = serve_engine_threads()
+            if threads and threads != info["calibration"]["threads"]:
+                info["calibration_serve"] = calibrate(str(path), threads=threads, refresh=args.calibrate)
         except Exception as e:  # noqa: BLE001 - report, do not fail the listing
             info["calibration"] = {"error": f"{type(e).__name__}: {e}"}
         if not args.no_engines and info["engines"].get("vllm") == "ok":
@@ -318,10 +333,11 @@ def cli_main(argv: list[str]) -> int:
     else:
         print(f"model   {info['path']}\nsha256  {info['sha256']}")
         print(f"dtype   {info['dtype']} (auto on {info['device']}; CPU capability {info['cpu_capability']})")
-        cal = info.get("calibration")
-        if cal:
-            print(f"measured {cal.get('measured_at', '')} on {cal.get('cpu', '?')}, {cal.get('threads', '?')} threads: "
-                  f"{cal.get('why') or cal.get('error')}")
+        for cal, where in ((info.get("calibration"), ""),
+                           (info.get("calibration_serve"), " (collab serve's engine cores beside its trainer)")):
+            if cal:
+                print(f"measured {cal.get('measured_at', '')} on {cal.get('cpu', '?')}, {cal.get('threads', '?')} threads"
+                      f"{where}: {cal.get('why') or cal.get('error')}")
         for name, status in info["engines"].items():
             print(f"engine  {name:<12} {status}")
         if "engine_auto" in info:

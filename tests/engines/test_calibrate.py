@@ -91,3 +91,30 @@ def test_engine_dtype_auto_on_cpu_follows_the_calibration(monkeypatch, tmp_path)
         raise OSError("read-only")
     monkeypatch.setattr(cal, "calibrate", fails)
     assert engines.cpu_precision(str(tmp_path), "vllm") == {}       # the CPU-flags rule, and a warning
+
+
+def test_collab_models_also_measures_the_cores_serve_gives_its_engine(model_path, monkeypatch, capsys):
+    """`collab models` (make install) calibrates for every thread of the machine and for the
+    engine's share under `collab serve`'s core split (cpushare.plan): serve's engine then finds
+    its own key cached instead of measuring it while the first page waits."""
+    from collab_app.engines import model as M
+    from collab_app.online import cpushare
+
+    calls = []
+
+    def measured(path, threads=None, refresh=False, rows=8):
+        calls.append(threads)
+        n = threads or 4
+        return {"dtype": "bfloat16", "quantize": None, "threads": n, "why": f"measured on {n}", "measured_at": "now"}
+
+    monkeypatch.setattr(cal, "calibrate", measured)
+    monkeypatch.setattr(M, "_dtype_info", lambda: {"device": "cpu", "dtype": "bfloat16", "cpu_capability": "AVX512"})
+    monkeypatch.setattr(cpushare, "plan", lambda *a, **k: cpushare.CpuSplit(engine=(0, 1), trainer=(2, 3)))
+    assert M.cli_main(["--model", model_path, "--no-engines"]) == 0
+    assert calls == [None, 2]
+    out = capsys.readouterr().out
+    assert "4 threads: measured on 4" in out and "2 threads (collab serve's engine cores beside its trainer): measured on 2" in out
+    calls.clear()
+    monkeypatch.setattr(cpushare, "plan", lambda *a, **k: None)     # one core, a GPU: serve splits nothing
+    assert M.cli_main(["--model", model_path, "--no-engines", "--json"]) == 0
+    assert calls == [None] and "calibration_serve" not in json.loads(capsys.readouterr().out)
