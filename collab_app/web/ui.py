@@ -546,6 +546,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         for tab in (code_tab, write_tab, team_tab, data_tab):
             tab.select(lambda: _timer(False), None, [train_timer], show_progress="hidden", **PRIVATE)
         demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
+        # and on opening the tab: the rounds a person ran since the page loaded are in it
+        data_tab.select(data_refresh, data_ins, data_outs, show_progress="hidden", **PRIVATE)
         if code_load:
             demo.load(code_load[0], None, code_load[1], **PRIVATE)
     return demo

@@ -154,11 +154,13 @@ def test_bad_input_shows_message_and_page_survives(app, page, tmp_path):
     page.click("#write-generate")
     page.wait_for_selector("text=text is empty", timeout=60_000)     # Gradio's error toast
     assert ctx.store.stats()["groups"] == groups
-    # still works: the Data tab lists this session's group from the first test
+    # still works: opening the Data tab lists this session's group from the first test (made after
+    # the page loaded: the tab refreshes when selected), and so does its Refresh button
     page.get_by_role("tab", name="Data").click()
-    page.get_by_role("button", name="Refresh").click()
-    page.wait_for_selector("#data-stats:has-text('ratings')", timeout=60_000)
     page.wait_for_selector("#data-groups:has-text('HumanEval/0')", timeout=60_000)   # this session's group
+    page.wait_for_selector("#data-stats:has-text('ratings')", timeout=60_000)
+    page.get_by_role("button", name="Refresh").click()
+    page.wait_for_selector("#data-groups:has-text('HumanEval/0')", timeout=60_000)
     shot(page, tmp_path, "collab-data.png")
 
 
