@@ -314,14 +314,17 @@ def cli_main(argv: list[str]) -> int:
         try:   # what the CPU engines' dtype "auto" serves in on this machine (measured, cached)
             info["calibration"] = calibrate(str(path), refresh=args.calibrate)
             info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
-            # `collab serve` with its trainer child builds its engine on its share of the cores
-            # (cpushare.plan), a calibration key of its own: measured here too, so that the first
-            # `make run` does not measure it while a person waits for the page
-            threads = serve_engine_threads()
-            if threads and threads != info["calibration"]["threads"]:
-                info["calibration_serve"] = calibrate(str(path), threads=threads, refresh=args.calibrate)
         except Exception as e:  # noqa: BLE001 - report, do not fail the listing
             info["calibration"] = {"error": f"{type(e).__name__}: {e}"}
+        # `collab serve` with its trainer child builds its engine on its share of the cores
+        # (cpushare.plan), a calibration key of its own: measured here too, so that the first
+        # `make run` does not measure it while a person waits for the page
+        threads = serve_engine_threads()
+        if threads and threads != info["calibration"].get("threads"):
+            try:
+                info["calibration_serve"] = calibrate(str(path), threads=threads, refresh=args.calibrate)
+            except Exception as e:  # noqa: BLE001 - as above
+                info["calibration_serve"] = {"error": f"{type(e).__name__}: {e}"}
         if not args.no_engines and info["engines"].get("vllm") == "ok":
             from collab_app.engines import auto_choice
 
