@@ -20,6 +20,9 @@ TASKS: dict[str, type] = {
     BriefTask.name: BriefTask,
 }
 
+SERVED_BY_DEFAULT: tuple[str, ...] = ("humaneval", "tldr", "expansion")
+"""the tasks `collab serve` (and `make run`, the Space) offers unless told otherwise."""
+
 PRIVATE_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if cls.private)
 """tasks whose groups train the shared team only while an admin allows it (a person's own problems)."""
 

@@ -36,6 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tasks import SERVED_BY_DEFAULT
+
 log = logging.getLogger(__name__)
 
 PROBE_PROMPT = "Write a Python function that returns the sum of the squares of a list of numbers."
@@ -56,7 +58,7 @@ class DoctorConfig:
     """store URL (empty = $COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db, as `collab serve`)."""
     adapters_dir: str = ""
     """adapter versions written by the trainer (empty = $COLLAB_HOME/adapters)."""
-    tasks: list[str] = field(default_factory=lambda: ["humaneval", "tldr", "expansion"])
+    tasks: list[str] = field(default_factory=lambda: list(SERVED_BY_DEFAULT))
     """tasks whose agents (their roles) the app serves, as `collab serve --tasks`."""
     engine_cores: int = 0
     """the `collab serve --engine-cores` whose core split to show (0 = auto, -1 = no split)."""

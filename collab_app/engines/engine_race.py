@@ -12,6 +12,10 @@ itself lives in collab_app/online, a room above this one), dtype "auto" as serve
     2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
     one warm-up round, then the best of ROUNDS timed rounds.
 
+Each contestant is built with serve's keywords and, for vLLM, serve's default agent slots
+(`child_engine_kwargs`: one per role of tasks.SERVED_BY_DEFAULT, 6), not the 2 it races: a
+compiled engine's graph holds its slots, and inductor's cache keeps a graph per slot count.
+
 The rounds are interleaved: every contestant's child is started first (one after the other, so
 start-ups never overlap), then each of ROUNDS passes asks every child for one round in turn (the
 order rotates), while the others wait idle. On a VM whose speed drifts (compiled/eager moved
@@ -30,8 +34,9 @@ A third contestant where the engine runs bf16 (calibrate's choice here, vLLM's o
 vLLM traces the model once and inductor fuses the small ops between the GEMMs; docs/results: a
 serve round 5.5 -> 4.3 s on a Xeon with AMX). Where it wins by COMPILE_MARGIN, the cached entry says
 `"compile": true` and every vLLM engine on this CPU is built compiled (`engines._build`); its
-first start compiles for about a minute (inductor's cache, filled by this race at install, makes
-later starts ~25 s instead of ~11). On fp32 CPUs it does not run (engine_vllm's doc says why).
+first start compiles for about a minute (inductor's cache, filled by this race at install for
+serve's default slots, makes later starts ~25 s instead of ~11; the first `make run` after it
+started in 35.6 s instead of 96.7 s on the Xeon of docs/results once the race built 6 slots). On fp32 CPUs it does not run (engine_vllm's doc says why).
 
 The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
 machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
@@ -280,6 +285,26 @@ def _interleaved_rounds(children: dict[str, _Child], results: dict[str, dict]) -
                 results[kind]["round_s"] = min(results[kind].get("round_s", float("inf")), got["round_s"])
 
 
+def serve_slots() -> int:
+    """The agent slots `collab serve`'s engine has with its default tasks: one per distinct role
+    (web/context.py build_context sizes vLLM's slots so)."""
+    from tasks import SERVED_BY_DEFAULT, load_task
+
+    return len({role for name in SERVED_BY_DEFAULT for role in load_task(name).roles})
+
+
+def child_engine_kwargs(kind: str) -> dict:
+    """make_engine's keywords for a contestant: serve's (web/serve.py engine_kwargs; vLLM drops
+    decode_thread), eager or compiled said here (not by an older race), and for vLLM serve's
+    default agent slots. The slots shape a compiled engine's graph (its in-graph LoRA buffers):
+    with the 2 agents it races, the race compiled a graph that `make run` (6 slots) could not find
+    in inductor's cache, and the first `make run` compiled again (97 against 34 s of start-up on
+    the Xeon of docs/results); the thread count does not enter the cache."""
+    if not kind.startswith("vllm"):
+        return {"decode_thread": True}
+    return {"decode_thread": True, "enforce_eager": kind == "vllm", "num_agents": serve_slots()}
+
+
 def _child(kind: str, model_path: str) -> None:
     """In the child: build `kind` as `collab serve` does and warm it up, print its start-up, then
     one timed round for each "round" line on stdin until stdin closes (module doc)."""
@@ -289,9 +314,7 @@ def _child(kind: str, model_path: str) -> None:
     from collab_app.engines.team import Agent, Team
 
     t = time.perf_counter()
-    # serve's keywords (engine_kwargs; vLLM drops decode_thread); eager or compiled said here, not by an older race
-    extra = {"enforce_eager": kind == "vllm"} if kind.startswith("vllm") else {}
-    engine = make_engine(kind.removesuffix("-compiled"), model_path, decode_thread=True, **extra)
+    engine = make_engine(kind.removesuffix("-compiled"), model_path, **child_engine_kwargs(kind))
     startup = time.perf_counter() - t
     try:
         team = Team([Agent(name, role) for name, role in ROLES.items()])

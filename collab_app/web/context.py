@@ -36,7 +36,7 @@ from collab_app import paths
 from collab_app.engines.batcher import GenerationBatcher
 from collab_app.engines.engine_types import Sampling
 from collab_app.web.access import AdminGuard, Limits, Quota, check_admin_token
-from tasks import team_of
+from tasks import SERVED_BY_DEFAULT, team_of
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ class AppContext:
 
 
 def build_context(model: str | None = None, engine: str = "auto", store_url: str | None = None,
-                  task_names: tuple[str, ...] = ("humaneval", "tldr", "expansion"),
+                  task_names: tuple[str, ...] = SERVED_BY_DEFAULT,
                   num_generations: int = 2, max_new_tokens: int = 256, temperature: float = 0.8,
                   public: bool = False, home: str | None = None, limits: dict | None = None,
                   adapters_dir: str | None = None, admin_token: str | None = None,

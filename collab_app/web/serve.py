@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import collab_app
+from tasks import SERVED_BY_DEFAULT
 
 collab_app.huge_pages_for_serving()   # before anything here imports torch (engines/huge_pages.py)
 
@@ -101,7 +102,7 @@ class ServeConfig:
     """K for the child trainer: a step as soon as this many groups of a task are ready."""
     trainer_args: str = ""
     """more `collab trainer` flags for the child, one quoted string: --trainer-args "--learning-rate 5e-5 --return-mode auto"."""
-    tasks: list[str] = field(default_factory=lambda: ["humaneval", "tldr", "expansion"])
+    tasks: list[str] = field(default_factory=lambda: list(SERVED_BY_DEFAULT))
     """tasks offered in the app."""
     num_generations: int = 2
     """G: joint answers per prompt (>= 2)."""

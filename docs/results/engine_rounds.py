@@ -44,7 +44,9 @@ path = ensure_model(None)
 if kind == "vllm":
     from collab_app.engines.engine_vllm import VLLMEngine
 
-    eng = VLLMEngine(path, dtype=dtype, max_model_len=1024, num_agents=2, quantize=quantize,
+    # NUM_AGENTS: the engine's agent slots (2 = one team, as the race and the bench; `collab serve`
+    # sizes them by every served team's agents: 6 for make run's three tasks)
+    eng = VLLMEngine(path, dtype=dtype, max_model_len=1024, num_agents=int(os.environ.get("NUM_AGENTS", 2)), quantize=quantize,
                      enforce_eager=os.environ.get("EAGER", "1") == "1")
 else:
     from collab_app.engines.engine_hf import TransformersEngine
