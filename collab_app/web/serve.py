@@ -63,9 +63,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import collab_app
-from tasks import SERVED_BY_DEFAULT
 
 collab_app.huge_pages_for_serving()   # before anything here imports torch (engines/huge_pages.py)
+
+from tasks import SERVED_BY_DEFAULT  # noqa: E402 - after the line above (it imports no torch, but keep the rule simple)
 
 log = logging.getLogger(__name__)
 
