@@ -17,6 +17,16 @@ LIBGOMP_DEFAULT_SPINCOUNT = "300000"   # libgomp's own value when neither this n
 _os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
 SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its libgomp kept the default
 
+# torch.compile's kernels where a person's other files are (paths.compile_cache_dir), so a compiled
+# engine's ~100 s first build happens once per COLLAB_HOME, not after every reboot (torch's default
+# is under /tmp) or every restart of a Space with persistent storage. Set at import, before anything
+# compiles: torch reads it at its first compile, and every process started from here (the engine
+# race's children, a bench's `collab serve` in a fresh COLLAB_HOME, the tests' servers) inherits
+# the same cache. A value already in the environment wins.
+from collab_app import paths as _paths  # noqa: E402 - only `os`
+
+_os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _paths.compile_cache_dir())
+
 THP_VAR = "THP_MEM_ALLOC_ENABLE"   # torch's allocator: tensors >= 2 MiB in transparent huge pages
 
 

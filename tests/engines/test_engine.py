@@ -3,6 +3,8 @@ the CPU mixed base+adapter bug, request validation. vLLM tests share ONE session
 (start-up ~30 s) and are marked `vllm` + `slow`."""
 from __future__ import annotations
 
+import os
+import pathlib
 import statistics
 
 import pytest
@@ -465,6 +467,12 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         from vllm.platforms.cpu import CpuPlatform
 
         assert CpuPlatform.check_and_update_config.__func__.__name__ == "check_and_update_config"
+        # its kernels are kept where collab_app put torch.compile's cache (paths.compile_cache_dir,
+        # inherited from the test run's COLLAB_HOME at import): vLLM did not move it elsewhere
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        assert cache_dir() == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        assert any(pathlib.Path(cache_dir()).rglob("*.so")), cache_dir()
         eng.register_agent("base")
 
         def gaps():
