@@ -33,6 +33,13 @@ def team_of(name: str) -> str:
     return cls.team if cls is not None else name
 
 
+def roles_of(tasks) -> list[str]:
+    """The distinct roles of these tasks (loaded tasks), in order: the agents that serve them, one
+    per role (tasks with the same roles share agents and adapters). `collab serve` gives its engine
+    one agent slot per role, and the engine race builds its contestants with as many."""
+    return list(dict.fromkeys(role for task in tasks for role in task.roles))
+
+
 def load_task(name: str, **kw):
     """The task called `name` (one of TASKS), built with `kw`."""
     if name not in TASKS:

@@ -287,10 +287,10 @@ def _interleaved_rounds(children: dict[str, _Child], results: dict[str, dict]) -
 
 def serve_slots() -> int:
     """The agent slots `collab serve`'s engine has with its default tasks: one per distinct role
-    (web/context.py build_context sizes vLLM's slots so)."""
-    from tasks import SERVED_BY_DEFAULT, load_task
+    (tasks.roles_of, as web/context.py build_context sizes vLLM's slots)."""
+    from tasks import SERVED_BY_DEFAULT, load_task, roles_of
 
-    return len({role for name in SERVED_BY_DEFAULT for role in load_task(name).roles})
+    return len(roles_of(load_task(name) for name in SERVED_BY_DEFAULT))
 
 
 def child_engine_kwargs(kind: str) -> dict:

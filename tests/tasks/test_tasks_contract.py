@@ -69,3 +69,14 @@ def test_a_task_says_what_it_is():
         assert TASKS[cls.team].team == cls.team, "a team task is its own team"
     assert PRIVATE_TASKS == ("custom-coding",) and team_of("custom-coding") == "humaneval"
     assert team_of("tldr") == "tldr" and team_of("not-a-task") == "not-a-task"
+
+
+def test_roles_of_tasks_are_their_agents_once_each_in_order():
+    """One agent per distinct role (web/context.py build_context, engine_race.serve_slots)."""
+    from tasks import SERVED_BY_DEFAULT, roles_of
+
+    served = [load_task(n) for n in SERVED_BY_DEFAULT]
+    assert roles_of(served) == ["helper", "main", "summary", "detail", "background", "method"]
+    assert roles_of([load_task("tldr"), load_task("tldr"), load_task("brief")]) == ["summary", "detail", "outline",
+                                                                                   "body", "conclusion"]
+    assert roles_of([]) == []
