@@ -26,6 +26,14 @@ SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its
 from collab_app import paths as _paths  # noqa: E402 - only `os`
 
 _os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _paths.compile_cache_dir())
+# No precompiled header for inductor's C++ kernels: torch keeps it (~150 MB) in
+# /tmp/torchinductor_<user>/precompiled_headers whatever the variable above says, and rebuilds it in
+# every process that loads a C++ kernel once /tmp has lost it, even when every kernel is cached:
+# ~15 s of a compiled engine's start after a reboot. The engine's ~25 kernels compile about as fast
+# without it (docs/ENGINES.md "Start-up and compilation"). torch reads it when it imports its
+# inductor config, so it is set here too; a value already in the environment wins.
+PRECOMPILE_HEADERS_ENV = "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"
+_os.environ.setdefault(PRECOMPILE_HEADERS_ENV, "0")
 
 THP_VAR = "THP_MEM_ALLOC_ENABLE"   # torch's allocator: tensors >= 2 MiB in transparent huge pages
 

@@ -38,7 +38,8 @@ def _fresh_python(code: str, **env_over) -> str:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "COLLAB_HOME")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "COLLAB_HOME")}
     env.update(env_over)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                           timeout=300).stdout.strip()
@@ -47,13 +48,16 @@ def _fresh_python(code: str, **env_over) -> str:
 def test_compiled_kernels_are_kept_in_collab_home_not_in_tmp(tmp_path):
     """torch.compile's cache (a compiled engine's kernels) is COLLAB_HOME/compiled, which outlives a
     reboot and a Space's restart (torch's default is /tmp/torchinductor_<user>): in a fresh process,
-    torch's own cache_dir(), the one every inductor write goes through, says so. A directory the
-    person set is kept. (That a compiled vLLM engine leaves it there: tests/engines/test_engine.py's
+    torch's own cache_dir(), the one every inductor write goes through, says so; no precompiled
+    header (torch keeps it under /tmp regardless). What the person set is kept. (That a compiled vLLM engine leaves it there: tests/engines/test_engine.py's
     compiled-engine test.)"""
     home = tmp_path / "home"
     code = ("import collab_app, os\n"
+            "from torch._inductor import config\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
-            "print(os.environ['TORCHINDUCTOR_CACHE_DIR']); print(cache_dir())\n")
-    assert _fresh_python(code, COLLAB_HOME=str(home)).splitlines() == [str(home / "compiled")] * 2
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR']); print(cache_dir()); print(config.cpp_cache_precompile_headers)\n")
+    # and no precompiled header, which torch would keep under /tmp whatever the cache's place
+    assert _fresh_python(code, COLLAB_HOME=str(home)).splitlines() == [str(home / "compiled")] * 2 + ["False"]
     mine = tmp_path / "mine"
-    assert _fresh_python(code, COLLAB_HOME=str(home), TORCHINDUCTOR_CACHE_DIR=str(mine)).splitlines() == [str(mine)] * 2
+    assert _fresh_python(code, COLLAB_HOME=str(home), TORCHINDUCTOR_CACHE_DIR=str(mine),
+                         TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="1").splitlines() == [str(mine)] * 2 + ["True"]
