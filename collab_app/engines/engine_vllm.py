@@ -199,7 +199,11 @@ class VLLMEngine:
         # steps. Only in one process: a spawned engine core decodes in a process of its own.
         self.spare_cores = None
         if cpu_compiled:
-            log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas as the collab::team_lora_ op)")
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            # where the kernels are kept says why a start took ~100 s or ~25 s (docs/ENGINES.md)
+            log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas as the collab::team_lora_ op; "
+                     "kernels cached in %s)", cache_dir())
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             try:
                 info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]
