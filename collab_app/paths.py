@@ -3,7 +3,7 @@
 COLLAB_HOME ($COLLAB_HOME, else ~/.cache/collab) holds everything a run writes by default: the
 store (`collab.db`, unless $COLLAB_DB names another database), adapter versions (`adapters/`),
 the embedded model and its wheel (`models/`, `wheels/`, engines/model.py), the CPU calibration
-(`calibration.json`, engines/calibrate.py), the compiled engine's kernels (`compiled/`) and
+(`calibration.json`, engines/calibrate.py), the compiled engine's kernels (`compiled/<machine>/`) and
 training runs (`runs/`). Every command and the app
 read these functions; a flag (`--db`, `--adapters-dir`, ...) overrides them where it exists.
 """
@@ -32,8 +32,47 @@ def adapters_dir() -> str:
 
 
 def compile_cache_dir() -> str:
-    """$COLLAB_HOME/compiled: torch.compile's cache (inductor's kernels and graphs) for a compiled
-    vLLM engine. collab_app/__init__.py points $TORCHINDUCTOR_CACHE_DIR here unless it is set:
-    torch's default, /tmp/torchinductor_<user>, is emptied by a reboot or a Space's restart, and a
-    compiled CPU engine then spends ~100 s instead of ~35 s starting (docs/ENGINES.md)."""
-    return os.path.join(home(), "compiled")
+    """$COLLAB_HOME/compiled/<machine_tag()>: torch.compile's cache (inductor's kernels and graphs)
+    for a compiled vLLM engine and the small functions vLLM compiles in an eager one.
+    collab_app/__init__.py points $TORCHINDUCTOR_CACHE_DIR here unless it is set: torch's default,
+    /tmp/torchinductor_<user>, is emptied by a reboot or a Space's restart, and a compiled CPU
+    engine then spends ~100 s instead of ~30 s starting (docs/ENGINES.md). One folder per machine
+    tag because a COLLAB_HOME outlives its CPU (a Space's /data on another host, a home folder
+    shared between machines) and torch 2.13's graph cache does not tell vector ISAs apart: a kernel
+    cached on this Xeon under AVX-512, loaded with ATEN_CPU_CAPABILITY=avx2, counted half of what
+    it should (docs/results "A compiled engine's kernels kept across reboots")."""
+    return os.path.join(home(), "compiled", machine_tag())
+
+
+def machine_tag() -> str:
+    """What decides the code inductor generates on this machine, short and readable: the CPU model
+    and its flags (the vector ISA it picks), $ATEN_CPU_CAPABILITY (which caps that ISA) and torch's
+    version, e.g. `intel-r-xeon-r-processor-3f9a0c1d2e`. Read without importing torch (this runs
+    when collab_app is imported)."""
+    import hashlib
+    import platform
+    import re
+    from importlib import metadata
+
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+                if model and flags:
+                    break
+    except OSError:           # not Linux: the platform's own names
+        pass
+    model = model or platform.processor() or platform.machine() or "cpu"
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    facts = "|".join([model, flags, os.environ.get("ATEN_CPU_CAPABILITY", ""), torch_version, platform.machine()])
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:32].strip("-") or "cpu"
+    return f"{slug}-{hashlib.sha256(facts.encode()).hexdigest()[:10]}"

