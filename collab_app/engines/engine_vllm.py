@@ -191,6 +191,7 @@ class VLLMEngine:
         self.quantize = quantize
         # CPU: vLLM's random sampling through cpu_sampler (vllm_team.TeamLoRA.collab_sampler)
         self.sampler = "vLLM's own" if on_gpu else self._call(self.llm.collective_rpc, "collab_sampler")[0]
+        self.token_ranks = "vLLM's own"    # on CPU: vllm_team.TeamLoRA.collab_token_ranks, below
         if not on_gpu:
             log.info("vLLM CPU: random rows sampled by %s", self.sampler)
             # before the first batch: vLLM compiles its rank counting there, even in an eager engine
