@@ -23,7 +23,7 @@ SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its
 # compiles: torch reads it at its first compile, and every process started from here (the engine
 # race's children, a bench's `collab serve` in a fresh COLLAB_HOME, the tests' servers) inherits
 # the same cache. A value already in the environment wins.
-from collab_app import paths as _paths  # noqa: E402 - only `os`
+from collab_app import paths as _paths  # noqa: E402 - no torch (paths and machine read files and the environment)
 
 _os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _paths.compile_cache_dir())
 # No precompiled header for inductor's C++ kernels: torch keeps it (~150 MB) in

@@ -41,38 +41,6 @@ def compile_cache_dir() -> str:
     shared between machines) and torch 2.13's graph cache does not tell vector ISAs apart: a kernel
     cached on this Xeon under AVX-512, loaded with ATEN_CPU_CAPABILITY=avx2, counted half of what
     it should (docs/results "A compiled engine's kernels kept across reboots")."""
+    from collab_app.machine import machine_tag
+
     return os.path.join(home(), "compiled", machine_tag())
-
-
-def machine_tag() -> str:
-    """What decides the code inductor generates on this machine, short and readable: the CPU model
-    and its flags (the vector ISA it picks), $ATEN_CPU_CAPABILITY (which caps that ISA) and torch's
-    version, e.g. `intel-r-xeon-r-processor-3f9a0c1d2e`. Read without importing torch (this runs
-    when collab_app is imported)."""
-    import hashlib
-    import platform
-    import re
-    from importlib import metadata
-
-    model, flags = "", ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not model:
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = " ".join(sorted(value.split()))
-                if model and flags:
-                    break
-    except OSError:           # not Linux: the platform's own names
-        pass
-    model = model or platform.processor() or platform.machine() or "cpu"
-    try:
-        torch_version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = "none"
-    facts = "|".join([model, flags, os.environ.get("ATEN_CPU_CAPABILITY", ""), torch_version, platform.machine()])
-    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:32].strip("-") or "cpu"
-    return f"{slug}-{hashlib.sha256(facts.encode()).hexdigest()[:10]}"

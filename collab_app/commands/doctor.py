@@ -82,27 +82,10 @@ class DoctorConfig:
 
 # ----------------------------------------------------------------------------- CPU
 
-def cpu_model() -> str:
-    """The CPU's marketing name (Linux /proc/cpuinfo, macOS sysctl, else platform's)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if sys.platform == "darwin":
-        import subprocess
-
-        with_sysctl = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
-        if with_sysctl.returncode == 0 and with_sysctl.stdout.strip():
-            return with_sysctl.stdout.strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def cpu_info() -> dict:
     import torch
 
+    from collab_app.machine import cpu_model
     from trainer.dtypes import cpu_capability, cpu_has_native_bf16, resolve_device, resolve_dtype
 
     cap = cpu_capability()

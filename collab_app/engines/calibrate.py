@@ -29,9 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import time
 from pathlib import Path
+
+from collab_app.machine import cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,6 @@ KINDS = ("float32", "bfloat16", "fp16", "int8")   # what speed() times, most exa
 TEXT = ("The city council voted on Tuesday to extend the bike lane network by twelve kilometres next year. "
         "The plan is funded by a parking fee increase that drivers' groups oppose, while cyclists say the new "
         "lanes will make commuting safer across the river. def add(a, b):\n    return a + b\n")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key(model_path: str, threads: int) -> str:

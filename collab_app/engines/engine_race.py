@@ -113,7 +113,8 @@ def race(model_path: str, refresh: bool = False) -> dict:
     {"error"} | {"skipped"}}, ...} for this machine and model: cached, or measured now (the
     engines one after the other). `engine` is "vllm" or "transformers"; `compile` is whether
     `vllm-compiled` won."""
-    from collab_app.engines.calibrate import cached_entry, cpu_model, store_entry
+    from collab_app.engines.calibrate import cached_entry, store_entry
+    from collab_app.machine import cpu_model
 
     key = race_key(model_path)
     found = cached_entry(key)

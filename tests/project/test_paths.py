@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from collab_app import paths
+from collab_app.machine import machine_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def test_compiled_kernels_are_kept_in_collab_home_not_in_tmp(tmp_path):
             "print(os.environ['TORCHINDUCTOR_CACHE_DIR']); print(cache_dir()); print(config.cpp_cache_precompile_headers)\n")
     # and no precompiled header, which torch would keep under /tmp whatever the cache's place
     out = _fresh_python(code, COLLAB_HOME=str(home)).splitlines()
-    assert out[0] == out[1] == os.path.join(home, "compiled", paths.machine_tag()) and out[2] == "False", out
+    assert out[0] == out[1] == os.path.join(home, "compiled", machine_tag()) and out[2] == "False", out
     mine = tmp_path / "mine"
     assert _fresh_python(code, COLLAB_HOME=str(home), TORCHINDUCTOR_CACHE_DIR=str(mine),
                          TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="1").splitlines() == [str(mine)] * 2 + ["True"]
@@ -69,10 +70,10 @@ def test_kernels_compiled_for_another_vector_isa_are_kept_apart(monkeypatch):
     loaded with ATEN_CPU_CAPABILITY=avx2 counted half the elements it should (docs/results). So the
     cache folder is per machine tag: CPU model and flags, that variable and torch's version."""
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    native = paths.machine_tag()
-    assert native == paths.machine_tag() and os.sep not in native and native.islower()
+    native = machine_tag()
+    assert native == machine_tag() and os.sep not in native and native.islower()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    capped = paths.machine_tag()
+    capped = machine_tag()
     assert capped != native and capped.rsplit("-", 1)[0] == native.rsplit("-", 1)[0]   # same CPU, other ISA
     monkeypatch.setenv("COLLAB_HOME", "/some/home")
     assert paths.compile_cache_dir() == os.path.join("/some/home", "compiled", capped)
