@@ -26,6 +26,11 @@ SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its
 from collab_app import paths as _paths  # noqa: E402 - no torch (paths and machine read files and the environment)
 
 _os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _paths.compile_cache_dir())
+# vLLM's own cache beside it: a compiled engine's traced model (vLLM's AOT artifact, ~10 MB) and the
+# kernels compiled with it, so a later start loads the model instead of tracing it again
+# (engines/vllm_team.py compiled_model_kept_on_disk). vLLM's default is ~/.cache/vllm, per user and
+# not per CPU kind. A value already in the environment wins.
+_os.environ.setdefault(_paths.VLLM_CACHE_ENV, _paths.vllm_cache_dir())
 # No precompiled header for inductor's C++ kernels: torch keeps it (~150 MB) in
 # /tmp/torchinductor_<user>/precompiled_headers whatever the variable above says, and rebuilds it in
 # every process that loads a C++ kernel once /tmp has lost it, even when every kernel is cached:

@@ -3,7 +3,8 @@
 COLLAB_HOME ($COLLAB_HOME, else ~/.cache/collab) holds everything a run writes by default: the
 store (`collab.db`, unless $COLLAB_DB names another database), adapter versions (`adapters/`),
 the embedded model and its wheel (`models/`, `wheels/`, engines/model.py), the CPU calibration
-(`calibration.json`, engines/calibrate.py), the compiled engine's kernels (`compiled/<machine>/`) and
+(`calibration.json`, engines/calibrate.py), the compiled engine's kernels and traced model
+(`compiled/<machine>/`, vLLM's part in `compiled/<machine>/vllm/`) and
 training runs (`runs/`). Every command and the app
 read these functions; a flag (`--db`, `--adapters-dir`, ...) overrides them where it exists.
 """
@@ -14,6 +15,7 @@ import os
 HOME_ENV = "COLLAB_HOME"
 DB_ENV = "COLLAB_DB"
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"   # torch's own variable: where torch.compile keeps its kernels
+VLLM_CACHE_ENV = "VLLM_CACHE_ROOT"               # vLLM's own variable: where vLLM keeps a compiled model
 
 
 def home() -> str:
@@ -44,3 +46,12 @@ def compile_cache_dir() -> str:
     from collab_app.machine import machine_tag
 
     return os.path.join(home(), "compiled", machine_tag())
+
+
+def vllm_cache_dir() -> str:
+    """compile_cache_dir()/vllm: vLLM's cache (collab_app/__init__.py points $VLLM_CACHE_ROOT here
+    unless it is set). A compiled CPU engine keeps its traced model there (vLLM's AOT artifact,
+    under torch_compile_cache/torch_aot_compile/<key>/, with the kernels compiled for it), so a
+    later start loads it instead of tracing the model again (engines/vllm_team.py
+    compiled_model_kept_on_disk); per machine tag for the same reasons as the kernels."""
+    return os.path.join(compile_cache_dir(), "vllm")

@@ -134,8 +134,9 @@ def seed_home(home: str) -> None:
     """Give a bench's fresh COLLAB_HOME this machine's dtype calibration and engine race as
     `collab models` / `make run` left them in the current COLLAB_HOME, so the server starts as a
     person's does (an absent one is measured at its start, inside the bench's start-up time). The
-    compiled kernels need no copy: collab_app put $TORCHINDUCTOR_CACHE_DIR (the person's
-    paths.compile_cache_dir) in this process's environment at import, and the server inherits it."""
+    compiled kernels and traced model need no copy: collab_app put $TORCHINDUCTOR_CACHE_DIR and
+    $VLLM_CACHE_ROOT (the person's paths.compile_cache_dir, vllm_cache_dir) in this process's
+    environment at import, and the server inherits them."""
     from collab_app.engines.calibrate import cache_path
 
     src, dst = cache_path(), os.path.join(home, cache_path().name)

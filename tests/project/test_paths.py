@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from collab_app import paths
 from collab_app.machine import machine_tag
 
@@ -40,7 +42,8 @@ def _fresh_python(code: str, **env_over) -> str:
     import sys
 
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "COLLAB_HOME")}
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "COLLAB_HOME",
+                        "VLLM_CACHE_ROOT")}
     env.update(env_over)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                           timeout=300).stdout.strip()
@@ -77,3 +80,17 @@ def test_kernels_compiled_for_another_vector_isa_are_kept_apart(monkeypatch):
     assert capped != native and capped.rsplit("-", 1)[0] == native.rsplit("-", 1)[0]   # same CPU, other ISA
     monkeypatch.setenv("COLLAB_HOME", "/some/home")
     assert paths.compile_cache_dir() == os.path.join("/some/home", "compiled", capped)
+
+
+def test_vllms_compiled_model_is_kept_in_collab_home(tmp_path):
+    """vLLM's cache (a compiled engine's traced model, engines/vllm_team.py compiled_model_kept_on_disk)
+    is COLLAB_HOME/compiled/<machine>/vllm, beside the kernels, as vLLM itself reads it in a fresh
+    process (its default is ~/.cache/vllm: per user, not per CPU kind); what the person set is kept."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not importable")
+    home = tmp_path / "home"
+    code = "import collab_app\nimport vllm.envs as envs\nprint(envs.VLLM_CACHE_ROOT)\n"
+    assert _fresh_python(code, COLLAB_HOME=str(home)) == os.path.join(home, "compiled", machine_tag(), "vllm")
+    assert _fresh_python(code, COLLAB_HOME=str(home), VLLM_CACHE_ROOT=str(tmp_path / "mine")) == str(tmp_path / "mine")
