@@ -169,6 +169,9 @@ class VLLMEngine:
         if cpu_compiled:
             args["additional_config"] = {**args.get("additional_config", {}),
                                          **vllm_team.aot_key_extras(num_agents, max_lora_rank)}
+            from vllm.compilation.counter import compilation_counter
+
+            aot_before = (compilation_counter.num_aot_artifacts_loaded, compilation_counter.num_aot_artifacts_saved)
         _vllm_reads_environ()
         # VLLM_ENABLE_V1_MULTIPROCESSING: vLLM reads it while it builds the engine (its CPU platform
         # keeps "uni" only when it is 0); set for that call only, so other engines keep their own
@@ -207,9 +210,13 @@ class VLLMEngine:
         if cpu_compiled:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-            # where the kernels are kept says why a start took ~100 s or ~25 s (docs/ENGINES.md)
-            log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas as the collab::team_lora_ op; "
-                     "kernels cached in %s)", cache_dir())
+            # what the start did and where it is kept says why it took ~10 s or ~2 minutes (docs/ENGINES.md)
+            kept = self.llm.llm_engine.vllm_config.compilation_config.local_cache_dir or cache_dir()
+            how = ("the traced model loaded from" if compilation_counter.num_aot_artifacts_loaded > aot_before[0]
+                   else "traced and compiled now, kept for the next start in"
+                   if compilation_counter.num_aot_artifacts_saved > aot_before[1]
+                   else "traced at this start (vLLM's AOT cache off), kernels cached in")
+            log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas in the graph); %s %s", how, kept)
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             try:
                 info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]

@@ -86,7 +86,7 @@ class ServeConfig:
     engine_retry_s: float = 15.0
     """with --engine-url: seconds a lost server is retried (with back-off) before a round or an adapter load fails (0 = at once)."""
     vllm_compile: Literal["auto", "on", "off"] = "auto"
-    """vLLM in this process: auto = as the engine race measured on this CPU (docs/ENGINES.md); on = compiled by torch.compile (CPU: bf16 only, starts ~15 s slower, ~70 s the first time); off = eager."""
+    """vLLM in this process: auto = as the engine race measured on this CPU (docs/ENGINES.md); on = compiled by torch.compile (CPU: bf16 only; the first start on a machine compiles for ~1-2 minutes, later ones load it and start ~3 s slower than eager); off = eager."""
     model: str = ""
     """base model: HF id or local folder (empty = $COLLAB_MODEL, else the embedded SmolLM2-135M-Instruct)."""
     agent_models: list[str] = field(default_factory=list)
