@@ -48,7 +48,9 @@ def recording_llm(monkeypatch):
         def __init__(self, **kwargs):
             seen.update(multiprocessing=envs.VLLM_ENABLE_V1_MULTIPROCESSING, aot=envs.VLLM_USE_AOT_COMPILE,
                         enforce_eager=kwargs["enforce_eager"], additional_config=kwargs.get("additional_config"))
-            self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: None))
+            self.llm_engine = types.SimpleNamespace(
+                engine_core=types.SimpleNamespace(shutdown=lambda: None),
+                vllm_config=types.SimpleNamespace(compilation_config=types.SimpleNamespace(local_cache_dir=None)))
 
         def collective_rpc(self, method, args=()):   # the engine's worker calls (the sampler, on CPU)
             return [f"{method}: not run (RecordingLLM)"]
