@@ -28,8 +28,9 @@ from collab_app import paths as _paths  # noqa: E402 - no torch (paths and machi
 _os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _paths.compile_cache_dir())
 # vLLM's own cache beside it: a compiled engine's traced model (vLLM's AOT artifact, ~10 MB) and the
 # kernels compiled with it, so a later start loads the model instead of tracing it again
-# (engines/vllm_team.py compiled_model_kept_on_disk). vLLM's default is ~/.cache/vllm, per user and
-# not per CPU kind. A value already in the environment wins.
+# (engines/vllm_team.py compiled_model_kept_on_disk); on a GPU, vLLM's whole compile cache (its key
+# holds the device). vLLM's default is ~/.cache/vllm: per user, not per CPU kind, and outside a
+# Space's /data. A value already in the environment wins.
 _os.environ.setdefault(_paths.VLLM_CACHE_ENV, _paths.vllm_cache_dir())
 # No precompiled header for inductor's C++ kernels: torch keeps it (~150 MB) in
 # /tmp/torchinductor_<user>/precompiled_headers whatever the variable above says, and rebuilds it in
