@@ -453,15 +453,16 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         # OpenMP thread: the process aborts. A real AVX2 CPU takes vLLM's vector path.)
         pytest.skip("compiled vLLM runs only where bf16 is native (AVX512_BF16 / AMX); auto is fp32 on this CPU")
 
-    # num_agents 2, as `collab serve` and the engine race build it: the agents' LoRA slots are
-    # shapes in the traced graph and part of vLLM's AOT key, so the traced model kept on disk
-    # (filled at install by the race and by earlier tests) is this one; 3 agents compiled it anew in
-    # every fresh clone (Xeon with AMX, 2026-11-29: 84 s in the suite, 40 s with either graph in
-    # inductor's cache, 124 s with no cache at all)
+    # the agent slots `collab serve` and the engine race build (serve_slots: 6 with the default
+    # tasks): the slots are shapes in the traced graph and part of vLLM's AOT key, so the traced model
+    # the race left at install is this one and the test loads it. With 2 slots it compiled anew in
+    # every fresh clone (Xeon with AMX, 2026-11-30: 146 s, against 18-22 s loading)
     from vllm.compilation.counter import compilation_counter
 
+    from collab_app.engines.engine_race import serve_slots
+
     kept = (compilation_counter.num_aot_artifacts_loaded, compilation_counter.num_aot_artifacts_saved)
-    eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, num_agents=2, seed=0)
+    eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, num_agents=serve_slots(), seed=0)
     try:
         assert eng.compiled
         # inductor's fused kernels single-threaded (vllm_team.serial_inductor_kernels), and vLLM's
