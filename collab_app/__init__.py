@@ -25,13 +25,14 @@ SPIN_BEFORE_TORCH = "torch" not in _sys.modules   # False: torch came first; its
 # the same cache. A value already in the environment wins.
 from collab_app import paths as _paths  # noqa: E402 - no torch (paths and machine read files and the environment)
 
-_os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _paths.compile_cache_dir())
+_COMPILED = _paths.compile_cache_dir()   # once: the machine tag reads /proc/cpuinfo and torch's metadata
+_os.environ.setdefault(_paths.COMPILE_CACHE_ENV, _COMPILED)
 # vLLM's own cache beside it: a compiled engine's traced model (vLLM's AOT artifact, ~10 MB) and the
 # kernels compiled with it, so a later start loads the model instead of tracing it again
 # (engines/vllm_team.py compiled_model_kept_on_disk); on a GPU, vLLM's whole compile cache (its key
 # holds the device). vLLM's default is ~/.cache/vllm: per user, not per CPU kind, and outside a
 # Space's /data. A value already in the environment wins.
-_os.environ.setdefault(_paths.VLLM_CACHE_ENV, _paths.vllm_cache_dir())
+_os.environ.setdefault(_paths.VLLM_CACHE_ENV, _paths.vllm_cache_dir(_COMPILED))
 # No precompiled header for inductor's C++ kernels: torch keeps it (~150 MB) in
 # /tmp/torchinductor_<user>/precompiled_headers whatever the variable above says, and rebuilds it in
 # every process that loads a C++ kernel once /tmp has lost it, even when every kernel is cached:
