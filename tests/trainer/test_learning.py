@@ -16,10 +16,11 @@ where bf16 is native, fp32 elsewhere; bf16 kernels differ between CPUs), so the 
 3 of 5 steps against the first 2, judged one machine's curve: on an AMD EPYC with AVX512_BF16
 (no AMX, 2026-11-30) version 0 drew 2.11 at step 0 and 0.83-1.46 at steps 1-4, the test's run read
 2.11, 1.93, 1.52, 2.03, 1.54 ("no clear rise") while it learned (steps 1-4 0.69 above version 0's
-draws at the same seeds, steps 5-7 2.64, 2.55, 2.22). Measured on that EPYC with the seed changed
-(rise of steps 4-7 over version 0 at their seeds): seed 1 0.64 (1.92 vs 1.28), seed 2 0.44 (1.68
-vs 1.24, its last step 0.97); five-step runs with the seed of the test: native 0.69 (steps 1-4),
-AVX2 emulated (fp32) 0.75. Earlier machines' five-step curves with the old claim:
+draws at the same seeds, steps 5-7 2.64, 2.55, 2.22). Measured on that EPYC with the seed
+changed (docs/results/learning_runs.py; rise of steps 4-7 over version 0 at their seeds): seed 1
+0.64 (1.92 vs 1.28), seed 2 0.44 (1.68 vs 1.24, its last step 0.97); five-step runs with the
+seed of the test: native 0.69 (steps 1-4), AVX2 emulated (fp32) 0.75. Earlier machines' five-step
+curves with the old claim:
   lr 2e-3, Xeon with AMX (bf16): 1.10, 1.53, 1.64, 2.29, 2.01      -> rise 0.67 (2026-11-27)
   lr 2e-3, AVX2 emulated (fp32): 1.34, 1.47, 2.29, 1.98, 1.72      -> rise 0.59 (2026-11-27)
 Version 0's own step means on that EPYC: sd 0.15-0.28 a step, so the control's mean of 4 is good
