@@ -24,7 +24,8 @@ curves with the old claim:
   lr 2e-3, Xeon with AMX (bf16): 1.10, 1.53, 1.64, 2.29, 2.01      -> rise 0.67 (2026-11-27)
   lr 2e-3, AVX2 emulated (fp32): 1.34, 1.47, 2.29, 1.98, 1.72      -> rise 0.59 (2026-11-27)
 Version 0's own step means on that EPYC: sd 0.15-0.28 a step, so the control's mean of 4 is good
-to ~0.1. Cost: 96 s on that EPYC and 97 s under its AVX2 emulation (57 s for five steps).
+to ~0.1. Cost: 96 s on that EPYC alone (140 s inside its suite) and 97 s under its AVX2 emulation
+(57 s for five steps).
 """
 from __future__ import annotations
 
