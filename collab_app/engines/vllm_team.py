@@ -230,7 +230,8 @@ def sgl_gemm_for_every_layer():
     AVX512_BF16's dot products and a larger one through torch's brgemm, which runs oneDNN's
     AVX512_BF16 micro-kernels where there are no tiles; a decode step's linears on 2 threads take
     0.70-0.91 of oneDNN's time at 1-8 rows, 0.91-0.95 at 16-64 and 1.06-1.07 at 256-900 (a
-    prefill's GEMMs, a small part of a round).
+    prefill's GEMMs); paired A/Bs of the compiled engine: an interactive round 0.932 (95%
+    0.921-0.944) on two cores, 0.902 on one, a prefill-heavy round 1.001 (0.994-1.008).
     Both kernels sum the same bf16 products in fp32 and round once to bf16, in their own order:
     outputs are bit-identical at 8-32 rows for the embedded model's shapes and may differ in the
     last bf16 bit elsewhere (e.g. a prefill of > 32 tokens), with the same error against fp32
