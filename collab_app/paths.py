@@ -49,9 +49,10 @@ def compile_cache_dir() -> str:
 
 
 def vllm_cache_dir(compiled: str | None = None) -> str:
-    """compile_cache_dir()/vllm (`compiled`: that folder, when the caller already has it): vLLM's cache (collab_app/__init__.py points $VLLM_CACHE_ROOT here
-    unless it is set). A compiled CPU engine keeps its traced model there (vLLM's AOT artifact,
-    under torch_compile_cache/torch_aot_compile/<key>/, with the kernels compiled for it), so a
-    later start loads it instead of tracing the model again (engines/vllm_team.py
+    """compile_cache_dir()/vllm (`compiled`: that folder, when the caller already has it): vLLM's
+    cache (collab_app/__init__.py points $VLLM_CACHE_ROOT here unless it is set). A compiled CPU
+    engine keeps its traced model there (vLLM's AOT artifact, under
+    torch_compile_cache/torch_aot_compile/<key>/, with the kernels compiled for it), so a later
+    start loads it instead of tracing the model again (engines/vllm_team.py
     compiled_model_kept_on_disk); per machine tag for the same reasons as the kernels."""
     return os.path.join(compiled or compile_cache_dir(), "vllm")

@@ -19,14 +19,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from collab_app.engines import make_engine  # noqa: E402
 from collab_app.engines.model import ensure_model  # noqa: E402
 from collab_app.engines.sampler import EngineSampler  # noqa: E402
-from test_learning import OneTextTLDR  # noqa: E402
-from trainer.config import MAGRPOConfig  # noqa: E402
+from test_learning import OneTextTLDR, tldr_config  # noqa: E402
 from trainer.magrpo import MAGRPOTrainer  # noqa: E402
 
 lr, steps, seed = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0
 model = ensure_model(None)
-cfg = MAGRPOConfig(task="tldr", model=model, num_generations=8, joint_mode="cross", prompts_per_step=1,
-                   max_new_tokens=40, num_steps=steps, learning_rate=lr, seed=seed, keep_versions=0)
+cfg = tldr_config(model, learning_rate=lr, num_steps=steps, seed=seed)
 task = OneTextTLDR()
 trainer = MAGRPOTrainer(cfg, task, tempfile.mkdtemp())
 engine = make_engine("transformers", model=model, seed=seed)

@@ -9,7 +9,7 @@ learns to stop earlier, which also lifts the distinct-word ratio and the style l
 
 Claim: the mean return of steps 4-7 (the rollouts of versions 4-7) exceeds, by >= 0.3 (of 3.0),
 that of version 0 rolled out with the same steps' seeds (the control: the same draws, no
-learning; 4 rollouts, no updates, ~15 s).
+learning; 4 rollouts, no updates).
 Why a control and not the first steps: a step's mean return moves a lot with its draws (one
 text, 8 samples per agent), and how much depends on the CPU (`auto` trains and samples in bf16
 where bf16 is native, fp32 elsewhere; bf16 kernels differ between CPUs), so the old claim, the last
@@ -48,16 +48,22 @@ class OneTextTLDR(TLDRTask):
         return sorted(super().examples("train"), key=lambda e: len(e["text"]))[:1]
 
 
+def tldr_config(model_path: str, learning_rate: float = 2e-3, num_steps: int = STEPS, seed: int = 0):
+    """The test's MAGRPO config (docs/results/learning_runs.py runs it with other values)."""
+    from trainer.config import MAGRPOConfig
+
+    return MAGRPOConfig(task="tldr", model=model_path, num_generations=8, joint_mode="cross", prompts_per_step=1,
+                        max_new_tokens=40, num_steps=num_steps, learning_rate=learning_rate, seed=seed, keep_versions=0)
+
+
 @pytest.mark.slow
 def test_mean_return_rises_on_tldr(model_path, tmp_path):
     from collab_app.engines import make_engine
     from collab_app.engines.sampler import EngineSampler
-    from trainer.config import MAGRPOConfig
     from trainer.magrpo import MAGRPOTrainer, group_metrics, rollout
     from trainer.offline import prompts_of_step, seed_for
 
-    cfg = MAGRPOConfig(task="tldr", model=model_path, num_generations=8, joint_mode="cross", prompts_per_step=1,
-                       max_new_tokens=40, num_steps=STEPS, learning_rate=2e-3, seed=0, keep_versions=0)
+    cfg = tldr_config(model_path)
     task = OneTextTLDR()
     trainer = MAGRPOTrainer(cfg, task, str(tmp_path / "adapters"))
     engine = make_engine("transformers", model=model_path, seed=0)
