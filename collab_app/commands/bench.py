@@ -140,7 +140,8 @@ def _worker(args) -> None:
         # serve's default agent slots, as the race builds it: the engine `make run` serves (a
         # compiled graph holds its slots; the same graph is then in inductor's cache)
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
-                            num_agents=engine_race.serve_slots(), max_lora_rank=max(8, args.lora_rank), quantize=quantize,
+                            num_agents=engine_race.serve_slots(), lora_lanes=engine_race.serve_lanes(),
+                            max_lora_rank=max(8, args.lora_rank), quantize=quantize,
                             **vllm_variant_kw(args.engine, args.model_path, args.dtype, quantize))
     else:
         from collab_app.engines.engine_hf import TransformersEngine
@@ -460,7 +461,7 @@ def _generate(args) -> int:
         res = {e: _run_engine(e, args, model_path, adapters, tmp) for e in args.engines}
         limit = floor(model_path, args.max_new_tokens, read_bandwidth_gbs())   # nothing else running now
     report = {
-        "workload": {"num_agents": 2, "engine_slots": engine_race.serve_slots(), "prompts": args.prompts, "num_generations": args.num_generations,
+        "workload": {"num_agents": 2, "engine_slots": engine_race.serve_slots(), "engine_lora_lanes": engine_race.serve_lanes(), "prompts": args.prompts, "num_generations": args.num_generations,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
                      "adapters": not args.no_adapters, "lora_rank": args.lora_rank, "lora_scale": args.lora_scale,
                      "interactive": f"1 prompt x 2 agents x G={args.num_generations}, streamed, median of {args.rounds}",

@@ -272,7 +272,11 @@ def probe(cfg: DoctorConfig, agents: list[str], versions: list[dict], adapters_d
             rows += [(a, made[a]) for a in need_random]
             sources.update({a: ("random LoRA (no version yet)", None) for a in need_random})
         t0 = time.perf_counter()
-        eng = make_engine(cfg.engine, model=model_path, num_agents=len(rows))
+        # serve's in-graph LoRA lanes (a compiled engine then loads serve's traced model); a call
+        # naming more agents runs in parts (engine_vllm's _parts)
+        from collab_app.engines.engine_race import serve_lanes
+
+        eng = make_engine(cfg.engine, model=model_path, num_agents=len(rows), lora_lanes=serve_lanes())
         start_s = time.perf_counter() - t0
         try:
             for name, path in rows:

@@ -206,7 +206,9 @@ def evaluate(cfg: EvalConfig, engine=None) -> dict:
     # Agent names in use: the team's roles and the single agent's role (adapters), "base-<role>" for
     # naive/sequential and the untrained single agent: vLLM reserves LoRA slots per agent, so it must
     # know them all. The single role differs from every team role (tasks/), so none is served twice.
-    engine = engine or make_engine(cfg.engine, model=model_path, num_agents=2 * team_task.num_agents + 2)
+    # One call holds one system's agents: a compiled CPU engine's in-graph lanes are the team's.
+    engine = engine or make_engine(cfg.engine, model=model_path, num_agents=2 * team_task.num_agents + 2,
+                                   lora_lanes=team_task.num_agents)
     sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
     examples = team_task.examples(cfg.split)
     examples = examples[:cfg.limit] if cfg.limit else examples

@@ -270,5 +270,6 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
 
     # vLLM-only keywords (enforce_eager: `collab serve --vllm-compile`, where auto fell back to
     # transformers; max_lora_rank: `collab train --lora-r 16`, which peft serves at any rank)
-    kw = {k: v for k, v in kw.items() if k not in ("num_agents", "max_lora_rank", "gpu_memory_utilization", "enforce_eager")}
+    kw = {k: v for k, v in kw.items() if k not in ("num_agents", "max_lora_rank", "gpu_memory_utilization", "enforce_eager",
+                                                   "lora_lanes")}
     return TransformersEngine(path, **kw)

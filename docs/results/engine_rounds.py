@@ -44,10 +44,12 @@ path = ensure_model(None)
 if kind == "vllm":
     from collab_app.engines.engine_vllm import VLLMEngine
 
-    # NUM_AGENTS: the engine's agent slots (2 = one team, as the race and the bench; `collab serve`
-    # sizes them by every served team's agents: 6 for make run's three tasks)
+    # NUM_AGENTS: the engine's agent slots (2 = one team; `collab serve` sizes them by every served
+    # team's agents: 6 for make run's three tasks, as the race and the bench); LANES: a compiled
+    # engine's in-graph LoRA lanes (default NUM_AGENTS; serve: its largest team, 2)
+    lanes = {"lora_lanes": int(os.environ["LANES"])} if os.environ.get("LANES") else {}
     eng = VLLMEngine(path, dtype=dtype, max_model_len=1024, num_agents=int(os.environ.get("NUM_AGENTS", 2)), quantize=quantize,
-                     enforce_eager=os.environ.get("EAGER", "1") == "1")
+                     enforce_eager=os.environ.get("EAGER", "1") == "1", **lanes)
 else:
     from collab_app.engines.engine_hf import TransformersEngine
 

@@ -453,16 +453,18 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         # OpenMP thread: the process aborts. A real AVX2 CPU takes vLLM's vector path.)
         pytest.skip("compiled vLLM runs only where bf16 is native (AVX512_BF16 / AMX); auto is fp32 on this CPU")
 
-    # the agent slots `collab serve` and the engine race build (serve_slots: 6 with the default
-    # tasks): the slots are shapes in the traced graph and part of vLLM's AOT key, so the traced model
-    # the race left at install is this one and the test loads it. With 2 slots it compiled anew in
-    # every fresh clone (Xeon with AMX, 2026-11-30: 146 s, against 18-22 s loading)
+    # the agent slots and in-graph LoRA lanes `collab serve` and the engine race build (serve_slots,
+    # serve_lanes: 6 and 2 with the default tasks): the lanes are shapes in the traced graph and part
+    # of vLLM's AOT key, so the traced model the race left at install is this one and the test loads
+    # it. With other shapes it compiled anew in every fresh clone (Xeon with AMX, 2026-11-30: 146 s,
+    # against 18-22 s loading)
     from vllm.compilation.counter import compilation_counter
 
-    from collab_app.engines.engine_race import serve_slots
+    from collab_app.engines.engine_race import serve_lanes, serve_slots
 
     kept = (compilation_counter.num_aot_artifacts_loaded, compilation_counter.num_aot_artifacts_saved)
-    eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, num_agents=serve_slots(), seed=0)
+    eng = VLLMEngine(model_path, dtype="bfloat16", enforce_eager=False, num_agents=serve_slots(),
+                     lora_lanes=serve_lanes(), seed=0)
     try:
         assert eng.compiled
         # inductor's fused kernels single-threaded (vllm_team.serial_inductor_kernels), and vLLM's
@@ -501,13 +503,24 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         own, base_after = gaps()
         after = worker()
         # q|k|v and o of every layer add their deltas inside the graph (vllm_team.graph_lora_linear),
-        # and c1's new version took its agent's slot
+        # and c1's new version holds the lane its old one (dropped) held
         layers = eng.llm.llm_engine.model_config.hf_config.num_hidden_layers
-        assert before["in_graph"] == 2 * layers and len(after["slots"]) == 1, after
-        assert list(after["slots"].values()) == list(before["slots"].values()) and after["keys"] != before["keys"]
+        assert before["in_graph"] == 2 * layers and len(after["lanes"]) == 1, after
+        assert list(after["lanes"].values()) == list(before["lanes"].values()) and after["keys"] != before["keys"]
         # judged on the mean of 4 samples: one sample's mean gap over its 24 tokens ranged 0.03-0.14
         # in 24 draws (Xeon with AMX, with vLLM's sampler and with cpu_sampler alike), 0.07 on average
         assert statistics.fmean(own) < 0.15, own
         assert min(other + base + base_after) > 3 * statistics.fmean(own), (other, base, base_after, own)
+        # three versions in one call, one more than the engine's lanes: run in two parts
+        # (VLLMEngine._parts), each row still from its own version
+        assert eng.lora_lanes == 2
+        eng.load_adapter("c2", adapters[2], 1)
+        eng.load_adapter("c3", adapters[1], 1)
+        out = eng.generate([Request(a, PROMPT) for a in ("c1", "c2", "base", "c3")], 4,
+                           Sampling(max_new_tokens=24, temperature=0.5))
+        c1, c2, base3, c3 = [[_teacher_gap(teacher, s).mean().item() for s in per_agent] for per_agent in out]
+        assert statistics.fmean(c1 + c3) < 0.15, (c1, c3)
+        assert min(c2 + base3) > 3 * statistics.fmean(c1 + c3), (c2, base3, c1, c3)
+        assert len(worker()["lanes"]) == 2
     finally:
         eng.close()

@@ -71,7 +71,7 @@ def test_an_in_process_engine_is_built_in_one_process_whatever_vllm_cached(model
 def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(model_path, recording_llm, monkeypatch):
     """An earlier engine's cache said AOT off (as every compiled engine ran before it was mended):
     the build reads the environment afresh, where vLLM's default (on) holds, and passes its LoRA
-    slots into vLLM's key."""
+    lanes (default: one per agent) into vLLM's key."""
     from vllm import envs
 
     from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
@@ -89,16 +89,16 @@ def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(mo
     finally:
         envs.disable_envs_cache()
     assert recording_llm == {"multiprocessing": False, "aot": True, "enforce_eager": False,
-                             "additional_config": {"collab_lora_slots": 3, "collab_lora_rank": 8,
+                             "additional_config": {"collab_lora_lanes": 3, "collab_lora_rank": 8,
                                                    "collab_bf16_gemm": "sgl"}}, recording_llm
     assert "VLLM_USE_AOT_COMPILE" not in os.environ         # nothing set for other engines
 
 
-def test_the_compiled_models_cache_key_holds_its_lora_slots_not_its_cores(model_path, monkeypatch):
+def test_the_compiled_models_cache_key_holds_its_lora_lanes_not_its_cores(model_path, monkeypatch):
     """vLLM's AOT key for a compiled CPU engine, from a real VllmConfig: the same whatever cores the
     engine is bound to (`collab serve` pins them, the install's engine race does not: serve must
-    load what the race compiled), different when the in-graph LoRA slots or the bf16 layers' GEMM
-    differ (vLLM drops a loaded artifact's guards: slots of the wrong shape would be indexed, the
+    load what the race compiled), different when the in-graph LoRA lanes or the bf16 layers' GEMM
+    differ (vLLM drops a loaded artifact's guards: lanes of the wrong shape would be indexed, the
     traced kernel called on another kernel's packed weights). Outside the mend vLLM's key moves
     with the binding: if a vLLM stops hashing it, this says the mend can go."""
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
@@ -112,20 +112,20 @@ def test_the_compiled_models_cache_key_holds_its_lora_slots_not_its_cores(model_
     if cpu_compile_unfit("bfloat16", None):
         pytest.skip(cpu_compile_unfit("bfloat16", None))
     envs.disable_envs_cache()                                # read the variables set below
-    configs = {slots: EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
-                                 additional_config=vllm_team.aot_key_extras(slots, 8)).create_engine_config()
-               for slots in (2, 3)}
+    configs = {lanes: EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
+                                 additional_config=vllm_team.aot_key_extras(lanes, 8)).create_engine_config()
+               for lanes in (2, 3)}
     configs["onednn"] = EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
                                    additional_config={**vllm_team.aot_key_extras(2, 8), "collab_bf16_gemm": "onednn"}
                                    ).create_engine_config()
 
-    def key(slots: int | str, cores: str, mended: bool = True) -> list:
+    def key(lanes: int | str, cores: str, mended: bool = True) -> list:
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cores)
         if not mended:
-            return aot_compile_hash_factors(configs[slots])
+            return aot_compile_hash_factors(configs[lanes])
         with vllm_team.compiled_model_kept_on_disk():
             assert hasattr(Bundled, "finalize_loading")      # the loader's call finds a method
-            return aot_compile_hash_factors(configs[slots])
+            return aot_compile_hash_factors(configs[lanes])
 
     assert key(2, "0") == key(2, "0-1") == key(2, "nobind")
     assert key(2, "0") != key(3, "0")

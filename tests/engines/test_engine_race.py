@@ -215,20 +215,23 @@ def test_a_child_times_a_real_round(model_path):
     assert child._proc.returncode == 0
 
 
-def test_a_contestant_is_built_with_the_agent_slots_collab_serve_gives_its_engine():
-    """A compiled engine's graph holds its agent slots (the in-graph LoRA buffers), so inductor's
-    cache keeps one graph per slot count: a race with 2 slots left `make run`'s 6-slot engine to
+def test_a_contestant_is_built_with_the_agent_slots_and_lanes_collab_serve_gives_its_engine():
+    """A compiled engine's graph holds its in-graph LoRA lanes, so inductor's cache keeps one graph
+    per lane count: a race with 2 slots (then one lane each) left `make run`'s 6-slot engine to
     compile again at its first start. The contestants get serve's default slots (one per role of
-    the default tasks, as web/context.py counts them), serve's other keywords, eager or not."""
+    the default tasks, as web/context.py counts them) and lanes (the largest default team, as
+    build_context sizes them), serve's other keywords, eager or not."""
     from collab_app.web.serve import ServeConfig, engine_kwargs
     from tasks import load_task
 
     slots = len({role for name in ServeConfig().tasks for role in load_task(name).roles})
-    assert slots == engine_race.serve_slots() == 6
+    lanes = max(len(load_task(name).roles) for name in ServeConfig().tasks)
+    assert slots == engine_race.serve_slots() == 6 and lanes == engine_race.serve_lanes() == 2
     served = engine_kwargs(ServeConfig())
     for kind, eager in (("vllm", True), ("vllm-compiled", False)):
         kw = engine_race.child_engine_kwargs(kind)
-        assert kw == {"decode_thread": served["decode_thread"], "enforce_eager": eager, "num_agents": slots}
+        assert kw == {"decode_thread": served["decode_thread"], "enforce_eager": eager, "num_agents": slots,
+                      "lora_lanes": lanes}
     assert engine_race.child_engine_kwargs("transformers") == {"decode_thread": True}
 
 

@@ -146,7 +146,7 @@ def test_every_row_gets_its_own_adapter_in_one_forward(tmp_path, order):
     # the deltas are not noise-sized: an adapter row differs from its base forward
     base_qkv, _ = expected(w, x[:3], None)
     assert (out["qkv"][:3] - base_qkv).abs().max() > 0.1
-    assert w.collab_check() == {"wrapped": 2, "in_graph": 0, "keys": ["x1-v1-1", "x2-v1-2"], "slots": {}}
+    assert w.collab_check() == {"wrapped": 2, "in_graph": 0, "keys": ["x1-v1-1", "x2-v1-2"], "lanes": {}}
 
 
 def test_weights_are_never_modified_and_a_dropped_key_is_refused(tmp_path):
@@ -453,13 +453,14 @@ def test_a_decode_steps_deltas_run_on_one_thread_and_the_thread_count_comes_back
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path, compiled):
+def test_in_graph_lanes_give_every_row_its_agents_version_across_swaps(tmp_path, compiled):
     """vllm_team.graph_lora_linear, what a compiled engine puts on q|k|v (and o) while vLLM loads
-    them: one slot per agent in buffers the graph reads at every call, a row mask picking each
-    row's slot. Traced ONCE (as vLLM does) before any adapter, the graph must give every row its
-    own version's peft forward, base rows nothing, for a decode-sized batch and a prefill-sized
-    one from the same trace, next to a layer still served by the op (o_proj here); a new version
-    takes its agent's slot in place, and the mask is all zero between forwards."""
+    them: lanes in buffers the graph reads at every call, a row mask picking each row's lane, the
+    versions a forward needs copied into lanes before it. Traced ONCE (as vLLM does) before any
+    adapter, the graph must give every row its own version's peft forward, base rows nothing, for
+    a decode-sized batch and a prefill-sized one from the same trace, next to a layer still served
+    by the op (o_proj here); a new version replaces the old one's lane contents, and the mask is
+    all zero between forwards."""
     from collab_app.engines import vllm_team
 
     torch.manual_seed(0)
@@ -472,12 +473,12 @@ def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path,
     if compiled:
         out, x = trace_once(w)                                             # no adapter anywhere yet
         torch.testing.assert_close(out["qkv"], expected(w, x, None)[0])
-    a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)   # rank R < the slots' R + 1
+    a1 = save_adapter(tmp_path / "a1", ["q_proj", "v_proj", "o_proj"], seed=1)   # rank R < the lanes' R + 1
     a2 = save_adapter(tmp_path / "a2", ["q_proj", "k_proj", "v_proj"], seed=2, alpha=2 * (R + 1), r=R + 1)
     a3 = save_adapter(tmp_path / "a3", ["k_proj", "o_proj"], seed=3)
     w.collab_load("x1-v1-1", a1)
     w.collab_load("x2-v1-2", a2)
-    assert w.collab_check()["slots"] == {"x1-v1-1": 0, "x2-v1-2": 1}
+    assert w.collab_check()["lanes"] == {}                                 # a lane when a forward needs it
 
     def check(adapters, batches):
         for batch in batches:
@@ -489,24 +490,29 @@ def test_in_graph_slots_give_every_row_its_agents_version_across_swaps(tmp_path,
     few = [("r1", "x1-v1-1", 3), ("r2", None, 2), ("r3", "x2-v1-2", 3)]
     many = [("r1", "x1-v1-1", 20), ("r2", None, 5), ("r3", "x2-v1-2", 10), ("r4", "x1-v1-1", 7)]   # index-tensor rows
     check({"x1-v1-1": a1, "x2-v1-2": a2, None: None}, [few, many])
-    # a new version of agent x1 takes x1's slot; the engine drops the old key right after
-    w.collab_load("x1-v2-3", a3, replaces="x1-v1-1")
+    assert w.collab_check()["lanes"] == {"x1-v1-1": 0, "x2-v1-2": 1}
+    # a new version of agent x1; the engine drops the old key right after: its lane is zero and free
+    w.collab_load("x1-v2-3", a3)
     w.collab_drop("x1-v1-1")
-    assert w.collab_check()["slots"] == {"x1-v2-3": 0, "x2-v1-2": 1}
+    assert w.collab_check()["lanes"] == {"x2-v1-2": 1}
+    assert not attn.qkv_proj.collab_a[:, :3 * (R + 1)].any() and not attn.qkv_proj.collab_b[:3 * (R + 1)].any()
     swapped = [[(rid, "x1-v2-3" if key == "x1-v1-1" else key, n) for rid, key, n in b] for b in (few, many)]
     check({"x1-v2-3": a3, "x2-v1-2": a2, None: None}, swapped)
+    assert w.collab_check()["lanes"] == {"x1-v2-3": 0, "x2-v1-2": 1}
     out, x = w.run([("r1", "x2-v1-2", 3)])
     assert (out["qkv"] - expected(w, x, None)[0]).abs().max() > 0.1      # the deltas are not noise-sized
     a4 = save_adapter(tmp_path / "a4", ["o_proj"], seed=4)               # on the op's layer only
-    w.collab_load("x2-v1-2", a4)                                         # the same key again: its slot goes
-    assert w.collab_check()["slots"] == {"x1-v2-3": 0}
+    w.collab_load("x2-v1-2", a4)                                         # the same key again: its lane goes
+    assert w.collab_check()["lanes"] == {"x1-v2-3": 0}
     check({"x1-v2-3": a3, "x2-v1-2": a4, None: None}, swapped)
 
 
-def test_in_graph_slots_refuse_what_they_cannot_hold(tmp_path):
-    """A compiled engine's slots: a rank above theirs, or a version beyond one per agent, is refused
-    with what to change; nothing of the refused adapter is served, and a dropped key's slot is
-    zero and free again."""
+def test_in_graph_lanes_serve_more_versions_than_lanes_one_forward_at_a_time(tmp_path):
+    """Two lanes, four loaded versions: each forward gets its versions copied into lanes (a free
+    lane first, else the one least recently used that this forward does not need), so any sequence
+    of forwards with at most two versions each gives every row its own version's peft forward.
+    A forward with more versions than lanes is refused with what to change; a rank above the
+    lanes' is refused at load, and nothing of the refused adapter is served."""
     from collab_app.engines import vllm_team
 
     w = FakeWorker()
@@ -516,23 +522,51 @@ def test_in_graph_slots_refuse_what_they_cannot_hold(tmp_path):
         vllm_team.graph_lora_linear(mod, f"model.layers.0.self_attn.{name}", 2, R, mask)
     with pytest.raises(ValueError, match=rf"rank {R + 1} .* max_lora_rank >= {R + 1}"):
         w.collab_load("big", save_adapter(tmp_path / "big", ["q_proj"], seed=1, r=R + 1))
-    w.collab_load("k1", save_adapter(tmp_path / "a1", ["q_proj", "o_proj"], seed=1))
-    w.collab_load("k2", save_adapter(tmp_path / "a2", ["v_proj"], seed=2))
-    with pytest.raises(ValueError, match="num_agents >= 3"):
-        w.collab_load("k3", save_adapter(tmp_path / "a3", ["q_proj"], seed=3))
-    assert w.collab_check()["keys"] == ["k1", "k2"]
-    w.collab_drop("k1")
+    adapters = {None: None, "k1": save_adapter(tmp_path / "a1", ["q_proj", "o_proj"], seed=1),
+                "k2": save_adapter(tmp_path / "a2", ["v_proj"], seed=2),
+                "k3": save_adapter(tmp_path / "a3", ["q_proj", "k_proj"], seed=3),
+                "k4": save_adapter(tmp_path / "a4", ["o_proj"], seed=4)}
+    for key in ("k1", "k2", "k3", "k4"):
+        w.collab_load(key, adapters[key])
+    assert w.collab_check()["keys"] == ["k1", "k2", "k3", "k4"]            # "big" left nothing behind
+
+    def run(batch, lanes):
+        out, x = w.run(batch)
+        assert_rows_follow(w, batch, out, x, adapters)
+        assert w.collab_check()["lanes"] == lanes
+        assert not mask.any()
+
+    run([("r1", "k1", 2), ("r2", None, 1), ("r3", "k2", 2)], {"k1": 0, "k2": 1})
+    run([("r1", "k2", 1)], {"k1": 0, "k2": 1})
+    run([("r1", "k3", 2), ("r2", "k2", 2)], {"k3": 0, "k2": 1})             # k1's lane: the one not needed
+    run([("r1", "k3", 1)], {"k3": 0, "k2": 1})
+    run([("r1", "k1", 1)], {"k3": 0, "k1": 1})                              # k2 served less recently than k3
+    run([("r1", "k4", 3), ("r2", "k1", 1), ("r3", None, 2)], {"k4": 0, "k1": 1})
+    run([("r1", "k2", 2), ("r2", "k3", 2)], {"k2": 0, "k3": 1})             # both lanes taken by others
+    w.collab_drop("k2")
+    assert w.collab_check()["lanes"] == {"k3": 1}
     assert not attn.qkv_proj.collab_a[:, :3 * R].any() and not attn.o_proj.collab_b[:R].any()
-    w.collab_load("k3", tmp_path / "a3")
-    assert w.collab_check()["slots"] == {"k2": 1, "k3": 0}
-    out, x = w.run([("r1", "k3", 2), ("r2", None, 2)])
-    a3 = str(tmp_path / "a3")
-    torch.testing.assert_close(out["qkv"][:2], expected(w, x[:2], a3)[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out["o"], expected(w, x, None)[1], rtol=1e-5, atol=1e-5)
-    # a new version on other layers than the old one's: the old one's q columns must not stay in the slot
-    a4 = save_adapter(tmp_path / "a4", ["o_proj"], seed=4)
-    w.collab_load("k4", a4, replaces="k3")
-    w.collab_drop("k3")
-    out, x = w.run([("r1", "k4", 2), ("r2", "k2", 2)])
-    assert_rows_follow(w, [("r1", "k4", 2), ("r2", "k2", 2)], out, x, {"k4": a4, "k2": str(tmp_path / "a2")})
-    assert w.collab_check()["slots"] == {"k2": 1, "k4": 0}
+    run([("r1", "k4", 2), ("r2", "k3", 2)], {"k4": 0, "k3": 1})             # the free lane first
+    with pytest.raises(RuntimeError, match="lora_lanes >= 3"):
+        w.run([("r1", "k1", 1), ("r2", "k3", 1), ("r3", "k4", 1)])
+    run([("r1", "k1", 2)], {"k1": 0, "k3": 1})                              # and the worker serves on
+
+
+def test_a_call_with_more_versions_than_lanes_runs_in_parts():
+    """VLLMEngine._parts: a compiled CPU engine's call runs all at once while it names at most
+    `lora_lanes` versions; with more, `lora_lanes` versions a part in the order they first appear,
+    base rows with the first part, every row in exactly one part. Eager CPU and GPU engines (no
+    lanes to fill) never split."""
+    from collab_app.engines.engine_vllm import VLLMEngine
+
+    eng = VLLMEngine.__new__(VLLMEngine)
+    eng.on_gpu, eng.compiled, eng.lora_lanes = False, True, 2
+    handle = ["a", "a", None, "b", "c", "b", None, "d", "c", "e"]
+    assert eng._parts(handle) == [[0, 1, 2, 3, 5, 6], [4, 7, 8], [9]]
+    assert eng._parts(["a", None, "b", "a"]) == [[0, 1, 2, 3]]
+    assert eng._parts([None, None]) == [[0, 1]]
+    eng.lora_lanes = 1
+    assert eng._parts(["b", None, "a", "b"]) == [[0, 1, 3], [2]]
+    for on_gpu, compiled in ((False, False), (True, False), (True, True)):
+        eng.on_gpu, eng.compiled = on_gpu, compiled
+        assert eng._parts(handle) == [list(range(len(handle)))]
