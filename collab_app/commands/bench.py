@@ -137,8 +137,9 @@ def _worker(args) -> None:
     elif args.engine in VLLM_VARIANTS:
         from collab_app.engines.engine_vllm import VLLMEngine
 
-        # serve's default agent slots, as the race builds it: the engine `make run` serves (a
-        # compiled graph holds its slots; the same graph is then in inductor's cache)
+        # serve's default agent slots and in-graph LoRA lanes, as the race builds it: the engine
+        # `make run` serves (a compiled graph holds its lanes; the same graph is then in inductor's
+        # cache), whose lanes are also `collab train`'s (a team's agents)
         engine = VLLMEngine(args.model_path, dtype=args.dtype, max_model_len=args.max_model_len,
                             num_agents=engine_race.serve_slots(), lora_lanes=engine_race.serve_lanes(),
                             max_lora_rank=max(8, args.lora_rank), quantize=quantize,

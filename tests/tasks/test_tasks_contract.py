@@ -80,3 +80,35 @@ def test_roles_of_tasks_are_their_agents_once_each_in_order():
     assert roles_of([load_task("tldr"), load_task("tldr"), load_task("brief")]) == ["summary", "detail", "outline",
                                                                                    "body", "conclusion"]
     assert roles_of([]) == []
+
+
+@pytest.mark.parametrize("names, agents, lanes", [(None, 6, 2), (("tldr", "brief"), 5, 3), (("tldr",), 2, 2)])
+def test_the_app_gives_its_engine_a_slot_per_agent_and_a_lane_per_agent_of_its_largest_team(
+        tmp_path, monkeypatch, names, agents, lanes):
+    """web/context.py build_context: the engine's `num_agents` is every served role, its
+    `lora_lanes` (a compiled CPU engine's in-graph LoRA lanes: every forward computes all of them)
+    the largest team's agents, since one call holds one team (engines/batcher.py). An explicit
+    engine keyword still wins."""
+    from collab_app.engines import team as team_module
+    from collab_app.web.context import build_context
+    from tasks import SERVED_BY_DEFAULT
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(kind, model, agent_models, **kw):
+        seen.update(kw, agents=sorted(agent_models))
+        raise Stop
+
+    monkeypatch.setattr(team_module, "make_team_engine", fake)
+    monkeypatch.setattr("collab_app.engines.model.ensure_model", lambda m=None: "/model")
+    with pytest.raises(Stop):
+        build_context(engine="vllm", store_url=f"sqlite:///{tmp_path}/s.db", home=str(tmp_path / "home"),
+                      task_names=names or SERVED_BY_DEFAULT)
+    assert (seen["num_agents"], seen["lora_lanes"], len(seen["agents"])) == (agents, lanes, agents)
+    with pytest.raises(Stop):
+        build_context(engine="vllm", store_url=f"sqlite:///{tmp_path}/s.db", home=str(tmp_path / "home"),
+                      task_names=("tldr",), lora_lanes=4)
+    assert seen["lora_lanes"] == 4
