@@ -561,6 +561,7 @@ class TeamLoRA:
             laned = [m for _, m in self._collab_laned()]
             self._collab_lane_mask = laned[0].collab_mask if laned else None
             self._collab_lane_used = [0] * (self._collab_lane_mask.shape[1] if laned else 0)
+            self._collab_clock = 0   # forwards run: _collab_lane_used's time
 
             def model_forward(*args, **kwargs):
                 rows = self._collab_token_rows()
@@ -608,7 +609,7 @@ class TeamLoRA:
                 self._collab_lane_of[key] = lane
                 held[lane] = key
                 needed.add(lane)
-        self._collab_clock = getattr(self, "_collab_clock", 0) + 1
+        self._collab_clock += 1
         for key in keys:
             self._collab_lane_used[self._collab_lane_of[key]] = self._collab_clock
         return {key: self._collab_lane_of[key] for key in keys}
