@@ -88,7 +88,7 @@ MEMORY_HEADROOM = 1.25
 # so an upgraded install races again instead of trusting a verdict on the old code. 2: the LoRA
 # deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds 12-24% shorter).
 # 3: in-graph LoRA lanes for the largest team instead of a slot per served agent (serve's compiled
-# rounds ~13% shorter with its six agents: docs/results "In-graph LoRA lanes").
+# rounds ~11% shorter with its six agents, paired A/B on the EPYC: docs/results "In-graph LoRA lanes").
 ENGINES_REVISION = 3
 
 

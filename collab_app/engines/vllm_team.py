@@ -46,7 +46,7 @@ frozen as "no adapter". Every linear layer is therefore wrapped while vLLM loads
   shorter in the bench (24% in paired A/Bs), the rollout 6-11%, a prefill-heavy round no longer
   (docs/results "LoRA deltas inside the compiled graph"). Why lanes and not one slot per agent
   (before 2026-11-30): every forward computes every lane, used or not, so `collab serve`'s six
-  agents (three tasks) made each interactive round of a two-agent team 15% longer than two
+  agents (three tasks) made each interactive round of a two-agent team ~11% longer than two
   lanes do (docs/results "In-graph LoRA lanes"); a batch holds one team's versions (the engine
   runs one call at a time, the app one team per call), so the lanes are the largest team's size.
 - the other layers record the opaque op `collab::team_lora_` (out, x, layer name), which at run
