@@ -41,7 +41,7 @@ forward needs (`vllm_team.graph_lora_linear`, put on those layers while vLLM loa
 that looks the batch's adapters up at run time. Every forward computes every lane, used or not,
 so the lanes are the most versions one call holds (`collab serve`: its largest team, 2, whatever
 its agent count; default `num_agents`), and a call naming more is run in parts, a part's
-agents at a time (`_parts`). So a compiled CPU engine, like a GPU one, refuses adapters of rank
+agents at a time (`_parts`). Like a GPU engine, a compiled CPU engine refuses adapters of rank
 above `max_lora_rank` (default 8, the trainer's default `lora_r`: a lane's columns are computed
 whether used or not). Limits: bf16 and
 vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (fbgemm's packed

@@ -570,3 +570,7 @@ def test_a_call_with_more_versions_than_lanes_runs_in_parts():
     for on_gpu, compiled in ((False, False), (True, False), (True, True)):
         eng.on_gpu, eng.compiled = on_gpu, compiled
         assert eng._parts(handle) == [list(range(len(handle)))]
+    from collab_app.engines.engine_types import EngineError
+
+    with pytest.raises(EngineError, match="lora_lanes must be >= 1"):   # before any model is read
+        VLLMEngine("/no/model/here", lora_lanes=0)
