@@ -34,6 +34,42 @@ import sys
 from collab_app import THP_VAR as VAR   # "THP_MEM_ALLOC_ENABLE", read by torch's c10 (alloc_cpu.cpp)
 
 
+# glibc's mallopt parameters (malloc.h) and the values keep_freed_memory sets
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+KEEP_BELOW = 32 << 20    # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+TRIM_ABOVE = 1 << 30     # a heap's free top given back only beyond this (mallopt takes an int)
+TOP_PAD = 64 << 20       # a thread's heap left in place when all of it is free (glibc's heap size)
+
+
+def keep_freed_memory() -> bool:
+    """glibc's malloc keeps what this process frees for its next allocations instead of handing it
+    back to the kernel: blocks below 32 MiB come from its heaps (not a fresh mmap each), and a
+    heap's free top is trimmed only beyond 1 GiB. Process-wide; True where it took effect (glibc
+    on Linux), False elsewhere (nothing changed).
+
+    Why: an engine step allocates and frees the same temporaries every step (at the rollout's 128
+    rows: the logits in bf16 and fp32, the raw log-probs and the probabilities, ~90 MB). With
+    torch's huge pages on (serving processes, above), those >= 2 MiB tensors are 2 MiB-aligned,
+    glibc handed their pages back to the kernel between steps (fresh mappings, trimmed heaps), and
+    the kernel faulted and zeroed them again at every step: a rollout round (128 rows x 128 steps) took ~285,000 minor faults
+    and 3.1-3.6 s of system time, 1,000-6,500 faults and 0.3-0.5 s with this (EPYC Zen 4,
+    docs/results "In-graph LoRA lanes"); paired rollout rounds 0.931x (95% 0.907-0.958). The
+    cost: memory freed below 32 MiB stays with the process (its peak, which it reaches every
+    step anyway); larger blocks (weights, the KV cache) are still mapped and unmapped as before.
+    Left out: tcmalloc (vLLM's advice) needs LD_PRELOAD before the process starts."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in
+               ((M_MMAP_THRESHOLD, KEEP_BELOW), (M_TRIM_THRESHOLD, TRIM_ABOVE), (M_TOP_PAD, TOP_PAD)))
+
+
 def resident() -> tuple[int, int] | None:
     """(bytes resident, bytes of them in transparent huge pages) of this process; None where
     the kernel does not say (not Linux)."""
