@@ -462,7 +462,8 @@ def _generate(args) -> int:
         res = {e: _run_engine(e, args, model_path, adapters, tmp) for e in args.engines}
         limit = floor(model_path, args.max_new_tokens, read_bandwidth_gbs())   # nothing else running now
     report = {
-        "workload": {"num_agents": 2, "engine_slots": engine_race.serve_slots(), "engine_lora_lanes": engine_race.serve_lanes(), "prompts": args.prompts, "num_generations": args.num_generations,
+        "workload": {"num_agents": 2, "engine_slots": engine_race.serve_slots(), "engine_lora_lanes": engine_race.serve_lanes(),
+                     "prompts": args.prompts, "num_generations": args.num_generations,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "dtype": args.dtype,
                      "adapters": not args.no_adapters, "lora_rank": args.lora_rank, "lora_scale": args.lora_scale,
                      "interactive": f"1 prompt x 2 agents x G={args.num_generations}, streamed, median of {args.rounds}",
