@@ -40,6 +40,13 @@ def roles_of(tasks) -> list[str]:
     return list(dict.fromkeys(role for task in tasks for role in task.roles))
 
 
+def largest_team(tasks) -> int:
+    """The most agents one of these tasks (loaded tasks) has: one engine call holds one team's
+    adapter versions (engines/batcher.py), so a compiled CPU engine serving these tasks computes
+    this many in-graph LoRA lanes (`collab serve` and the engine race size their engines by it)."""
+    return max((len(task.roles) for task in tasks), default=1)
+
+
 def load_task(name: str, **kw):
     """The task called `name` (one of TASKS), built with `kw`."""
     if name not in TASKS:

@@ -304,9 +304,9 @@ def serve_slots() -> int:
 def serve_lanes() -> int:
     """The in-graph LoRA lanes `collab serve`'s engine has with its default tasks: the largest
     team's agents (web/context.py build_context: one call holds one team's versions)."""
-    from tasks import SERVED_BY_DEFAULT, load_task
+    from tasks import SERVED_BY_DEFAULT, largest_team, load_task
 
-    return max(len(load_task(name).roles) for name in SERVED_BY_DEFAULT)
+    return largest_team(load_task(name) for name in SERVED_BY_DEFAULT)
 
 
 def child_engine_kwargs(kind: str) -> dict:

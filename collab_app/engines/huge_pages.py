@@ -56,6 +56,11 @@ def keep_freed_memory() -> bool:
     docs/results "In-graph LoRA lanes"); paired rollout rounds 0.931x (95% 0.907-0.958). The
     cost: memory freed below 32 MiB stays with the process (its peak, which it reaches every
     step anyway); larger blocks (weights, the KV cache) are still mapped and unmapped as before.
+    Both CPU engines call it at start (engine_vllm, engine_hf). Measured since (docs/results
+    "Issue 19's command after the malloc change"): the eager fp32 vLLM engine under the AVX2
+    emulation, rollout rounds 0.938x (0.931-0.945), rounds of 8 rows unchanged (0.992x,
+    0.982-1.001); the transformers engine (bf16, EPYC Zen 4), rollout rounds 0.923x (0.903-0.946)
+    and its round's faults ~10,000-16,000 -> ~570, rounds of 8 rows 0.986x (0.966-1.004).
     Left out: tcmalloc (vLLM's advice) needs LD_PRELOAD before the process starts."""
     if not sys.platform.startswith("linux"):
         return False

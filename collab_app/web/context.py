@@ -336,7 +336,7 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     one engine per distinct base, engines/team.py TeamEngine); other roles run on `model`."""
     from collab_app.engines.model import ensure_model
     from collab_app.engines.team import Agent, Team, make_team_engine
-    from tasks import load_task, roles_of
+    from tasks import largest_team, load_task, roles_of
 
     limits = dict(limits or {})   # more AppContext fields, e.g. {"max_rounds_per_minute": 0, "loopback_admin": True}
     # the admin token comes from the caller (collab serve reads COLLAB_ADMIN_TOKEN once and drops
@@ -353,8 +353,8 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     teams = {name: Team([Agent(role, model=agent_models.get(role)) for role in task.roles]) for name, task in tasks.items()}
     num_agents = len(roles_of(tasks.values()))   # vLLM sizes its agent table by it (the engine race too)
     # a compiled CPU engine computes `lora_lanes` adapter versions in every forward: one call
-    # (GenerationBatcher: one team) holds one team's, so the largest team's size (engine_race.serve_lanes)
-    lanes = max(len(task.roles) for task in tasks.values())
+    # (GenerationBatcher: one team) holds one team's
+    lanes = largest_team(tasks.values())
     eng = make_team_engine(engine, ensure_model(model), {a.name: a.model or "" for t in teams.values() for a in t.agents},
                            **({"num_agents": num_agents, "lora_lanes": lanes} | engine_kw))
     ctx = AppContext(engine=eng, store=store, tasks=tasks, teams=teams,

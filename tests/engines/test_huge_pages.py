@@ -83,6 +83,9 @@ import resource, sys
 if sys.argv[1] == "keep":
     from collab_app.engines.huge_pages import keep_freed_memory
     assert keep_freed_memory()
+elif sys.argv[1] == "transformers-engine":   # the engine sets it at its start, as the vLLM CPU engine does
+    from collab_app.engines.engine_hf import TransformersEngine
+    assert TransformersEngine(sys.argv[2], dtype="float32", device="cpu").keeps_freed_memory
 import torch
 def step():   # an engine step's temporaries at the rollout's 128 rows: fp32 logits, log-probs, probabilities
     a = torch.empty(128, 49152).fill_(1.0)
@@ -99,16 +102,18 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc only")
-def test_a_kept_step_reuses_its_temporaries_instead_of_faulting_them_in_again():
+def test_a_kept_step_reuses_its_temporaries_instead_of_faulting_them_in_again(tiny_model_path):
     """huge_pages.keep_freed_memory: steps of three 25 MB temporaries in a serving process (torch's
     huge pages on): without it the kernel faults their pages in at every step (~1,570 faults a
     step here); with it, once the heap has settled, the freed blocks are reused and (almost)
-    nothing faults. The engine calls it at start (engine_vllm: a rollout round's minor faults
-    ~285,000 -> 1,500-4,700 on the EPYC of docs/results)."""
+    nothing faults. Both CPU engines call it at start (engine_vllm: a rollout round's minor faults
+    ~285,000 -> 1,500-4,700 on the EPYC of docs/results; engine_hf, checked here on the tiny base)."""
     env = {**os.environ, huge_pages.VAR: "1"}
     counts = {}
-    for mode in ("default", "keep"):
-        out = subprocess.run([sys.executable, "-c", FAULTS, mode], env=env, capture_output=True, text=True, timeout=120)
+    for mode in ("default", "keep", "transformers-engine"):
+        out = subprocess.run([sys.executable, "-c", FAULTS, mode, tiny_model_path], env=env, capture_output=True,
+                             text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         counts[mode] = int(out.stdout.split()[-1])
-    assert counts["default"] > 20 * 500 and counts["keep"] < counts["default"] / 10, counts
+    assert counts["default"] > 20 * 500, counts
+    assert counts["keep"] < counts["default"] / 10 and counts["transformers-engine"] < counts["default"] / 10, counts

@@ -82,6 +82,15 @@ def test_roles_of_tasks_are_their_agents_once_each_in_order():
     assert roles_of([]) == []
 
 
+def test_the_largest_team_is_the_most_roles_one_task_has():
+    """tasks.largest_team sizes a compiled engine's in-graph LoRA lanes (build_context, engine_race.serve_lanes)."""
+    from tasks import SERVED_BY_DEFAULT, largest_team
+
+    assert largest_team(load_task(n) for n in SERVED_BY_DEFAULT) == 2
+    assert largest_team([load_task("tldr"), load_task("brief")]) == 3
+    assert largest_team([]) == 1
+
+
 @pytest.mark.parametrize("names, agents, lanes", [(None, 6, 2), (("tldr", "brief"), 5, 3), (("tldr",), 2, 2)])
 def test_the_app_gives_its_engine_a_slot_per_agent_and_a_lane_per_agent_of_its_largest_team(
         tmp_path, monkeypatch, names, agents, lanes):
