@@ -74,6 +74,7 @@ def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(mo
     lanes (default: one per agent) into vLLM's key."""
     from vllm import envs
 
+    from collab_app.engines import vllm_team
     from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
 
     if cpu_compile_unfit("bfloat16", None):
@@ -88,9 +89,11 @@ def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(mo
         eng.close()
     finally:
         envs.disable_envs_cache()
+    # the bf16 GEMM this process serves: sgl-kernel's where torch runs as a native-bf16 CPU, vLLM's
+    # oneDNN where it acts as a lesser one (the AVX2 emulation of docs/results on such hardware)
     assert recording_llm == {"multiprocessing": False, "aot": True, "enforce_eager": False,
                              "additional_config": {"collab_lora_lanes": 3, "collab_lora_rank": 8,
-                                                   "collab_bf16_gemm": "sgl"}}, recording_llm
+                                                   "collab_bf16_gemm": vllm_team.bf16_gemm_served()}}, recording_llm
     assert "VLLM_USE_AOT_COMPILE" not in os.environ         # nothing set for other engines
 
 
@@ -115,9 +118,11 @@ def test_the_compiled_models_cache_key_holds_its_lora_lanes_not_its_cores(model_
     configs = {lanes: EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
                                  additional_config=vllm_team.aot_key_extras(lanes, 8)).create_engine_config()
                for lanes in (2, 3)}
-    configs["onednn"] = EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
-                                   additional_config={**vllm_team.aot_key_extras(2, 8), "collab_bf16_gemm": "onednn"}
-                                   ).create_engine_config()
+    served = vllm_team.bf16_gemm_served()                   # "sgl" on a native-bf16 CPU, "onednn" acting as AVX2
+    other = "onednn" if served == "sgl" else "sgl"
+    configs["other"] = EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
+                                  additional_config={**vllm_team.aot_key_extras(2, 8), "collab_bf16_gemm": other}
+                                  ).create_engine_config()
 
     def key(lanes: int | str, cores: str, mended: bool = True) -> list:
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cores)
@@ -129,6 +134,6 @@ def test_the_compiled_models_cache_key_holds_its_lora_lanes_not_its_cores(model_
 
     assert key(2, "0") == key(2, "0-1") == key(2, "nobind")
     assert key(2, "0") != key(3, "0")
-    assert vllm_team.aot_key_extras(2, 8)["collab_bf16_gemm"] == "sgl" and key(2, "0") != key("onednn", "0")
+    assert vllm_team.aot_key_extras(2, 8)["collab_bf16_gemm"] == served and key(2, "0") != key("other", "0")
     assert key(2, "0", mended=False) != key(2, "0-1", mended=False)
     assert not hasattr(Bundled, "finalize_loading")          # put back after the build
