@@ -341,7 +341,8 @@ class TransformersEngine:
         self.dtype = resolve_dtype(dtype, self.device)  # "auto": bf16 only where the hardware has it natively
         # a step's temporaries (the KV cache grown by a copy each step, the logits) reused, not
         # faulted in afresh every step (huge_pages.keep_freed_memory; glibc only)
-        self.keeps_freed_memory = self.device == "cpu" and huge_pages.keep_freed_memory()
+        if self.device == "cpu":
+            huge_pages.keep_freed_memory()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"  # decoder-only batched generate needs left padding
         if self.tokenizer.pad_token_id is None:
@@ -377,8 +378,7 @@ class TransformersEngine:
         if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
             self._pack_base_gemms(self.quantize)
         if self.device == "cpu":
-            log.info("transformers engine: %s; freed memory kept by malloc: %s", huge_pages.summary(),
-                     "yes" if self.keeps_freed_memory else "no")
+            log.info("transformers engine: %s", huge_pages.summary())
 
     def _pack_base_gemms(self, kind: str) -> None:
         """Every nn.Linear of the base model computes through `kind`'s packed weights (module doc)."""

@@ -130,7 +130,7 @@ class VLLMEngine:
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; 4.5 GB RSS total at 2 (docs/ENGINES.md, vLLM on CPU)
             # a step's temporaries reused, not faulted in afresh every step (huge_pages.keep_freed_memory)
-            self.keeps_freed_memory = huge_pages.keep_freed_memory()
+            huge_pages.keep_freed_memory()
         from transformers import AutoTokenizer
         from vllm import LLM
 
@@ -236,8 +236,7 @@ class VLLMEngine:
                 raise EngineError(f"cannot switch the base GEMMs to {quantize}: {e}") from e
             log.info("vLLM CPU: %d linear layers with %s weights (%.0f MB)", info["layers"], quantize, info["weight_mb"])
         if not on_gpu and self.in_process:   # the weights packed (or quantized), the KV cache allocated
-            log.info("vLLM CPU: %s; freed memory kept by malloc: %s", huge_pages.summary(),
-                     "yes" if self.keeps_freed_memory else "no (not glibc)")
+            log.info("vLLM CPU: %s", huge_pages.summary())
         # Per-request seeds crash vLLM-cpu 0.32.0 when a seeded prompt's prefill is split over
         # steps (large batches): "CPU Generator does not use offset" (gpu_model_runner
         # _bookkeeping_sync). On CPU only the engine-wide `seed` applies; Sampling.seed is ignored.

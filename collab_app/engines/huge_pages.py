@@ -39,6 +39,7 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 KEEP_BELOW = 32 << 20    # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 TRIM_ABOVE = 1 << 30     # a heap's free top given back only beyond this (mallopt takes an int)
 TOP_PAD = 64 << 20       # a thread's heap left in place when all of it is free (glibc's heap size)
+_kept = False            # keep_freed_memory took effect in this process (summary() says so)
 
 
 def keep_freed_memory() -> bool:
@@ -62,8 +63,9 @@ def keep_freed_memory() -> bool:
     0.982-1.001); the transformers engine (bf16, EPYC Zen 4), rollout rounds 0.923x (0.903-0.946)
     and its round's faults ~10,000-16,000 -> ~570, rounds of 8 rows 0.986x (0.966-1.004).
     Left out: tcmalloc (vLLM's advice) needs LD_PRELOAD before the process starts."""
-    if not sys.platform.startswith("linux"):
-        return False
+    global _kept
+    if _kept or not sys.platform.startswith("linux"):   # set once per process (a second engine finds it set)
+        return _kept
     import ctypes
 
     try:
@@ -71,8 +73,9 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in
-               ((M_MMAP_THRESHOLD, KEEP_BELOW), (M_TRIM_THRESHOLD, TRIM_ABOVE), (M_TOP_PAD, TOP_PAD)))
+    _kept = all(mallopt(param, value) == 1 for param, value in
+                ((M_MMAP_THRESHOLD, KEEP_BELOW), (M_TRIM_THRESHOLD, TRIM_ABOVE), (M_TOP_PAD, TOP_PAD)))
+    return _kept
 
 
 def resident() -> tuple[int, int] | None:
@@ -94,9 +97,11 @@ def resident() -> tuple[int, int] | None:
 
 
 def summary() -> str:
-    """One log line's worth: how much of this process's memory sits in 2 MiB pages."""
+    """One log line's worth: how much of this process's memory sits in 2 MiB pages, and whether
+    malloc keeps what a step frees (keep_freed_memory)."""
     now = resident()
+    kept = f"freed memory kept by malloc: {'yes' if _kept else 'no'}"
     if now is None:
-        return "huge pages: not reported on this platform"
+        return f"huge pages: not reported on this platform; {kept}"
     rss, huge = now
-    return f"{huge / 2**30:.2f} of {rss / 2**30:.2f} GiB resident in 2 MiB pages"
+    return f"{huge / 2**30:.2f} of {rss / 2**30:.2f} GiB resident in 2 MiB pages; {kept}"

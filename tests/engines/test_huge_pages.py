@@ -75,7 +75,8 @@ def test_the_pinned_trainer_child_keeps_4_kib_pages():
 def test_the_log_line_reports_resident_memory_in_huge_pages():
     rss, huge = huge_pages.resident()
     assert rss > 0 and 0 <= huge <= rss
-    assert re.fullmatch(r"\d+\.\d\d of \d+\.\d\d GiB resident in 2 MiB pages", huge_pages.summary())
+    assert re.fullmatch(r"\d+\.\d\d of \d+\.\d\d GiB resident in 2 MiB pages; freed memory kept by malloc: (yes|no)",
+                        huge_pages.summary())
 
 
 FAULTS = """
@@ -84,8 +85,10 @@ if sys.argv[1] == "keep":
     from collab_app.engines.huge_pages import keep_freed_memory
     assert keep_freed_memory()
 elif sys.argv[1] == "transformers-engine":   # the engine sets it at its start, as the vLLM CPU engine does
+    from collab_app.engines import huge_pages
     from collab_app.engines.engine_hf import TransformersEngine
-    assert TransformersEngine(sys.argv[2], dtype="float32", device="cpu").keeps_freed_memory
+    TransformersEngine(sys.argv[2], dtype="float32", device="cpu")
+    assert huge_pages.summary().endswith("freed memory kept by malloc: yes")
 import torch
 def step():   # an engine step's temporaries at the rollout's 128 rows: fp32 logits, log-probs, probabilities
     a = torch.empty(128, 49152).fill_(1.0)
