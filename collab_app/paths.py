@@ -56,3 +56,48 @@ def vllm_cache_dir(compiled: str | None = None) -> str:
     start loads it instead of tracing the model again (engines/vllm_team.py
     compiled_model_kept_on_disk); per machine tag for the same reasons as the kernels."""
     return os.path.join(compiled or compile_cache_dir(), "vllm")
+
+
+KEEP_COMPILED_NEWEST = 3   # compiled models kept whatever their age: the ones used last
+KEEP_COMPILED_DAYS = 14    # ... and any other used this recently
+
+
+def prune_compiled_models(in_use: str, now: float | None = None) -> list[tuple[str, int]]:
+    """Mark `in_use` (the folder of the compiled model a vLLM engine just loaded or saved: vLLM's
+    AOT artifact, vllm_cache_dir()/torch_compile_cache/torch_aot_compile/<key>) as used now, and
+    remove its siblings that are neither among the KEEP_COMPILED_NEWEST used last nor used within
+    KEEP_COMPILED_DAYS. Returns [(removed folder, bytes)].
+
+    Why: every change of the key (our traced code or vLLM's, the lanes, the GEMM kernel, the dtype)
+    compiles a new ~10-18 MB model beside the old ones, which nothing reads again; two days of
+    development left 11 of them (123 MB) in one machine's folder, and a Space's /data keeps growing
+    across its updates. "Used" is the folder's modification time, which this function sets at each
+    start (vLLM itself never touches a loaded artifact). The newest few stay whatever their age, so
+    a person switching between teams of different sizes (another key each) compiles nothing again.
+    Left out: inductor's own small-kernel cache beside it (~5 MB, shared by every key) and other
+    machines' folders (compiled/<other tag>: a shared home's other host prunes its own). A start
+    that loads a key older than KEEP_COMPILED_DAYS while another process prunes could lose it and
+    compile again (never an error: vLLM compiles when its artifact is missing)."""
+    import shutil
+    import time
+
+    now = time.time() if now is None else now
+    os.utime(in_use, (now, now))
+    parent = os.path.dirname(os.path.abspath(in_use))
+    found = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                found.append((os.stat(path).st_mtime, path))
+        except OSError:   # removed by another process meanwhile
+            continue
+    found.sort(reverse=True)
+    removed = []
+    for mtime, path in found[KEEP_COMPILED_NEWEST:]:
+        if now - mtime <= KEEP_COMPILED_DAYS * 86400 or os.path.samefile(path, in_use):
+            continue
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append((path, size))
+    return removed

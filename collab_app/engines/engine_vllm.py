@@ -223,11 +223,14 @@ class VLLMEngine:
 
             # what the start did and where it is kept says why it took ~10 s or ~2 minutes (docs/ENGINES.md)
             kept = self.llm.llm_engine.vllm_config.compilation_config.local_cache_dir or cache_dir()
-            how = ("the traced model loaded from" if compilation_counter.num_aot_artifacts_loaded > aot_before[0]
-                   else "traced and compiled now, kept for the next start in"
-                   if compilation_counter.num_aot_artifacts_saved > aot_before[1]
+            loaded = compilation_counter.num_aot_artifacts_loaded > aot_before[0]
+            saved = compilation_counter.num_aot_artifacts_saved > aot_before[1]
+            how = ("the traced model loaded from" if loaded
+                   else "traced and compiled now, kept for the next start in" if saved
                    else "traced at this start (vLLM's AOT cache off), kernels cached in")
             log.info("vLLM CPU: compiled (torch.compile through vLLM, LoRA deltas in the graph); %s %s", how, kept)
+            if loaded or saved:
+                self._prune_compiled(kept)   # vLLM's AOT folder of this key, loaded or saved now
         if quantize:   # before any adapter: the LoRA deltas wrap the new base GEMMs
             try:
                 info = self._call(self.llm.collective_rpc, "collab_quantize", args=(model_path, quantize))[0]
@@ -245,6 +248,21 @@ class VLLMEngine:
         self._ids = itertools.count(1)       # LoRARequest int ids / worker keys: never reused
         self._req_ids = itertools.count(1)   # vLLM request ids
         self._lock = threading.Lock()        # one batch at a time; swaps wait for a running batch
+
+    @staticmethod
+    def _prune_compiled(kept: str) -> None:
+        """The compiled models of earlier keys that nothing has used for a while go
+        (paths.prune_compiled_models); a failure to prune never stops an engine."""
+        from collab_app import paths
+
+        try:
+            removed = paths.prune_compiled_models(kept)
+        except OSError as e:
+            log.warning("vLLM CPU: could not prune old compiled models beside %s: %s", kept, e)
+            return
+        if removed:
+            log.info("vLLM CPU: removed %d compiled model(s) unused for %d days (%.0f MB) beside %s",
+                     len(removed), paths.KEEP_COMPILED_DAYS, sum(b for _, b in removed) / 1e6, kept)
 
     # -- adapters ---------------------------------------------------------------------------
     def register_agent(self, agent: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import statistics
+import time
 
 import pytest
 
@@ -486,6 +487,11 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         assert cache_dir() == os.environ["TORCHINDUCTOR_CACHE_DIR"]
         assert pathlib.Path(cache_dir()).is_relative_to(os.environ["VLLM_CACHE_ROOT"]), cache_dir()
         assert any(pathlib.Path(cache_dir()).rglob("*.so")), cache_dir()
+        # and the start marked that model used now, so a later start's pruning keeps it
+        # (paths.prune_compiled_models)
+        key_dir = eng.llm.llm_engine.vllm_config.compilation_config.local_cache_dir
+        assert pathlib.Path(cache_dir()).parent == pathlib.Path(key_dir), (cache_dir(), key_dir)
+        assert time.time() - os.stat(key_dir).st_mtime < 600, key_dir
         eng.register_agent("base")
 
         def gaps():

@@ -94,3 +94,29 @@ def test_vllms_compiled_model_is_kept_in_collab_home(tmp_path):
     code = "import collab_app\nimport vllm.envs as envs\nprint(envs.VLLM_CACHE_ROOT)\n"
     assert _fresh_python(code, COLLAB_HOME=str(home)) == os.path.join(home, "compiled", machine_tag(), "vllm")
     assert _fresh_python(code, COLLAB_HOME=str(home), VLLM_CACHE_ROOT=str(tmp_path / "mine")) == str(tmp_path / "mine")
+
+
+def test_old_compiled_models_are_pruned_and_the_newest_and_recent_ones_kept(tmp_path):
+    """paths.prune_compiled_models: the model in use is marked used now; of its siblings the
+    KEEP_COMPILED_NEWEST used last stay whatever their age, the others stay only if used within
+    KEEP_COMPILED_DAYS; files beside the key folders are never touched."""
+    day = 86400.0
+    now = 1_800_000_000.0
+    aot = tmp_path / "vllm" / "torch_compile_cache" / "torch_aot_compile"
+    ages = {"in_use": 400, "a": 1, "b": 2, "c": 30, "d": 60, "e": 13, "f": 90}   # days since last use
+    for name, age in ages.items():
+        (aot / name / "rank_0_0").mkdir(parents=True)
+        (aot / name / "rank_0_0" / "model").write_bytes(b"x" * 1000)
+        os.utime(aot / name, (now - age * day, now - age * day))
+    (aot / "stray.txt").write_text("not a key folder")
+    os.utime(aot / "stray.txt", (now - 999 * day, now - 999 * day))
+
+    removed = paths.prune_compiled_models(str(aot / "in_use"), now=now)
+
+    # newest three after marking: in_use (now), a, b; recent: e (13 days); old: c, d, f
+    assert sorted(os.path.basename(p) for p, _ in removed) == ["c", "d", "f"]
+    assert all(size == 1000 for _, size in removed)
+    assert sorted(os.listdir(aot)) == ["a", "b", "e", "in_use", "stray.txt"]
+    assert os.stat(aot / "in_use").st_mtime == now
+    # a second start a day later removes nothing more
+    assert paths.prune_compiled_models(str(aot / "in_use"), now=now + day) == []
