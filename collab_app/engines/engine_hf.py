@@ -186,10 +186,14 @@ class _DecodeThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self.ident = self._thread.ident
+        self.users = 0   # engines that hold it (decoder_thread(use=1) / release_decoder_thread)
 
     def _run(self) -> None:
         while True:
-            future, fn, args = self._calls.get()
+            item = self._calls.get()
+            if item is None:   # stop(): the thread ends, and libgomp frees its OpenMP team with it
+                return
+            future, fn, args = item
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
@@ -201,9 +205,17 @@ class _DecodeThread:
         self._calls.put((future, fn, args))
         return future
 
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the thread after the calls already submitted (waits up to `timeout` for them,
+        unless called from the thread itself)."""
+        self._calls.put(None)
+        if threading.get_ident() != self.ident:
+            self._thread.join(timeout)
+
 
 _DECODER: _DecodeThread | None = None
 _DECODER_LOCK = threading.Lock()
+
 
 # A stream decodes its newest snapshot at most this often (and at once when generate ends). Why:
 # each snapshot wakes the consuming thread, which takes the GIL from the generating thread to
@@ -213,14 +225,33 @@ _DECODER_LOCK = threading.Lock()
 STREAM_INTERVAL_S = 0.1
 
 
-def decoder_thread() -> _DecodeThread:
+def decoder_thread(use: bool = False) -> _DecodeThread:
     """The process's one decode thread, shared by every engine built with decode_thread=True
-    (module doc, "Threads"). Lives as long as the process (a daemon: exit does not wait for it)."""
+    (module doc, "Threads"), started if there is none; `use=True` also counts the caller (an
+    engine) among its users. A daemon: exit does not wait for it. It ends when its last user
+    releases it (`release_decoder_thread`, from TransformersEngine.close): while it lives, its
+    OpenMP team counts against the cores, and every other thread's torch work in the process
+    (a trainer's step, a test after the engine's) runs with libgomp's spinning throttled: the
+    step tests of tests/trainer took 1.5-1.9x as long beside an idle engine's live thread as
+    without it (docs/results "An idle engine's thread slowed the rest of its process")."""
     global _DECODER
     with _DECODER_LOCK:
         if _DECODER is None:
             _DECODER = _DecodeThread("hf-decode")
+        _DECODER.users += bool(use)
         return _DECODER
+
+
+def release_decoder_thread(decoder: _DecodeThread) -> None:
+    """An engine is done with the decode thread; the last user's release ends it."""
+    global _DECODER
+    with _DECODER_LOCK:
+        decoder.users -= 1
+        if decoder.users > 0:
+            return
+        if _DECODER is decoder:
+            _DECODER = None
+    decoder.stop()
 
 
 class SampledLogprobs(LogitsProcessor):
@@ -353,8 +384,12 @@ class TransformersEngine:
                               f"{self.dtype}): pass quantize=None, or dtype='float32' on a CPU")
         # decode_thread: one thread of the engine's own loads the weights and runs every batch and
         # adapter load (module doc, "Threads"); else they run on the caller's thread
-        self._decoder = decoder_thread() if decode_thread else None
-        self._on_decoder(self._load_model)
+        self._decoder = decoder_thread(use=True) if decode_thread else None
+        try:
+            self._on_decoder(self._load_model)
+        except BaseException:
+            self.close()   # no engine: its use of the decode thread ends here
+            raise
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
@@ -610,3 +645,6 @@ class TransformersEngine:
 
     def close(self) -> None:
         self._peft = self.model = None
+        decoder, self._decoder = getattr(self, "_decoder", None), None
+        if decoder is not None:   # the last engine on the decode thread ends it (decoder_thread's doc)
+            release_decoder_thread(decoder)
