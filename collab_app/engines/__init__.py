@@ -265,7 +265,7 @@ def _build(kind: str, path: str, kw: dict) -> Engine:
         if "enforce_eager" not in kw:
             kw = {**kw, **vllm_compile_kw(path, kw.get("dtype", "auto"), kw.get("quantize"), kw.get("in_process", True))}
 
-        return VLLMEngine(path, **{k: v for k, v in kw.items() if k not in ("num_threads", "decode_thread")})
+        return VLLMEngine(path, **{k: v for k, v in kw.items() if k != "num_threads"})
     from collab_app.engines.engine_hf import TransformersEngine
 
     # vLLM-only keywords (enforce_eager: `collab serve --vllm-compile`, where auto fell back to

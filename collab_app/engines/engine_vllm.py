@@ -118,7 +118,7 @@ class VLLMEngine:
                  seed: int | None = None, num_agents: int = 2, max_lora_rank: int = 8,
                  gpu_memory_utilization: float = 0.85, enforce_eager: bool | None = None,
                  quantize: str | None = None, in_process: bool | None = None, lora_lanes: int | None = None,
-                 **llm_kwargs):
+                 decode_thread: bool = True, **llm_kwargs):
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         on_gpu = cuda_available()
@@ -169,9 +169,17 @@ class VLLMEngine:
         if seed is not None:
             args["seed"] = seed
         args.update(llm_kwargs)
-        # In one process every vLLM call runs on one dedicated thread (module doc): the thread
-        # that builds the engine is the one whose OpenMP set-up vLLM's CPU kernels check.
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="collab-vllm") if self.in_process else None
+        # In one process every vLLM call runs on one thread: the thread that builds the engine is
+        # the one whose OpenMP set-up vLLM's CPU kernels check. decode_thread=True (callers on many
+        # threads: `collab serve`'s handlers): a thread of the engine's own (module doc).
+        # decode_thread=False (one caller, whose own torch work alternates with the engine's:
+        # `collab train`, the trainer service's self-play): the caller's thread, so the trainer's
+        # steps share the engine's OpenMP team; beside a second live team libgomp throttles the
+        # spinning of both, and a step's small ops paid a wake-up each (docs/results "An idle
+        # engine's thread slowed the rest of its process").
+        self._thread = (ThreadPoolExecutor(1, thread_name_prefix="collab-vllm")
+                        if self.in_process and decode_thread else None)
+        self._caller = threading.get_ident() if self.in_process and not decode_thread else None
         import torch
 
         set_num_threads = torch.set_num_threads
@@ -425,6 +433,9 @@ class VLLMEngine:
     def _call(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the engine's own thread in one process, else right here."""
         if self._thread is None:
+            if self._caller is not None and threading.get_ident() != self._caller:
+                raise EngineError("this vLLM engine runs on the thread that built it (decode_thread=False); "
+                                  "call it from that thread, or build it with decode_thread=True")
             return fn(*args, **kwargs)
         return self._thread.submit(fn, *args, **kwargs).result()
 
