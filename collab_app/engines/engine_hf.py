@@ -186,7 +186,7 @@ class _DecodeThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self.ident = self._thread.ident
-        self.users = 0   # engines that hold it (decoder_thread(use=1) / release_decoder_thread)
+        self.users = 0   # engines that hold it (decoder_thread(use=True) / release_decoder_thread)
 
     def _run(self) -> None:
         while True:

@@ -67,9 +67,12 @@ dedicated thread of this engine (`_call`), whoever calls the engine: vLLM's CPU 
 the OpenMP thread count of the calling OS thread against the one it was set up with, and OpenMP
 keeps that count per thread, so a call from another thread (the app's batcher under `collab
 serve`'s core split) crashed it ("Check failed: input->metadata->thread_num == thread_num (2 vs.
-1)"). In one process nothing runs until the engine is stepped, so `generate_stream` admits the
-first sample of each request alone and the other G-1 after one step (they find the prompt in the
-prefix cache): the first words do not wait for the prefill of every copy.
+1)"). `decode_thread=False` makes that thread the caller's own (one caller whose torch work
+alternates with the engine's, `collab train`: a second live OpenMP team beside the trainer's made
+libgomp throttle both, docs/ENGINES.md). In one process nothing runs until the engine is stepped,
+so `generate_stream` admits the first sample of each request alone and the other G-1 after one
+step (they find the prompt in the prefix cache): the first words do not wait for the prefill of
+every copy.
 
 Base GEMMs on CPU (`quantize`): None = vLLM's own (oneDNN) in the engine's dtype; "fp16" = fp16
 weights with fp32 activations and sums (exact for a checkpoint that came from 16-bit tensors);
@@ -173,7 +176,7 @@ class VLLMEngine:
         # the one whose OpenMP set-up vLLM's CPU kernels check. decode_thread=True (callers on many
         # threads: `collab serve`'s handlers): a thread of the engine's own (module doc).
         # decode_thread=False (one caller, whose own torch work alternates with the engine's:
-        # `collab train`, the trainer service's self-play): the caller's thread, so the trainer's
+        # `collab train`): the caller's thread, so the trainer's
         # steps share the engine's OpenMP team; beside a second live team libgomp throttles the
         # spinning of both, and a step's small ops paid a wake-up each (docs/results "An idle
         # engine's thread slowed the rest of its process").
