@@ -81,13 +81,21 @@ def vllm_engine(model_path):
 # 1.5-1.9x as long after a session-wide vLLM engine had been built as without it (docs/results "An
 # idle engine's thread slowed the rest of its process"). So engines live per module, and a module
 # that leaves an engine thread running fails its teardown.
-ENGINE_THREADS = ("collab-vllm", "hf-decode")   # VLLMEngine's and engine_hf.decoder_thread's names
+
+
+def _engine_thread_names() -> tuple[str, ...]:
+    """The engines' thread names, from the engine modules this process has imported (none imported,
+    no engine thread: a test run without engines never imports them for this check)."""
+    import sys
+
+    named = (("collab_app.engines.engine_vllm", "ENGINE_THREAD"), ("collab_app.engines.engine_hf", "DECODE_THREAD"))
+    return tuple(getattr(sys.modules[mod], name) for mod, name in named if mod in sys.modules)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_engine_thread_outlives_its_module():
     yield
-    left = [t.name for t in threading.enumerate() if t.name.startswith(ENGINE_THREADS)]
+    left = [t.name for t in threading.enumerate() if t.name.startswith(_engine_thread_names())]
     assert not left, (f"engine threads still running after this module: {left}; close the module's engines "
                       "(engine.close()) in its fixtures' teardown, or the rest of the run is slowed (tests/conftest.py)")
 

@@ -213,6 +213,7 @@ class _DecodeThread:
             self._thread.join(timeout)
 
 
+DECODE_THREAD = "hf-decode"   # the decode thread's name
 _DECODER: _DecodeThread | None = None
 _DECODER_LOCK = threading.Lock()
 
@@ -237,7 +238,7 @@ def decoder_thread(use: bool = False) -> _DecodeThread:
     global _DECODER
     with _DECODER_LOCK:
         if _DECODER is None:
-            _DECODER = _DecodeThread("hf-decode")
+            _DECODER = _DecodeThread(DECODE_THREAD)
         _DECODER.users += bool(use)
         return _DECODER
 

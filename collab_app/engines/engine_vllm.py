@@ -96,6 +96,7 @@ from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
 
 log = logging.getLogger(__name__)
+ENGINE_THREAD = "collab-vllm"   # the name (prefix) of an in-process engine's own thread (decode_thread=True)
 WORKER_EXTENSION = "collab_app.engines.vllm_team.TeamLoRA"
 
 
@@ -180,7 +181,7 @@ class VLLMEngine:
         # steps share the engine's OpenMP team; beside a second live team libgomp throttles the
         # spinning of both, and a step's small ops paid a wake-up each (docs/results "An idle
         # engine's thread slowed the rest of its process").
-        self._thread = (ThreadPoolExecutor(1, thread_name_prefix="collab-vllm")
+        self._thread = (ThreadPoolExecutor(1, thread_name_prefix=ENGINE_THREAD)
                         if self.in_process and decode_thread else None)
         self._caller = threading.get_ident() if self.in_process and not decode_thread else None
         import torch

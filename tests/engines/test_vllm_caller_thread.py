@@ -48,5 +48,7 @@ def test_a_vllm_engine_without_a_decode_thread_runs_on_its_builders_thread_only(
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(got["tokens"]) == 4 and got["again"] == got["tokens"]
-    assert not [n for n in got["threads"] if n.startswith("collab-vllm")], got["threads"]
+    from collab_app.engines.engine_vllm import ENGINE_THREAD
+
+    assert not [n for n in got["threads"] if n.startswith(ENGINE_THREAD)], got["threads"]
     assert len(got["refused"]) == 1 and "decode_thread=False" in got["refused"][0], got["refused"]
