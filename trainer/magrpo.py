@@ -548,6 +548,10 @@ class MAGRPOTrainer:
         # trainer service sets it to its stop event, so SIGTERM ends a step within one layer's time
         # instead of a whole step's (30-60 s under the AVX2 emulation of docs/results), and the step's groups stay ready.
         self.stop_requested: Callable[[], bool] | None = None
+        # Called once a step's compute is over, before it saves: the service gives back cores it
+        # borrowed at the pause points (cpushare.CoreLease.narrow), so a round that starts during
+        # the save does not wait for it. None = nothing to give back.
+        self.pieces_done: Callable[[], None] | None = None
         self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
         adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
 
@@ -597,6 +601,8 @@ class MAGRPOTrainer:
             if stats["trained_samples"]:
                 changed.append(agent)
             self._pause()
+        if self.pieces_done is not None:
+            self.pieces_done()
         self.step += 1
         m["time/update_s"] = time.perf_counter() - t_start   # pauses included: they are in time/paused_s
         m["time/paused_s"] = self._paused_s

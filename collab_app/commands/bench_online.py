@@ -26,8 +26,8 @@ are evaluated greedily on the first `--eval-examples` texts of the TL;DR eval sp
 rater saw), `--eval-points` states spread over the run, first and last included. This runs after
 the server stopped, so it takes no CPU from the raters' rounds.
 
-Limits: every round is a full generate of the team (G joint answers); the rater rates at once,
-so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
+Limits: every round is a full generate of the team (G joint answers); the rater rates at once
+unless `--think-s` gives it a person's reading time, so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
 MAGRPO steps, in the time given. The server's per-session limits (10 rounds a minute by default,
 for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report / docs/results.
 """
@@ -68,6 +68,8 @@ class BenchOnlineConfig:
     """K of the child trainer: a step per K rated groups."""
     window: int = 5
     """rounds per window in the mean-rating curve."""
+    think_s: float = 0.0
+    """seconds a rater reads a round before rating it (a person's pace; 0 = at once, rounds back to back)."""
     trainer_args: str = "--max-wait-s 0 --human-timeout-s 3600"
     """more `collab trainer` flags for the server's child trainer (one quoted string)."""
     serve_args: str = ""
@@ -88,8 +90,8 @@ class BenchOnlineConfig:
     def __post_init__(self):
         for r in self.raters:
             preference(r)   # raises with the valid forms
-        if self.minutes <= 0 or self.window < 1 or self.num_generations < 2 or self.min_groups < 1:
-            raise ValueError("need minutes > 0, window >= 1, num_generations >= 2, min_groups >= 1")
+        if self.minutes <= 0 or self.window < 1 or self.num_generations < 2 or self.min_groups < 1 or self.think_s < 0:
+            raise ValueError("need minutes > 0, window >= 1, num_generations >= 2, min_groups >= 1, think_s >= 0")
         if self.eval_points < 0 or self.eval_points == 1 or self.eval_examples < 1 or self.eval_samples < 0:
             raise ValueError(f"--eval-points must be 0 (off) or >= 2 (the first and the last state at least), "
                              f"--eval-examples >= 1 and --eval-samples >= 0; got {self.eval_points}, "
@@ -293,6 +295,7 @@ def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds:
         t0 = time.time()
         out = call(clients[i], task=TEXTS_TASK, text=texts[k % len(texts)], api_name="/generate")
         t1 = time.time()
+        time.sleep(cfg.think_s)   # reading the candidates
         ratings = []
         for c in out["candidates"]:
             r = prefs[i](c["combined"])

@@ -37,6 +37,16 @@ processes use both cores and every OpenMP barrier waits for the other process (a
 beside a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only
 the spread is clear: one thread per process is far less sensitive to neighbours than two).
 
+Between a person's rounds the serving engine lends its cores to the trainer child the same way
+(`CoreLease(engine_cores=...)`, serve's `lend_engine_cores`, on by default): at a pause point of a
+step (the same per-layer points) the trainer widens onto the engine's cores when no generate call
+has run for ENGINE_SETTLE_S, and narrows at the first pause point after a call starts; the call
+waits for that (one layer, ~10-60 ms; at most ENGINE_WAIT_S). A person reads and rates for many
+seconds between rounds, and the step runs on every core meanwhile: measured below ("the engine's
+cores lent to the trainer"). The child loads libgomp on both sides' cores and confines itself to
+its own once torch is loaded (`pin --load-on`, `confine_after_torch`): libgomp counts the cores it
+may use once, at load, and a team wider than that count sleeps between regions (~20% slower steps).
+
 The core count is `cpu_budget()`: this process's affinity mask, cut down to its cgroup's CPU
 quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us; the tightest along its cgroup path), or
 os.cpu_count() where the OS has no affinity API (macOS). A container limited by quota still lists
@@ -48,6 +58,7 @@ child's cores (fake groups on the embedded model), for benches that measure "a r
 training step" (`collab bench generate`).
 
     python -m collab_app.online.cpushare pin 1,3 -- CMD ...   # run CMD on cores 1 and 3 (exec)
+    python -m collab_app.online.cpushare pin 1 --load-on 0,1 -- CMD ...   # on 0,1 until CMD calls confine_after_torch
     python -m collab_app.online.cpushare load --status F ...  # the update loop of training_load()
 """
 from __future__ import annotations
@@ -72,6 +83,15 @@ log = logging.getLogger(__name__)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 YIELD_SHARE = 0.5   # ServiceConfig.yield_share's default: a step pauses for rounds at most as long as it works
+CONFINE_VAR = "COLLAB_CONFINE_AFTER_TORCH"   # `pin --load-on`: the cores the child confines itself to once torch is loaded
+# The trainer widens onto the engine's cores only once no generate call has run for this long: an
+# engine's OpenMP workers spin on after its last region (GOMP_SPINCOUNT, collab_app/__init__.py),
+# ~1.2 s, and a trainer thread beside a spinning one halves both.
+ENGINE_SETTLE_S = 1.5
+# How long a generate call waits for a widened trainer to give the engine's cores back (it narrows
+# at its next pause point, one layer: ~10-60 ms); past it the call decodes anyway (a trainer stuck
+# between pause points, e.g. saving a version, runs no OpenMP region to spin against).
+ENGINE_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -301,15 +321,37 @@ class CoreLease:
         spent), and takes the lock back.
     So the trainer waits at most one decode step (~0.1-0.2 s here), the engine never blocks, and
     two torch processes never spin on the same cores (the module's rule) -- the lock is exclusive.
-    Left out: lending the ENGINE's cores to the trainer while nobody waits for a round (a step
-    would then have to give them back within a step's forward pass, far coarser than a decode step).
+
+    The other way (`engine_cores`: the trainer's side was given the engine's cores), two more:
+      - `path + ".engine"`: an flock, and its existence says the serving engine takes part
+        (`lend_trainer_cores` creates it when every engine part decodes in the serving process; a
+        part decoding elsewhere, e.g. vLLM's spawned engine core, would not announce its calls).
+        Each engine holds it shared for a whole generate call (`begin_call` .. `end_call`, which
+        also sets its mtime: when the last call ended); the trainer holds it exclusive while it
+        works on the engine's cores too.
+      - `path + ".call.<engine>"`: exists from the start of that engine's call to its end.
+    At each pause point of a unit (`pause`), the trainer narrows back to its own cores if a call
+    file exists, and widens (this thread's affinity and torch threads) if none exists, the last
+    call ended ENGINE_SETTLE_S ago and the exclusive lock is free. A call first makes its call
+    file, then waits for the shared lock (the trainer's next pause point), at most ENGINE_WAIT_S.
+    The trainer is wide only inside a unit of work and narrows when the unit ends.
     """
 
-    def __init__(self, path: str, yield_share: float = 0.0):
+    def __init__(self, path: str, yield_share: float = 0.0, engine_cores: tuple[int, ...] = ()):
         self.path = path
         self.want = path + ".want"
-        self.wait = f"{path}.wait.{os.getpid()}-{next(_LEASES)}"   # this engine's wait file (docstring)
+        n = next(_LEASES)
+        self.wait = f"{path}.wait.{os.getpid()}-{n}"   # this engine's wait file (docstring)
+        self.engine = path + ".engine"
+        self.call = f"{path}.call.{os.getpid()}-{n}"   # this engine's call file
         self.yield_share = yield_share   # the trainer's pause budget (module docstring); 0 = never pause
+        self.engine_cores = tuple(engine_cores)   # the trainer's side: cores it may widen onto ((): never)
+        self._own: tuple[tuple[int, ...] | None, int] | None = None   # the trainer's cores and threads before widening
+        self._wide: int | None = None    # the trainer's exclusive engine lock, while wide
+        self._wide_t0 = 0.0
+        self.wide_s = 0.0                # seconds the trainer worked wide (the service reports it per step)
+        self._call_fd: int | None = None   # the engine's shared lock, during a call
+        self.call_wait_s = 0.0           # how long the engine's last call waited for a wide trainer
         self._fd: int | None = None      # the engine's borrowed lock
         self._unit: int | None = None    # the trainer's lock, while a unit of work holds it
         self._unit_t0 = 0.0              # when that unit got its cores
@@ -333,6 +375,7 @@ class CoreLease:
             self._unit, self._unit_t0, self._paused = fd, time.monotonic(), 0.0
             yield
         finally:
+            self.narrow()
             if self._unit is not None:
                 self._last_work = time.monotonic() - self._unit_t0 - self._paused
             self._unit = None
@@ -366,6 +409,8 @@ class CoreLease:
         import fcntl
 
         fd = self._unit
+        if fd is not None and self.engine_cores:
+            self._widen_or_narrow()
         if fd is None or self.yield_share <= 0 or not self.round_waits():
             return 0.0
         t0 = time.monotonic()
@@ -395,10 +440,67 @@ class CoreLease:
         self._paused += paused
         return paused
 
+    def _widen_or_narrow(self) -> None:
+        """The trainer's side, at a pause point: give the engine's cores back if a call started,
+        take them if the engine has been idle ENGINE_SETTLE_S (class docstring)."""
+        import fcntl
+
+        if self._wide is not None:
+            if self._calls():
+                self.narrow()
+            return
+        if self._calls():
+            return
+        try:
+            if time.time() - os.stat(self.engine).st_mtime < ENGINE_SETTLE_S:
+                return
+            fd = os.open(self.engine, os.O_RDWR)   # no O_CREAT: the file says the engine takes part
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        if self._calls():   # a call began between the check and the lock: it waits on the lock
+            os.close(fd)
+            return
+        import torch
+
+        self._own = (tuple(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                     torch.get_num_threads())
+        own = self._own[0] or ()
+        self._set_cores(tuple(sorted({*own, *self.engine_cores})), len(set(own) | set(self.engine_cores)))
+        self._wide, self._wide_t0 = fd, time.monotonic()
+
+    def narrow(self) -> None:
+        """The trainer's side: back to its own cores and threads, the engine's lock released."""
+        if self._wide is None:
+            return
+        cores, threads = self._own
+        self._set_cores(cores, threads)
+        os.close(self._wide)
+        self._wide = None
+        self.wide_s += time.monotonic() - self._wide_t0
+
+    @staticmethod
+    def _set_cores(cores: tuple[int, ...] | None, threads: int) -> None:
+        """This thread's affinity (where the OS has one) and torch threads; an OpenMP worker
+        started now inherits the mask, one left from a wider time sleeps once its spin ends."""
+        import torch
+
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)   # 0 = the calling thread, the one that runs the step
+        torch.set_num_threads(threads)
+
+    def _calls(self) -> bool:
+        return bool(glob.glob(glob.escape(self.path) + ".call.*"))
+
     def clear_stale(self) -> None:
         """At the trainer's start: a want file from a predecessor killed mid-step would keep the
         engine from borrowing until the next step, and a wait file from a killed engine would
-        make steps pause for nobody; nobody wants or waits for the cores yet."""
+        make steps pause for nobody; nobody wants or waits for the cores yet. (A call file left by
+        a killed engine only keeps the trainer narrow; serve and its engines end together.)"""
         for f in (self.want, *self._wait_files()):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f)
@@ -445,6 +547,43 @@ class CoreLease:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.wait)
 
+    def begin_call(self) -> None:
+        """The engine's side, before a generate call's first step: announce it (call file) and
+        wait, at most ENGINE_WAIT_S, for a trainer working on the engine's cores to give them
+        back (the shared lock). Nothing to do where the engine does not take part (no lock file)."""
+        import fcntl
+
+        if self._call_fd is not None or not os.path.exists(self.engine):
+            return
+        with open(self.call, "w"):
+            pass
+        fd = os.open(self.engine, os.O_RDWR)
+        t0 = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() - t0 >= ENGINE_WAIT_S:
+                    log.info("the trainer kept the engine's cores %.1f s into a generate call: decoding anyway",
+                             ENGINE_WAIT_S)
+                    break
+                time.sleep(0.002)
+        self.call_wait_s = time.monotonic() - t0
+        self._call_fd = fd
+
+    def end_call(self) -> None:
+        """The call is over: the shared lock released, the lock file's mtime = now (the trainer's
+        settle clock), the call file removed."""
+        if self._call_fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.engine)
+        os.close(self._call_fd)
+        self._call_fd = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.call)
+
 
 class SpareCores:
     """The engine's side of a CoreLease: called on the thread that decodes, before each decode
@@ -475,6 +614,7 @@ class SpareCores:
         torch.set_num_threads(len(cores))
 
     def before_step(self) -> None:
+        self.lease.begin_call()   # once per call: a trainer working on the engine's cores gives them back
         if self.wide and self.lease.wanted():
             self._narrow()
         elif not self.wide and self.lease.try_borrow():
@@ -532,9 +672,11 @@ class SpareCores:
             self.idled.discard(tid)
 
     def end(self) -> None:
-        """The generate call is over: back to the engine's cores; the trainer may take its own."""
+        """The generate call is over: back to the engine's cores; the trainer may take its own
+        (and, ENGINE_SETTLE_S later, the engine's)."""
         self._narrow()
         self.lease.waiting(False)
+        self.lease.end_call()
 
 
 def _thread_ids() -> set[int]:
@@ -545,12 +687,13 @@ def _thread_ids() -> set[int]:
         return set()
 
 
-def lend_trainer_cores(engine, split: CpuSplit, lease_path: str) -> int:
+def lend_trainer_cores(engine, split: CpuSplit, lease_path: str, lend_engine_cores: bool = False) -> int:
     """Let `engine` (or each engine of a TeamEngine) decode on split.trainer's cores while the
     trainer child does not hold `lease_path` (CoreLease; the child gets the same path). Each
     engine part gets its own SpareCores (its own decoding thread and lock handle). Parts whose
     decoding runs in another process (vLLM's spawned engine core, a remote server) are skipped.
-    Returns how many engine parts borrow."""
+    `lend_engine_cores`: also let a trainer given `engine_cores` work on the engine's cores
+    between calls, where every part announces its calls. Returns how many engine parts borrow."""
     parts = list(getattr(engine, "engines", {}).values()) or [engine]
     lent = 0
     for part in parts:
@@ -558,17 +701,41 @@ def lend_trainer_cores(engine, split: CpuSplit, lease_path: str) -> int:
             continue
         part.spare_cores = SpareCores(CoreLease(lease_path), split)
         lent += 1
+    if lend_engine_cores and lent == len(parts):   # every call announced: the trainer may widen (CoreLease)
+        with open(lease_path + ".engine", "a"):
+            pass
+        os.utime(lease_path + ".engine", (0, 0))   # no call has run: nothing to settle
     return lent
 
 
-def pinned_command(cores, argv: list[str]) -> list[str]:
+def pinned_command(cores, argv: list[str], load_on=None) -> list[str]:
     """`argv` run on `cores` only (through `pin`: affinity + thread counts, then exec, so the pid
-    and signals are argv's own)."""
-    return [sys.executable, "-m", "collab_app.online.cpushare", "pin", _fmt(cores), "--", *argv]
+    and signals are argv's own). `load_on` (a superset of `cores`): argv starts on those cores and
+    confines itself to `cores` once torch is loaded (it must call `confine_after_torch`), so that
+    libgomp counts them all and a later widening onto them runs at full speed (module doc)."""
+    wide = ["--load-on", _fmt(load_on)] if load_on and set(load_on) > set(cores) else []
+    return [sys.executable, "-m", "collab_app.online.cpushare", "pin", _fmt(cores), *wide, "--", *argv]
 
 
-def _pin_and_exec(cores: list[int], argv: list[str]) -> None:
-    _confine(cores)
+def confine_after_torch() -> None:
+    """In a process started by `pin --load-on`: load torch (and its libgomp) now, on the wide
+    mask, then confine this process to its own cores. Elsewhere nothing."""
+    cores = os.environ.pop(CONFINE_VAR, "")
+    if not cores:
+        return
+    import torch
+
+    own = [int(c) for c in cores.split(",")]
+    _confine(own)
+    torch.set_num_threads(len(own))
+
+
+def _pin_and_exec(cores: list[int], argv: list[str], load_on: list[int] | None = None) -> None:
+    if load_on:
+        _confine(load_on)
+        os.environ[CONFINE_VAR] = _fmt(cores)
+    else:
+        _confine(cores)
     for var in THREAD_VARS:
         os.environ[var] = str(len(cores))   # torch reads OMP_NUM_THREADS when it starts
     os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)   # the serving process's cores, not ours
@@ -740,9 +907,13 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "pin":
+        load_on = None
+        if len(argv) > 3 and argv[2] == "--load-on":
+            load_on = [int(c) for c in argv[3].split(",")]
+            argv = argv[:2] + argv[4:]
         if len(argv) < 4 or argv[2] != "--":
-            raise SystemExit("usage: python -m collab_app.online.cpushare pin CORES -- CMD ...")
-        _pin_and_exec([int(c) for c in argv[1].split(",")], argv[3:])
+            raise SystemExit("usage: python -m collab_app.online.cpushare pin CORES [--load-on CORES] -- CMD ...")
+        _pin_and_exec([int(c) for c in argv[1].split(",")], argv[3:], load_on)
         return 0   # not reached
     p = argparse.ArgumentParser(prog="python -m collab_app.online.cpushare load")
     p.add_argument("cmd", choices=["load"])

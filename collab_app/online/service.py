@@ -167,6 +167,8 @@ class ServiceConfig(MAGRPOConfig):
     """keep all versions (0): store rows name every version and an admin may pin (roll back to) any of them."""
     core_lease: str = ""
     """lock file through which `collab serve`'s engine borrows this trainer's cores while it is not working (cpushare.CoreLease; '' = off; serve sets it)."""
+    borrow_engine_cores: str = ""
+    """with core_lease: the serving engine's cores (e.g. "0"), on which a step also works while no round is being generated (cpushare.CoreLease; '' = own cores only; serve sets it)."""
     yield_share: float = YIELD_SHARE
     """with core_lease: most share of a step's time it may pause while a person's round waits for its cores (0.5 = a step takes at most twice its working time; 0 = never pause)."""
     max_rater_share: float = 1.0
@@ -182,6 +184,13 @@ class ServiceConfig(MAGRPOConfig):
         if not 0.0 <= self.yield_share < 1.0:
             raise ValueError(f"yield_share must be in [0, 1) (0 = a step never pauses for a round; 1 would let "
                              f"rounds stop training), got {self.yield_share}")
+        if self.borrow_engine_cores:
+            if not self.core_lease:
+                raise ValueError("borrow_engine_cores needs core_lease (the lock files through which the engine "
+                                 "announces its rounds); `collab serve` sets both")
+            if not all(c.strip().isdigit() for c in self.borrow_engine_cores.split(",")):
+                raise ValueError(f"borrow_engine_cores must list core numbers like '0' or '0,1', got "
+                                 f"{self.borrow_engine_cores!r}")
         if not 0.0 < self.max_rater_share <= 1.0:
             raise ValueError(f"max_rater_share must be in (0, 1] (1 = no cap), got {self.max_rater_share}")
         if self.self_play_prompts < 1 or self.max_steps < 0:
@@ -406,6 +415,7 @@ class TrainerService:
             lease = self._core_lease()
             if lease is not None:   # a person's round waiting on these cores may get them mid-step
                 self.trainers[task_name].pause = lease.pause
+                self.trainers[task_name].pieces_done = lease.narrow   # the engine's cores back before saving
             if _dist().world_size() == 1:   # a stop abandons the step at its next pause point (run);
                 # data parallel: every rank is inside the step's collectives, so it ends the step first
                 self.trainers[task_name].stop_requested = self.stop_event.is_set
@@ -462,11 +472,16 @@ class TrainerService:
         groups = [to_trainer_group(g) for g in ready]
         self._command("train", task_name, groups)   # data parallel: the followers join this update
         try:
+            lease = self._core_lease()
+            wide0 = lease.wide_s if lease is not None else 0.0
             try:
                 metrics = trainer.update(groups)
             except Exception as e:
                 self._blame(task_name, ids, e)
                 raise
+            if lease is not None:   # seconds of the step also on the engine's cores (borrow_engine_cores)
+                lease.narrow()
+                metrics["time/wide_s"] = lease.wide_s - wide0
             used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
             metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
                            oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
@@ -636,7 +651,8 @@ class TrainerService:
 
         lease = getattr(self, "_lease", None)
         if lease is None or lease.path != self.cfg.core_lease:
-            lease = self._lease = CoreLease(self.cfg.core_lease, self.cfg.yield_share)
+            engine_cores = tuple(int(c) for c in self.cfg.borrow_engine_cores.split(",") if c.strip())
+            lease = self._lease = CoreLease(self.cfg.core_lease, self.cfg.yield_share, engine_cores)
         return lease
 
     def run(self) -> int:
@@ -705,6 +721,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     # it for its child: never on the command line) and any token, read once and dropped from the
     # environment; non-dumpable before anything else starts (self-play runs model code in the
     # sandbox, which on a Space has this process's uid)
+    from collab_app.online.cpushare import confine_after_torch
+    confine_after_torch()   # started by serve on both sides' cores (`pin --load-on`): now its own
     from collab_app.secret_env import seal
     held = seal()
     if not cfg.db and held.get("COLLAB_DB"):

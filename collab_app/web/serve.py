@@ -143,6 +143,8 @@ class ServeConfig:
     """CPU cores for serving; the trainer child gets the others (0 = auto: half; -1 = share all, as before; no effect on GPU)."""
     borrow_cores: bool = True
     """with the split, the engine also decodes on the trainer child's cores while the trainer is not in a step (cpushare.CoreLease)."""
+    lend_engine_cores: bool = True
+    """with borrow_cores, a training step also works on the engine's cores while no round is being generated, and gives them back when one starts (cpushare.CoreLease)."""
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -219,8 +221,10 @@ class ChildTrainer:
     """`collab trainer` as a child process, restarted if it dies, stopped on exit."""
 
     def __init__(self, argv: list[str], max_restarts: int = 5, cores: tuple[int, ...] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, load_on: tuple[int, ...] | None = None):
         """`cores`: run it on these cores only (collab_app/online/cpushare.py); None = any.
+        `load_on`: with `cores`, start it on these (a superset) until it has loaded torch, so its
+        OpenMP runs at full speed when it widens onto them (cpushare.pinned_command).
         `env`: added to this process's environment as it is at each start (trainer_env: the store
         URL goes there, never into `argv`, which every user of the machine can read)."""
         self.env = dict(env or {})
@@ -228,7 +232,7 @@ class ChildTrainer:
         if cores:
             from collab_app.online.cpushare import pinned_command
 
-            self.cmd = pinned_command(cores, self.cmd)
+            self.cmd = pinned_command(cores, self.cmd, load_on)
         self.max_restarts = max_restarts
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -414,7 +418,10 @@ def serve(cfg: ServeConfig) -> None:
                 lease_dir = tempfile.mkdtemp(prefix="collab-cores-")
                 lease_path = os.path.join(lease_dir, "trainer-cores.lock")
                 argv += ["--core-lease", lease_path]
-        child = ChildTrainer(argv, cores=split.trainer if split else None, env=trainer_env(db)).start()
+                if cfg.lend_engine_cores:   # it widens only once the engine says it takes part (lend_trainer_cores)
+                    argv += ["--borrow-engine-cores", ",".join(map(str, split.engine))]
+        child = ChildTrainer(argv, cores=split.trainer if split else None, env=trainer_env(db),
+                             load_on=split.engine + split.trainer if split else None).start()
     elif cfg.trainer == "external":
         log.info("trainer: external; run `collab trainer --db %s --adapters-dir %s` on the same store "
                  "(or the URL in COLLAB_DB)", mask_url(db), adapters_dir)
@@ -439,9 +446,12 @@ def serve(cfg: ServeConfig) -> None:
         if lease_path:
             from collab_app.online.cpushare import lend_trainer_cores
 
-            n = lend_trainer_cores(ctx.engine, split, lease_path)
+            n = lend_trainer_cores(ctx.engine, split, lease_path, cfg.lend_engine_cores)
             log.info("the engine borrows the trainer child's cores %s between its steps (%d engine part%s)",
                      ",".join(map(str, split.trainer)), n, "" if n == 1 else "s")
+            if os.path.exists(lease_path + ".engine"):
+                log.info("the trainer child's steps also work on the engine's cores %s between rounds",
+                         ",".join(map(str, split.engine)))
         # the context's own watcher (the batcher polls it before each engine call), now also
         # on a timer: one set of "served / failed / not visible yet" state, not two
         watcher = ctx.adapter_watcher()

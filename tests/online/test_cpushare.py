@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -730,3 +731,176 @@ def test_serving_loads_torch_before_it_confines_itself():
             "import torch; print(sorted(os.sched_getaffinity(0)), torch.get_num_threads())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "True" and out[1] == f"[{cores[0]}] 1"
+
+
+# ----------------------------------------------------------------------------- the engine's cores lent to the trainer
+
+
+def _engine_takes_part(path: str) -> None:
+    """What lend_trainer_cores does where every engine part announces its calls."""
+    with open(path + ".engine", "a"):
+        pass
+    os.utime(path + ".engine", (0, 0))
+
+
+@contextlib.contextmanager
+def _own_core(core: int, threads: int = 1):
+    """This thread on `core` with `threads` torch threads; both restored after."""
+    import torch
+
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before[0])
+        torch.set_num_threads(before[1])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to lend one")
+def test_a_step_widens_onto_the_idle_engines_cores_and_gives_them_back_when_a_call_starts(tmp_path, monkeypatch):
+    """At a pause point with no generate call for ENGINE_SETTLE_S, the trainer's thread widens
+    onto the engine's cores (affinity and torch threads); a call announces itself and waits on the
+    engine lock until the trainer's next pause point narrows it; after the call the trainer waits
+    the settle time before widening again; the unit's end narrows it."""
+    import torch
+
+    from collab_app.online import cpushare
+    from collab_app.online.cpushare import CoreLease
+
+    monkeypatch.setattr(cpushare, "ENGINE_SETTLE_S", 0.3)
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    path = str(tmp_path / "cores.lock")
+    _engine_takes_part(path)
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5, engine_cores=(a,))
+    cores = lambda: (sorted(os.sched_getaffinity(0)), torch.get_num_threads())   # noqa: E731
+    seen = {}
+    with _own_core(b):
+        _a_unit_beside_a_call(engine, trainer, cores, seen)
+        seen["unit over"] = cores()
+    assert seen["idle engine"] == ([a, b], 2)
+    assert seen["call waits"] and 0.2 <= seen["waited"] < cpushare.ENGINE_WAIT_S
+    assert seen["call started"] == seen["during the call"] == seen["just after"] == ([b], 1)
+    assert seen["settled"] == ([a, b], 2) and seen["unit over"] == ([b], 1)
+    assert trainer.wide_s >= 0.2 and not os.path.exists(engine.call)   # the first wide span held the call 0.2 s
+
+
+def _a_unit_beside_a_call(engine, trainer, cores, seen):
+    import threading
+
+    with trainer.held(wait_s=60):
+        trainer.pause()
+        seen["idle engine"] = cores()
+        started = threading.Event()
+
+        def call():
+            started.set()
+            engine.begin_call()       # waits for the trainer's next pause point
+        t = threading.Thread(target=call)
+        t.start()
+        started.wait(5)
+        _poll(lambda: os.path.exists(engine.call))
+        time.sleep(0.2)
+        seen["call waits"] = t.is_alive()
+        trainer.pause()               # a pause point: the call file is there
+        seen["call started"] = cores()
+        t.join(5)
+        seen["waited"] = engine.call_wait_s
+        trainer.pause()
+        seen["during the call"] = cores()
+        engine.end_call()
+        trainer.pause()
+        seen["just after"] = cores()  # the engine's workers may still spin: settle first
+        time.sleep(0.4)
+        trainer.pause()
+        seen["settled"] = cores()
+
+
+def test_no_widening_where_the_engine_does_not_announce_its_calls(tmp_path):
+    """Without the engine's lock file (an engine part decoding in another process, or serve's
+    --no-lend-engine-cores) the trainer never widens, and a call announces nothing."""
+    import torch
+
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5, engine_cores=(0,))
+    threads = torch.get_num_threads()
+    with trainer.held(wait_s=5):
+        trainer.pause()
+        assert trainer._wide is None and torch.get_num_threads() == threads
+    engine.begin_call()
+    assert not os.path.exists(engine.call) and engine._call_fd is None
+    engine.end_call()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to lend one")
+def test_a_call_waits_for_a_wide_trainer_at_most_engine_wait_s(tmp_path, monkeypatch):
+    """A trainer that stays wide without reaching a pause point (it runs no OpenMP region then)
+    holds a call back ENGINE_WAIT_S at most; the call then decodes, and the trainer narrows at its
+    next pause point."""
+    from collab_app.online import cpushare
+    from collab_app.online.cpushare import CoreLease
+
+    monkeypatch.setattr(cpushare, "ENGINE_WAIT_S", 0.3)
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    path = str(tmp_path / "cores.lock")
+    _engine_takes_part(path)
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5, engine_cores=(a,))
+    with _own_core(b), trainer.held(wait_s=5):
+        trainer.pause()
+        assert trainer._wide is not None
+        t0 = time.monotonic()
+        engine.begin_call()
+        assert 0.3 <= time.monotonic() - t0 < 3 and engine.call_wait_s >= 0.3
+        trainer.pause()
+        assert trainer._wide is None
+        engine.end_call()
+
+
+def test_lend_trainer_cores_announces_the_engine_only_when_every_part_decodes_here(tmp_path):
+    from types import SimpleNamespace
+
+    from collab_app.online.cpushare import lend_trainer_cores
+
+    split = CpuSplit(engine=(0,), trainer=(1,))
+    here, elsewhere = SimpleNamespace(spare_cores=None), SimpleNamespace(spare_cores=None, in_process=False)
+    cases = [(here, True, True), (here, False, False),
+             (SimpleNamespace(engines={"a": here, "b": elsewhere}), True, False)]
+    for k, (engine, lend, announced) in enumerate(cases):
+        path = str(tmp_path / f"cores{k}.lock")
+        lend_trainer_cores(engine, split, path, lend_engine_cores=lend)
+        assert os.path.exists(path + ".engine") == announced, (k, lend)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to confine to one")
+def test_a_child_loaded_on_both_sides_cores_confines_itself_after_torch():
+    """`pin CORES --load-on WIDE`: the child starts on WIDE (libgomp counts them when torch loads)
+    and confine_after_torch() puts it on CORES with matching torch threads; without --load-on it
+    is pinned before it starts, as before, and confine_after_torch does nothing."""
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    probe = ("import os, json, sys; first = sorted(os.sched_getaffinity(0)); "
+             "from collab_app.online.cpushare import confine_after_torch; confine_after_torch(); "
+             "import torch; print(json.dumps([first, sorted(os.sched_getaffinity(0)), torch.get_num_threads(), "
+             "'torch' in sys.modules, os.environ.get('COLLAB_CONFINE_AFTER_TORCH')]))")
+    wide = subprocess.run(pinned_command([b], [sys.executable, "-c", probe], load_on=[a, b]),
+                          capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run(pinned_command([b], [sys.executable, "-c", probe]), capture_output=True, text=True,
+                           check=True).stdout
+    assert json.loads(wide) == [[a, b], [b], 1, True, None]
+    assert json.loads(plain) == [[b], [b], 1, True, None]
+    assert pinned_command([b], ["x"], load_on=[b]) == pinned_command([b], ["x"])   # nothing wider: plain pin
+
+
+def test_serve_lends_the_engines_cores_to_its_child_unless_told_not_to(tmp_path):
+    from collab_app.online.service import ServiceConfig
+    from collab_app.web.serve import ChildTrainer
+
+    child = ChildTrainer(["--db", "sqlite://"], cores=(1,), load_on=(0, 1))
+    assert child.cmd[:8] == [sys.executable, "-m", "collab_app.online.cpushare", "pin", "1", "--load-on", "0,1", "--"]
+    with pytest.raises(ValueError, match="needs core_lease"):
+        ServiceConfig(borrow_engine_cores="0")
+    with pytest.raises(ValueError, match="core numbers"):
+        ServiceConfig(core_lease=str(tmp_path / "l"), borrow_engine_cores="all")
+    assert ServiceConfig(core_lease=str(tmp_path / "l"), borrow_engine_cores="0,2").borrow_engine_cores == "0,2"

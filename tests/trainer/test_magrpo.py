@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -346,11 +347,14 @@ def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer)
         calls.append(any(f.name == "_engine_run_backward" for f in traceback.extract_stack()))
         return 0.25
 
-    trainer.pause = pause
+    done = []   # pieces_done: once, after every pause point and before the versions are saved
+    trainer.pause, trainer.pieces_done = pause, lambda: done.append((len(calls), dict(trainer.versions)))
+    before = dict(trainer.versions)
     try:
         m = trainer.update(on_policy_groups(trainer))
     finally:
-        trainer.pause = None
+        trainer.pause = trainer.pieces_done = None
+    assert done == [(len(calls), before)] and trainer.versions != before
     assert layers >= 2
     # at least: one micro-batch's forward and backward through every layer, per agent
     assert calls.count(True) >= layers * len(trainer.agents)
@@ -358,6 +362,60 @@ def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer)
     assert m["time/paused_s"] == pytest.approx(0.25 * len(calls))
     assert sum(len(m._forward_hooks) for m in model.modules()) == hooks_before   # nothing left behind
     assert trainer.update(on_policy_groups(trainer))["time/paused_s"] == 0.0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="needs two cores: the trainer's and the engine's")
+def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp_path):
+    """The service's wiring of cpushare.CoreLease(engine_cores) (pause, pieces_done) around a real
+    step: with the engine idle its pieces run on both cores with 2 torch threads; a generate call
+    that starts mid-step gets its core at the next pause point (one layer); the step saves on its
+    own core; the same step with the engine never idle runs narrow throughout."""
+    import threading
+
+    from collab_app.online.cpushare import ENGINE_WAIT_S, CoreLease
+
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    path = str(tmp_path / "cores.lock")
+    with open(path + ".engine", "a"):   # the engine takes part (cpushare.lend_trainer_cores)
+        pass
+    os.utime(path + ".engine", (0, 0))
+    lease, engine = CoreLease(path, yield_share=0.5, engine_cores=(a,)), CoreLease(path)
+    now = lambda: (tuple(sorted(os.sched_getaffinity(0))), torch.get_num_threads())   # noqa: E731
+    seen, at_save, caller = [], [], []
+
+    def pause():
+        paused = lease.pause()
+        seen.append(now())
+        if len(seen) == 12 and not caller:   # a person's round starts mid-step
+            caller.append(threading.Thread(target=engine.begin_call))
+            caller[0].start()
+        return paused
+
+    save = trainer._save
+    trainer.pause, trainer.pieces_done = pause, lease.narrow
+    trainer._save = lambda *args: (at_save.append(now()), save(*args))[1]
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    try:
+        os.sched_setaffinity(0, {b})
+        torch.set_num_threads(1)
+        with lease.held(wait_s=5):
+            m = trainer.update(on_policy_groups(trainer))
+        caller[0].join(5)
+        first, seen[:] = list(seen), []
+        with lease.held(wait_s=5):   # the call still runs: no widening at all
+            trainer.update(on_policy_groups(trainer))
+        engine.end_call()
+    finally:
+        trainer.pause = trainer.pieces_done = None
+        trainer._save = save
+        os.sched_setaffinity(0, before[0])
+        torch.set_num_threads(before[1])
+    assert set(first[:12]) == {((a, b), 2)}               # the engine idle: both cores
+    assert first[-1] == ((b,), 1) and ((a, b), 2) not in first[first.index(((b,), 1)):]   # narrow from the call on
+    assert m["groups"] == 2 and at_save and set(at_save) == {((b,), 1)}
+    assert engine.call_wait_s < ENGINE_WAIT_S    # a pause point came within the wait
+    assert set(seen) == {((b,), 1)} and lease.wide_s > 0
 
 
 def test_zero_variance_groups_do_not_train(trainer):
