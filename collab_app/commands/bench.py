@@ -155,7 +155,7 @@ def _worker(args) -> None:
     if lease_path:
         from collab_app.online.cpushare import lend_trainer_cores
 
-        lent = lend_trainer_cores(engine, split, lease_path)
+        lent = lend_trainer_cores(engine, split, lease_path, lend_engine_cores=True)   # as serve does
     team = Team([Agent(name, role) for name, role in ROLES.items()])
     for a, path in zip(team.agents, args.adapters or [None, None]):
         engine.register_agent(a.name)
@@ -213,11 +213,12 @@ def _worker(args) -> None:
         # cores, the way `collab serve` runs its trainer child.
         from collab_app.online.cpushare import training_load
 
-        with training_load(dtype=result["dtype"], core_lease=lease_path) as load:
+        with training_load(dtype=result["dtype"], core_lease=lease_path, lend_engine_cores=True) as load:
             result["interactive_beside_training"] = {**interactive("beside a training step"),
                                                      "training": load.status()}
         if lease_path:   # the baseline of the pause: the same step never pausing for a round (yield_share 0)
-            with training_load(dtype=result["dtype"], core_lease=lease_path, yield_share=0.0) as load:
+            with training_load(dtype=result["dtype"], core_lease=lease_path, yield_share=0.0,
+                               lend_engine_cores=True) as load:
                 result["interactive_beside_training_no_pause"] = {**interactive("beside a step that never pauses"),
                                                                   "training": load.status()}
     if args.prompts:

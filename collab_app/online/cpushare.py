@@ -42,8 +42,11 @@ Between a person's rounds the serving engine lends its cores to the trainer chil
 step (the same per-layer points) the trainer widens onto the engine's cores when no generate call
 has run for ENGINE_SETTLE_S, and narrows at the first pause point after a call starts; the call
 waits for that (one layer, ~10-60 ms; at most ENGINE_WAIT_S). A person reads and rates for many
-seconds between rounds, and the step runs on every core meanwhile: measured below ("the engine's
-cores lent to the trainer"). The child loads libgomp on both sides' cores and confines itself to
+seconds between rounds, and the step runs on every core meanwhile (2-core EPYC, a rater reading
+10 s a round: a step's working time 11.1-11.9 -> 8.8-9.0 s, rounds unchanged; docs/results "The
+engine's cores lent to a step between rounds"). Left out: the serving process's reward checks
+(sandboxed unit tests after a coding round) do not hold the engine's cores; ENGINE_SETTLE_S covers
+the first of them. The child loads libgomp on both sides' cores and confines itself to
 its own once torch is loaded (`pin --load-on`, `confine_after_torch`): libgomp counts the cores it
 may use once, at load, and a team wider than that count sleeps between regions (~20% slower steps).
 
@@ -762,6 +765,7 @@ def _load_loop(args) -> None:
     from trainer.config import MAGRPOConfig
     from trainer.magrpo import Group, MAGRPOTrainer, sequence_logprobs
 
+    confine_after_torch()   # started on both sides' cores (training_load's engine_cores): now its own
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     task = load_task("tldr")
@@ -800,8 +804,10 @@ def _load_loop(args) -> None:
     write({"ready": True, "steps": 0, "pid": os.getpid(), "threads": torch.get_num_threads(),
            "cores": affinity_cores()})
     steps, paused = 0, 0.0
-    lease = CoreLease(args.core_lease, args.yield_share) if args.core_lease else None
+    engine_cores = tuple(int(c) for c in args.engine_cores.split(",") if c)
+    lease = CoreLease(args.core_lease, args.yield_share, engine_cores) if args.core_lease else None
     trainer.pause = lease.pause if lease else None   # as `collab trainer --core-lease` does
+    trainer.pieces_done = lease.narrow if lease else None
     while not stop:
         for g in groups:   # keep them within max_staleness: the load is about compute, not data
             for i, a in enumerate(trainer.agents):
@@ -813,7 +819,8 @@ def _load_loop(args) -> None:
         steps += 1
         paused += m["time/paused_s"]
         write({"ready": True, "steps": steps, "last_s": time.perf_counter() - t0, "last_paused_s": m["time/paused_s"],
-               "paused_s": paused, "pid": os.getpid(), "threads": torch.get_num_threads(), "cores": affinity_cores()})
+               "paused_s": paused, "wide_s": lease.wide_s if lease else 0.0, "pid": os.getpid(),
+               "threads": torch.get_num_threads(), "cores": affinity_cores()})
 
 
 class TrainingLoad:
@@ -845,7 +852,7 @@ class TrainingLoad:
 @contextlib.contextmanager
 def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int = 4, new_tokens: int = 128,
                   dtype: str = "auto", ready_timeout: float = 600.0, core_lease: str | None = None,
-                  yield_share: float = YIELD_SHARE):
+                  yield_share: float = YIELD_SHARE, lend_engine_cores: bool = False):
     """A MAGRPO update loop (2 tldr groups x G=4 x 128 tokens by default: the interactive
     workload's step) in a child process, on the trainer child's cores of `plan(engine_cores)`
     (-1 = no split: every core, as before this module); this process is confined to the engine's
@@ -854,6 +861,9 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
     holds this CoreLease for each step, as `collab trainer --core-lease` does (an engine given
     `lend_trainer_cores` borrows the cores between steps, and within a step while its round waits
     for them, up to `yield_share`: 0 = the old behaviour, a step never pauses).
+    `lend_engine_cores` (with core_lease and a split): the loop's steps also work on the engine's
+    cores between its calls, as serve's trainer child does (`CoreLease(engine_cores=...)`; the
+    engine must announce its calls: `lend_trainer_cores(..., lend_engine_cores=True)`).
 
         with training_load() as load:
             ... time a round ...
@@ -867,12 +877,14 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
             "--num-generations", str(num_generations), "--new-tokens", str(new_tokens), "--dtype", dtype]
     if core_lease:
         argv += ["--core-lease", core_lease, "--yield-share", str(yield_share)]
+        if lend_engine_cores and split is not None:
+            argv += ["--engine-cores", _fmt(split.engine)]
     old_aff = affinity_cores()
     old_env = {v: os.environ.get(v) for v in (*THREAD_VARS, "VLLM_CPU_OMP_THREADS_BIND")}
     import torch
     old_threads = torch.get_num_threads()
     if split is not None:
-        argv = pinned_command(split.trainer, argv)
+        argv = pinned_command(split.trainer, argv, split.engine + split.trainer)
         apply_to_serving(split)
     proc = subprocess.Popen(argv)
     load = TrainingLoad(proc, status, split)
@@ -926,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--core-lease", default="", help="hold this CoreLease for each step")
     p.add_argument("--yield-share", type=float, default=YIELD_SHARE,
                    help="with --core-lease: pause budget for a waiting round (ServiceConfig.yield_share)")
+    p.add_argument("--engine-cores", default="",
+                   help="with --core-lease: the engine's cores, worked on between its calls (ServiceConfig.borrow_engine_cores)")
     _load_loop(p.parse_args(argv))
     return 0
 
