@@ -470,10 +470,22 @@ class CoreLease:
             return
         import torch
 
-        self._own = (tuple(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-                     torch.get_num_threads())
-        own = self._own[0] or ()
-        self._set_cores(tuple(sorted({*own, *self.engine_cores})), len(set(own) | set(self.engine_cores)))
+        own_cores = tuple(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._own = (own_cores, torch.get_num_threads())
+        if own_cores is None:   # no affinity API (macOS): the split is thread counts only
+            wide, threads = None, self._own[1] + len(self.engine_cores)
+        else:
+            wide = tuple(sorted({*own_cores, *self.engine_cores}))
+            threads = len(wide)
+        try:
+            self._set_cores(wide, threads)
+        except OSError as e:   # e.g. a cpuset without the engine's cores: train on our own
+            log.warning("cannot widen the trainer onto the engine's cores %s (%s): it keeps its own",
+                        _fmt(self.engine_cores), e)
+            self.engine_cores = ()
+            torch.set_num_threads(self._own[1])   # the mask was not changed
+            os.close(fd)
+            return
         self._wide, self._wide_t0 = fd, time.monotonic()
 
     def narrow(self) -> None:

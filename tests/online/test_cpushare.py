@@ -904,3 +904,36 @@ def test_serve_lends_the_engines_cores_to_its_child_unless_told_not_to(tmp_path)
     with pytest.raises(ValueError, match="core numbers"):
         ServiceConfig(core_lease=str(tmp_path / "l"), borrow_engine_cores="all")
     assert ServiceConfig(core_lease=str(tmp_path / "l"), borrow_engine_cores="0,2").borrow_engine_cores == "0,2"
+
+
+def test_widening_without_an_affinity_api_adds_threads_and_a_refused_mask_keeps_its_own(tmp_path, monkeypatch, caplog):
+    """macOS (no affinity API): the split is thread counts only, so widening adds the engine's
+    core count to the trainer's threads. Where the OS refuses the wide mask (a cpuset without the
+    engine's cores) the step trains on its own cores, says so once, and stops trying."""
+    import torch
+
+    from collab_app.online.cpushare import CoreLease
+
+    threads = torch.get_num_threads()
+    path = str(tmp_path / "cores.lock")
+    _engine_takes_part(path)
+    try:
+        with monkeypatch.context() as m:
+            m.delattr(os, "sched_getaffinity")
+            m.delattr(os, "sched_setaffinity")
+            trainer = CoreLease(path, yield_share=0.5, engine_cores=(0, 1))
+            with trainer.held(wait_s=5):
+                trainer.pause()
+                assert torch.get_num_threads() == threads + 2
+            assert torch.get_num_threads() == threads
+        def refuse(pid, cores):
+            raise OSError(22, "Invalid argument")
+        monkeypatch.setattr(os, "sched_setaffinity", refuse)
+        trainer = CoreLease(path, yield_share=0.5, engine_cores=(0,))
+        with trainer.held(wait_s=5):
+            trainer.pause()
+            trainer.pause()
+            assert trainer._wide is None and trainer.engine_cores == () and torch.get_num_threads() == threads
+        assert caplog.text.count("cannot widen the trainer") == 1
+    finally:
+        torch.set_num_threads(threads)
