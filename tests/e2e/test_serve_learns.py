@@ -52,8 +52,6 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
     log = tmp_path / "serve.log"
     try:
         client = connect(f"http://127.0.0.1:{port}/", proc, timeout=300)
-        kids = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)
-        kid_pids = [int(p) for p in kids.stdout.split()]
         served: list[dict[str, int | None]] = []     # per round: agent -> adapter version it came from
         end = time.monotonic() + DEADLINE_S
         while time.monotonic() < end:
@@ -69,6 +67,8 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
         # the CPU split (collab_app/online/cpushare.py): serving and the trainer child on disjoint
         # cores. A step works on the engine's cores too once no round has run for ENGINE_SETTLE_S
         # (1.5 s), and gives them back when one starts: looked at right after a round, first thing.
+        kids = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)
+        kid_pids = [int(p) for p in kids.stdout.split()]
         split_seen = [os.sched_getaffinity(pid) for pid in (proc.pid, *kid_pids)]
         assert len(kid_pids) == 1, f"expected one trainer child, found {kid_pids}"
         if len(os.sched_getaffinity(0)) >= 2:
