@@ -478,7 +478,7 @@ class CoreLease:
             wide = tuple(sorted({*own_cores, *self.engine_cores}))
             threads = len(wide)
         try:
-            self._set_cores(wide, threads)
+            _set_thread_cores(wide, threads)
         except OSError as e:   # e.g. a cpuset without the engine's cores: train on our own
             log.warning("cannot widen the trainer onto the engine's cores %s (%s): it keeps its own",
                         _fmt(self.engine_cores), e)
@@ -493,20 +493,10 @@ class CoreLease:
         if self._wide is None:
             return
         cores, threads = self._own
-        self._set_cores(cores, threads)
+        _set_thread_cores(cores, threads)
         os.close(self._wide)
         self._wide = None
         self.wide_s += time.monotonic() - self._wide_t0
-
-    @staticmethod
-    def _set_cores(cores: tuple[int, ...] | None, threads: int) -> None:
-        """This thread's affinity (where the OS has one) and torch threads; an OpenMP worker
-        started now inherits the mask, one left from a wider time sleeps once its spin ends."""
-        import torch
-
-        if cores and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cores)   # 0 = the calling thread, the one that runs the step
-        torch.set_num_threads(threads)
 
     def _calls(self) -> bool:
         return bool(glob.glob(glob.escape(self.path) + ".call.*"))
@@ -616,24 +606,20 @@ class SpareCores:
     def __init__(self, lease: CoreLease, split: CpuSplit):
         self.lease, self.split = lease, split
         self.wide = False
+        self.in_call = False   # between a call's first before_step and its end
         self.widened = 0
         self.idled: set[int] = set()   # thread ids set to SCHED_IDLE at the last narrowing
         self._older = _thread_ids()     # threads that predate the lending: never touched
         self._can_wake = True          # False once the OS refused SCHED_IDLE -> SCHED_OTHER (unprivileged)
 
-    def _set(self, cores: tuple[int, ...]) -> None:
-        import torch
-
-        if hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cores)   # 0 = the calling thread
-        torch.set_num_threads(len(cores))
-
     def before_step(self) -> None:
-        self.lease.begin_call()   # once per call: a trainer working on the engine's cores gives them back
+        if not self.in_call:   # a trainer working on the engine's cores gives them back first
+            self.lease.begin_call()
+            self.in_call = True
         if self.wide and self.lease.wanted():
             self._narrow()
         elif not self.wide and self.lease.try_borrow():
-            self._set(self.split.engine + self.split.trainer)
+            _set_thread_cores(self.split.engine + self.split.trainer)
             self._wake_threads()
             self.wide = True
         if self.wide:
@@ -642,7 +628,7 @@ class SpareCores:
 
     def _narrow(self) -> None:
         if self.wide:
-            self._set(self.split.engine)
+            _set_thread_cores(self.split.engine)
             self._idle_threads()
             self.wide = False
         self.lease.give_back()
@@ -692,6 +678,19 @@ class SpareCores:
         self._narrow()
         self.lease.waiting(False)
         self.lease.end_call()
+        self.in_call = False
+
+
+def _set_thread_cores(cores: tuple[int, ...] | None, threads: int | None = None) -> None:
+    """The calling thread's affinity (where the OS has one; None = leave it) and torch threads
+    (default: one per core). OpenMP keeps its thread count per calling thread, and a worker started
+    now inherits the mask; one left from a wider time sleeps once its spin ends. Both sides of a
+    CoreLease widen and narrow this way: the engine's decoding thread, the trainer's step thread."""
+    import torch
+
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)   # 0 = the calling thread
+    torch.set_num_threads(len(cores) if threads is None else threads)
 
 
 def _thread_ids() -> set[int]:

@@ -479,8 +479,8 @@ class TrainerService:
             except Exception as e:
                 self._blame(task_name, ids, e)
                 raise
-            if lease is not None:   # seconds of the step also on the engine's cores (borrow_engine_cores)
-                lease.narrow()
+            if lease is not None:   # seconds of the step also on the engine's cores (borrow_engine_cores);
+                # update's pieces_done gave them back before its saves, a raising one the unit's end
                 metrics["time/wide_s"] = lease.wide_s - wide0
             used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
             metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
