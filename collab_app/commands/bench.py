@@ -7,8 +7,10 @@ the process tree, vLLM's engine-core child included; shared pages count once per
   T=0.8, streamed through `Team.generate_stream`: median over `--rounds` of the time to the first
   non-empty text and to the whole round; `--beside-training` repeats it while
   `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process (its steps
-  pause for a waiting round as serve's trainer does, ServiceConfig.yield_share), and for an engine
-  that borrows, once more beside steps that never pause ("no pause": the baseline of that rule).
+  pause for a waiting round as serve's trainer does when it was idle before the step, at a
+  person's pace: ServiceConfig.yield_share, without the pause credit), and for an engine that
+  borrows, once more beside steps that never pause ("no pause": the baseline of that rule, and
+  what serve's trainer does while ratings pile up: no pause credit).
   `--think-s S` waits S seconds before each round, as a person reads the last one (default 0: back
   to back, the pause budget's worst case).
 - rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent, 128 sequences in one batched
@@ -213,7 +215,11 @@ def _worker(args) -> None:
         # cores, the way `collab serve` runs its trainer child.
         from collab_app.online.cpushare import training_load
 
-        with training_load(dtype=result["dtype"], core_lease=lease_path, lend_engine_cores=True) as load:
+        # pause_credit off: the loop's steps come back to back, so under the credit rule it would
+        # pause as a trainer behind on its ratings does (hardly at all: the arm below); off, as serve's
+        # trainer does when it was idle before the step (a person's pace, ServiceConfig.pause_credit)
+        with training_load(dtype=result["dtype"], core_lease=lease_path, lend_engine_cores=True,
+                           pause_credit=False) as load:
             result["interactive_beside_training"] = {**interactive("beside a training step"),
                                                      "training": load.status()}
         if lease_path:   # the baseline of the pause: the same step never pausing for a round (yield_share 0)

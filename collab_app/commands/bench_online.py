@@ -347,7 +347,7 @@ def latencies(rounds: list[dict], db_url: str, t_start: float) -> tuple[list[dic
                         "rating_to_served_s": None if served is None else served - r["rated_at"]})
     return out, [{"step": s["step"], "t": _unix(s["created_at"]) - t_start, "groups": len(s["group_ids"]),
                   "update_s": s["metrics"].get("time/update_s"), "paused_s": s["metrics"].get("time/paused_s"),
-                  "wide_s": s["metrics"].get("time/wide_s")} for s in steps]
+                  "wide_s": s["metrics"].get("time/wide_s"), "pause_credit_s": s["metrics"].get("time/pause_credit_s")} for s in steps]
 
 
 def team_states(db_url: str, agents: list[str], t_start: float) -> list[dict]:

@@ -26,12 +26,23 @@ The trainer also pauses for a person's round that waits on its cores (`CoreLease
 the pieces of a step: each decoder layer's forward and backward, a micro-batch, an agent; so a
 round waits for one layer, ~10-60 ms, not for a whole forward or backward), within a budget: a step
 pauses at most `yield_share / (1 - yield_share)` times its working time (ServiceConfig.yield_share,
-0.5 = a step takes at most twice its working time). Why both halves: the trainer starts a step as
+0.5 = a step takes at most twice its working time), and at most as long as the trainer was idle
+before its units of work (the pause credit, ServiceConfig.pause_credit, banked up to
+PAUSE_CREDIT_CAP_S). Why both halves: the trainer starts a step as
 soon as a rating completes its K ready groups, so the person's next round usually lands in it and,
 on one core, took 7.3 s against 4.4 s on two (Xeon with AMX, `collab bench generate --beside-training`, docs/results
 "A person's round first"); while a scripted rater keeps a round running nearly all the time an
 unbounded yield would starve the trainer (measured 2026-11-23: a trainer that waited for rounds to
-end would hardly ever step), and the budget keeps it at >= half speed. Without the split both
+end would hardly ever step), and the budget keeps it at >= half speed. Why the credit: at a
+person's pace a pause costs the team nothing (the trainer catches up while the person reads and
+would have waited anyway), but where ratings pile up (rounds back to back: several people, a
+scripted rater) every pause delays the next version, and the steps grow with the groups that
+arrive meanwhile. Measured on the 2-core EPYC Zen 4 (`collab bench online`, a rater rating at
+once, a step per rated group, 3 min): pausing on the budget alone made rounds 2.40 s against
+2.75 s never pausing, and the team served 2 versions against 7 (steps 38 s against 16 s; its last
+rounds rated 1.95 against 3.75 of 5); with a rater reading 5 s a round both served 16-17 versions
+and the pause still made rounds faster (docs/results "A step's pause paid from the trainer's idle
+time"). With the credit a busy trainer does not pause and an idle-then-busy one does. Without the split both
 processes use both cores and every OpenMP barrier waits for the other process (a 16 s step took
 9+ min); `training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s
 beside a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only
@@ -95,6 +106,14 @@ ENGINE_SETTLE_S = 1.5
 # at its next pause point, one layer: ~10-60 ms); past it the call decodes anyway (a trainer stuck
 # between pause points, e.g. saving a version, runs no OpenMP region to spin against).
 ENGINE_WAIT_S = 0.5
+# A trainer banks the time it spends idle between units of work, at most this much, and a step
+# pauses for rounds only while it has some (module docstring: "Why the credit"). 10 s: a round or
+# two (2-3 s on a bf16 CPU, 6-12 s on an AVX2 one). Nothing is banked before the first unit: the
+# wait for the first work says nothing about keeping up, and a scripted rater's first step that
+# paused 10 s for it (30 s bank: 10 and 20 s in its first two steps) left the trainer behind for
+# good: the groups that arrived meanwhile made every later step larger and slower (4 and 3
+# versions in 3 min against 7 never pausing).
+PAUSE_CREDIT_CAP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -340,7 +359,8 @@ class CoreLease:
     The trainer is wide only inside a unit of work and narrows when the unit ends.
     """
 
-    def __init__(self, path: str, yield_share: float = 0.0, engine_cores: tuple[int, ...] = ()):
+    def __init__(self, path: str, yield_share: float = 0.0, engine_cores: tuple[int, ...] = (),
+                 pause_credit: bool = True):
         self.path = path
         self.want = path + ".want"
         n = next(_LEASES)
@@ -349,6 +369,9 @@ class CoreLease:
         self.call = f"{path}.call.{os.getpid()}-{n}"   # this engine's call file
         self.yield_share = yield_share   # the trainer's pause budget (module docstring); 0 = never pause
         self.engine_cores = tuple(engine_cores)   # the trainer's side: cores it may widen onto ((): never)
+        self.pause_credit = pause_credit   # pauses only as long as the trainer idled before (module docstring)
+        self.credit_s = 0.0                  # idle seconds banked for pauses (PAUSE_CREDIT_CAP_S at most)
+        self._idle_t0: float | None = None   # when the last unit of work ended (None: none yet)
         self._own: tuple[tuple[int, ...] | None, int] | None = None   # the trainer's cores and threads before widening
         self._wide: int | None = None    # the trainer's exclusive engine lock, while wide
         self._wide_t0 = 0.0
@@ -372,6 +395,8 @@ class CoreLease:
         next one's first unit of work (or `clear_stale`)."""
         with open(self.want, "w"):
             pass
+        if self._idle_t0 is not None:   # the time since the last unit ended: idle, banked for pauses
+            self.credit_s = min(PAUSE_CREDIT_CAP_S, self.credit_s + time.monotonic() - self._idle_t0)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             self._lock(fd, wait_s)
@@ -382,6 +407,7 @@ class CoreLease:
             if self._unit is not None:
                 self._last_work = time.monotonic() - self._unit_t0 - self._paused
             self._unit = None
+            self._idle_t0 = time.monotonic()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.want)
             os.close(fd)   # releases the flock
@@ -407,7 +433,8 @@ class CoreLease:
         cores (the wait file), let the engine have them until its generate call ends, within the
         budget: this unit pauses at most worked * yield_share / (1 - yield_share) seconds in all,
         worked = the larger of its working time so far and the last unit's (so a step that starts
-        beside a round may pause for it too). Returns the seconds paused (0 = none waited, or no
+        beside a round may pause for it too), and, with `pause_credit`, at most the idle time
+        banked (`credit_s`: spent by pausing). Returns the seconds paused (0 = none waited, or no
         budget left)."""
         import fcntl
 
@@ -419,6 +446,8 @@ class CoreLease:
         t0 = time.monotonic()
         worked = max(t0 - self._unit_t0 - self._paused, self._last_work)
         end = t0 + worked * self.yield_share / (1.0 - self.yield_share) - self._paused
+        if self.pause_credit:
+            end = min(end, t0 + self.credit_s)
         if end - t0 < 0.05:
             return 0.0
         with contextlib.suppress(FileNotFoundError):
@@ -441,6 +470,7 @@ class CoreLease:
             self._lock(fd, 5.0)
         paused = time.monotonic() - t0
         self._paused += paused
+        self.credit_s = max(0.0, self.credit_s - paused)
         return paused
 
     def _widen_or_narrow(self) -> None:
@@ -816,7 +846,7 @@ def _load_loop(args) -> None:
            "cores": affinity_cores()})
     steps, paused = 0, 0.0
     engine_cores = tuple(int(c) for c in args.engine_cores.split(",") if c)
-    lease = CoreLease(args.core_lease, args.yield_share, engine_cores) if args.core_lease else None
+    lease = CoreLease(args.core_lease, args.yield_share, engine_cores, args.pause_credit) if args.core_lease else None
     trainer.pause = lease.pause if lease else None   # as `collab trainer --core-lease` does
     trainer.pieces_done = lease.narrow if lease else None
     while not stop:
@@ -863,7 +893,7 @@ class TrainingLoad:
 @contextlib.contextmanager
 def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int = 4, new_tokens: int = 128,
                   dtype: str = "auto", ready_timeout: float = 600.0, core_lease: str | None = None,
-                  yield_share: float = YIELD_SHARE, lend_engine_cores: bool = False):
+                  yield_share: float = YIELD_SHARE, lend_engine_cores: bool = False, pause_credit: bool = True):
     """A MAGRPO update loop (2 tldr groups x G=4 x 128 tokens by default: the interactive
     workload's step) in a child process, on the trainer child's cores of `plan(engine_cores)`
     (-1 = no split: every core, as before this module); this process is confined to the engine's
@@ -872,6 +902,9 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
     holds this CoreLease for each step, as `collab trainer --core-lease` does (an engine given
     `lend_trainer_cores` borrows the cores between steps, and within a step while its round waits
     for them, up to `yield_share`: 0 = the old behaviour, a step never pauses).
+    `pause_credit` False: the steps pause on `yield_share` alone, as serve's trainer does when it
+    was idle before a step (a person's pace); the loop itself never idles (steps back to back), so
+    with the credit rule it pauses as a trainer behind on its ratings does: hardly at all.
     `lend_engine_cores` (with core_lease and a split): the loop's steps also work on the engine's
     cores between its calls, as serve's trainer child does (`CoreLease(engine_cores=...)`; the
     engine must announce its calls: `lend_trainer_cores(..., lend_engine_cores=True)`).
@@ -888,6 +921,8 @@ def training_load(engine_cores: int = 0, groups: int = 2, num_generations: int =
             "--num-generations", str(num_generations), "--new-tokens", str(new_tokens), "--dtype", dtype]
     if core_lease:
         argv += ["--core-lease", core_lease, "--yield-share", str(yield_share)]
+        if not pause_credit:
+            argv.append("--no-pause-credit")
         if lend_engine_cores and split is not None:
             argv += ["--engine-cores", _fmt(split.engine)]
     old_aff = affinity_cores()
@@ -951,6 +986,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --core-lease: pause budget for a waiting round (ServiceConfig.yield_share)")
     p.add_argument("--engine-cores", default="",
                    help="with --core-lease: the engine's cores, worked on between its calls (ServiceConfig.borrow_engine_cores)")
+    p.add_argument("--no-pause-credit", dest="pause_credit", action="store_false",
+                   help="with --core-lease: pause on --yield-share alone, not only as long as the loop idled "
+                        "(it never idles: steps back to back; ServiceConfig.pause_credit)")
     _load_loop(p.parse_args(argv))
     return 0
 

@@ -171,6 +171,8 @@ class ServiceConfig(MAGRPOConfig):
     """with core_lease: the serving engine's cores (e.g. "0"), on which a step also works while no round is being generated (cpushare.CoreLease; '' = own cores only; serve sets it)."""
     yield_share: float = YIELD_SHARE
     """with core_lease: most share of a step's time it may pause while a person's round waits for its cores (0.5 = a step takes at most twice its working time; 0 = never pause)."""
+    pause_credit: bool = True
+    """with yield_share: pause only as long as this trainer was idle before (banked, at most cpushare.PAUSE_CREDIT_CAP_S): free at a person's pace, none while ratings pile up (--no-pause-credit: yield_share alone)."""
     max_rater_share: float = 1.0
     """most of a step's K groups one rater may decide: max(1, floor(share*K)), the rest wait (1 = off, for one person's local app; `collab serve` passes 0.25 when public)."""
 
@@ -474,6 +476,7 @@ class TrainerService:
         try:
             lease = self._core_lease()
             wide0 = lease.wide_s if lease is not None else 0.0
+            credit0 = lease.credit_s if lease is not None else 0.0   # the pause credit this step starts with
             try:
                 metrics = trainer.update(groups)
             except Exception as e:
@@ -482,6 +485,7 @@ class TrainerService:
             if lease is not None:   # seconds of the step also on the engine's cores (borrow_engine_cores);
                 # update's pieces_done gave them back before its saves, a raising one the unit's end
                 metrics["time/wide_s"] = lease.wide_s - wide0
+                metrics["time/pause_credit_s"] = credit0   # 0 with groups piling up: it did not pause for rounds
             used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
             metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
                            oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
@@ -652,7 +656,8 @@ class TrainerService:
         lease = getattr(self, "_lease", None)
         if lease is None or lease.path != self.cfg.core_lease:
             engine_cores = tuple(int(c) for c in self.cfg.borrow_engine_cores.split(",") if c.strip())
-            lease = self._lease = CoreLease(self.cfg.core_lease, self.cfg.yield_share, engine_cores)
+            lease = self._lease = CoreLease(self.cfg.core_lease, self.cfg.yield_share, engine_cores,
+                                            self.cfg.pause_credit)
         return lease
 
     def run(self) -> int:

@@ -406,14 +406,15 @@ def test_a_stalled_engine_delays_the_trainer_by_wait_s_at_most(tmp_path):
 
 @contextlib.contextmanager
 def _a_step_in_progress(tmp_path, work_s: float):
-    """A trainer thread in a unit of work (yield_share 0.5) that works `work_s`, then offers to
-    pause once; yields (the engine's lease, an Event set after the pause, [seconds paused])."""
+    """A trainer thread in a unit of work (yield_share 0.5, without the pause credit: the tests of
+    the share's budget; the credit's own test is below) that works `work_s`, then offers to pause
+    once; yields (the engine's lease, an Event set after the pause, [seconds paused])."""
     import threading
 
     from collab_app.online.cpushare import CoreLease
 
     path = str(tmp_path / "cores.lock")
-    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5, pause_credit=False)
     inside, after, leave, paused = threading.Event(), threading.Event(), threading.Event(), []
 
     def step():
@@ -486,6 +487,48 @@ def test_no_pause_without_a_waiting_round_or_a_budget(tmp_path, share, round_wai
         time.sleep(0.2)
         assert trainer.pause() == 0.0
         assert engine.wanted() and not engine.try_borrow()
+
+
+def test_a_step_pauses_only_as_long_as_the_trainer_idled_before_it(tmp_path, monkeypatch):
+    """The pause credit (ServiceConfig.pause_credit, on by default): a step pauses for a waiting
+    round only as long as the trainer was idle between its units of work, banked up to
+    PAUSE_CREDIT_CAP_S. The first unit has nothing banked; units back to back (ratings piling up)
+    do not pause; a pause spends the bank. Here the engine never borrows, so each pause lasts its
+    whole budget."""
+    from collab_app.online import cpushare
+    from collab_app.online.cpushare import CoreLease
+
+    path = str(tmp_path / "cores.lock")
+    engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
+    engine.waiting(True)                            # a round waits for the trainer's cores throughout
+    with trainer.held():
+        time.sleep(0.3)
+        assert trainer.pause() == 0.0                # nothing banked before the first unit
+    time.sleep(0.6)                                  # idle: banked
+    with trainer.held():
+        t0 = time.monotonic()
+        time.sleep(1.0)                              # worked >= 1 s: the share allows as long
+        bank = trainer.credit_s
+        assert bank >= 0.6                           # what idled (more if this thread stalled)
+        budget = min(bank, time.monotonic() - t0)    # the share's budget binds only after a stall
+        paused = trainer.pause()
+        assert budget - 0.1 <= paused <= budget + 0.3
+        left = trainer.credit_s
+        assert left == pytest.approx(max(0.0, bank - paused), abs=0.01)   # spent
+        assert trainer.pause() == 0.0                # nothing left for a second pause
+    with trainer.held():                             # back to back: nothing new banked
+        assert trainer.credit_s - left < 0.05
+        time.sleep(0.3)
+        assert trainer.pause() <= left + 0.05
+    monkeypatch.setattr(cpushare, "PAUSE_CREDIT_CAP_S", 0.2)
+    time.sleep(0.5)
+    with trainer.held():
+        assert trainer.credit_s == pytest.approx(0.2)    # banked up to the cap
+    no_credit = CoreLease(path, yield_share=0.5, pause_credit=False)   # --no-pause-credit: the share alone
+    with no_credit.held():
+        time.sleep(0.3)
+        assert no_credit.pause() >= 0.25
+    engine.waiting(False)
 
 
 def test_a_wait_file_left_by_a_killed_engine_is_cleared_at_the_trainers_start(tmp_path):
@@ -694,7 +737,10 @@ def test_the_trainer_service_holds_its_cores_for_a_step_only(tmp_path, monkeypat
     held.append(probe())
     assert held == [True, False]
     lease = svc._core_lease()   # one lease: the trainer's pause needs the unit its _cores() opened
-    assert lease is svc._core_lease() and lease.yield_share == 0.5
+    assert lease is svc._core_lease() and lease.yield_share == 0.5 and lease.pause_credit
+    svc.cfg, svc._lease = ServiceConfig(core_lease=path, pause_credit=False), None   # --no-pause-credit
+    assert svc._core_lease().pause_credit is False
+    svc.cfg, svc._lease = ServiceConfig(core_lease=path), lease
     with svc._cores():
         assert lease._unit is not None
     svc.cfg = ServiceConfig()
