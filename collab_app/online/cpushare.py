@@ -33,16 +33,18 @@ soon as a rating completes its K ready groups, so the person's next round usuall
 on one core, took 7.3 s against 4.4 s on two (Xeon with AMX, `collab bench generate --beside-training`, docs/results
 "A person's round first"); while a scripted rater keeps a round running nearly all the time an
 unbounded yield would starve the trainer (measured 2026-11-23: a trainer that waited for rounds to
-end would hardly ever step), and the budget keeps it at >= half speed. Why the credit: at a
+end would hardly ever step), and the budget keeps a step at >= half speed (but not the versions:
+below). Why the credit: at a
 person's pace a pause costs the team nothing (the trainer catches up while the person reads and
 would have waited anyway), but where ratings pile up (rounds back to back: several people, a
 scripted rater) every pause delays the next version, and the steps grow with the groups that
 arrive meanwhile. Measured on the 2-core EPYC Zen 4 (`collab bench online`, a rater rating at
 once, a step per rated group, 3 min): pausing on the budget alone made rounds 2.40 s against
 2.75 s never pausing, and the team served 2 versions against 7 (steps 38 s against 16 s; its last
-rounds rated 1.95 against 3.75 of 5); with a rater reading 5 s a round both served 16-17 versions
-and the pause still made rounds faster (docs/results "A step's pause paid from the trainer's idle
-time"). With the credit a busy trainer does not pause and an idle-then-busy one does. Without the split both
+rounds rated 1.95 against 3.75 of 5); with the credit 6 versions, rounds 2.73 s (AVX2 emulated: 7
+versions against 2, rounds 4.60 against 3.96 s). With a rater reading 5 s a round every rule
+served 16-22 versions, each step one group, and the rounds' medians (1.98-2.31 s) moved within the
+noise of one run (docs/results "A step's pause paid from the trainer's idle time"). Without the split both
 processes use both cores and every OpenMP barrier waits for the other process (a 16 s step took
 9+ min); `training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s
 beside a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only

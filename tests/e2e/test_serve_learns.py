@@ -127,7 +127,12 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
     rounds, gains 1.10 and 1.06, the team's ratings rising from version 5); on the Xeon 159 and
     178 s (15 rounds, gain 1.75, two identical curves: the seeds are fixed, only the timing
     differs) against 105-160 s at 2e-3: there the wait for six rounds from version 3 bounds it,
-    not the learning rate."""
+    not the learning rate.
+    Pause credit (2026-11-30, EPYC Zen 4, bf16): the rater's rounds come back to back, so the
+    trainer is behind on its ratings; pausing its steps for rounds made them twice as long and larger
+    (1, 4, 5, 9 groups in 16-50 s), 134-227 s a run, 172 s alone (34 rounds). Since a step pauses only
+    as long as the trainer idled before it (cpushare "Why the credit"): 83 s inside the suite, as with
+    `--yield-share 0` alone (88.5 s, 14 rounds)."""
     from collab_app.commands.bench_online import (BenchOnlineConfig, connect, preference, start_server,
                                                   stop_server)
 
