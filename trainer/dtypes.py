@@ -88,31 +88,58 @@ def resolve_dtype(dtype: str, device: str) -> str:
 GQA_SDPA = "sdpa_gqa"   # the attention implementation name `gqa_attention` registers with transformers
 
 
+def _fp32_attention(query) -> bool:
+    """Whether a CPU attention call computes in fp32 instead of the model's 16-bit dtype: for one
+    query position (a decode step) or under autograd (the trainer's forward). torch's CPU flash
+    kernel in bf16 converts each key/value block to fp32 once per query head and query block, so
+    a decode step (one query block) pays that conversion for every one of the 9 query heads of
+    SmolLM2-135M; converted once up front, the same sums cost a fraction: on the EPYC Zen 4
+    (AVX512_BF16), 16 rows x 136 keys 1.08 -> 0.31 ms a layer, 8 rows x 600 keys 2.35 -> 0.45 ms,
+    forward + backward of 16 rows x 136 tokens 49 -> 30 ms (docs/results "Attention in fp32 on a
+    bf16 CPU"). A prefill without autograd (many query positions) ran as fast either way and
+    stays in 16 bits. The products of 16-bit inputs are exact in fp32 and the kernel sums in fp32
+    in both, so only the rounding of the softmax weights before the value product differs (the
+    fp32 path's error against float64 was equal or lower in every shape measured)."""
+    import torch
+
+    return query.dtype in (torch.bfloat16, torch.float16) and (query.shape[2] == 1 or torch.is_grad_enabled())
+
+
 def _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' sdpa attention, but a masked batch on grouped-query attention hands torch the
-    key/value heads as they are (`enable_gqa=True`) instead of copying each one
-    `num_key_value_groups` times first: transformers does that copy whenever there is a mask (left
-    padding: every batch of prompts of different lengths), because CUDA's fused kernels take no
-    mask with GQA. torch's CPU kernel does; the outputs are identical (tests/trainer/test_dtypes.py).
-    Everything else (no mask, no key/value groups, position bias, paged cache) goes to
-    transformers' own function unchanged."""
+    """transformers' sdpa attention on a CPU, with two changes (same masks, same sums):
+    - a masked batch on grouped-query attention hands torch the key/value heads as they are
+      (`enable_gqa=True`) instead of copying each one `num_key_value_groups` times first:
+      transformers does that copy whenever there is a mask (left padding: every batch of prompts of
+      different lengths), because CUDA's fused kernels take no mask with GQA. torch's CPU kernel
+      does; the outputs are identical (tests/engines/test_engine_dtype.py);
+    - a 16-bit decode step or a forward under autograd computes in fp32 (`_fp32_attention`).
+    Everything else (position bias, paged cache, attention weights asked for) goes to transformers'
+    own function unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    groups = getattr(module, "num_key_value_groups", 1)
-    if (attention_mask is None or groups == 1 or kwargs.get("position_bias") is not None
-            or kwargs.get("cache") is not None or kwargs.get("output_attentions")):
+    if kwargs.get("position_bias") is not None or kwargs.get("cache") is not None or kwargs.get("output_attentions"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    dtype = query.dtype
+    if _fp32_attention(query):
+        query, key, value = query.float(), key.float(), value.float()
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+    groups = getattr(module, "num_key_value_groups", 1)
+    if attention_mask is None or groups == 1:
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, is_causal=is_causal, **kwargs)
+        return out.to(dtype), weights
     import torch
 
     out = torch.nn.functional.scaled_dot_product_attention(   # (batch, heads, T, head_dim)
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None               # (batch, T, heads, head_dim), as sdpa's
+    return out.transpose(1, 2).contiguous().to(dtype), None     # (batch, T, heads, head_dim), as sdpa's
 
 
 def gqa_attention(model, device: str) -> None:
     """Switch a model on `device` "cpu" that runs transformers' "sdpa" attention to `_sdpa_gqa_forward` (same
-    masks, same sums). Why: decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9
+    masks, same sums; 16-bit decode steps and training forwards in fp32, `_fp32_attention`). Why: decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9
     query heads) on the 2-core AVX2 EPYC, the copies of the key/value heads took 2.1 ms per layer
     and step against 0.48 ms for the whole masked attention without them, ~20% of a step
     (docs/results "One prefill per prompt, no copied key/value heads"). Left alone: GPUs (CUDA's

@@ -220,3 +220,53 @@ def test_gqa_attention_gives_sdpas_sums_on_a_padded_batch(tiny_model_path):
     gpu = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     dtypes.gqa_attention(gpu, "cuda")   # CUDA's fused kernels take no mask with GQA: the copy stays there
     assert eager.config._attn_implementation == "eager" and gpu.config._attn_implementation == "sdpa"
+
+
+def test_a_16_bit_decode_step_and_a_training_forward_attend_in_fp32(tiny_model_path):
+    """trainer.dtypes._fp32_attention: in bf16, a decode step (one query position) and a forward
+    under autograd attend in fp32 (torch's bf16 CPU kernel is 3-5x slower there, docs/ENGINES.md);
+    a prefill without autograd stays bf16, fp32 models are untouched. The fp32 sums are at least as
+    close to float64's as the bf16 kernel's, the output keeps the model's dtype, and a bf16 model
+    still generates and trains through it."""
+    import types
+
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bf16 = torch.zeros(2, 9, 1, 8, dtype=torch.bfloat16)
+    assert dtypes._fp32_attention(bf16) and dtypes._fp32_attention(bf16.half())
+    with torch.no_grad():
+        assert not dtypes._fp32_attention(torch.zeros(2, 9, 5, 8, dtype=torch.bfloat16))   # a prefill
+    assert dtypes._fp32_attention(torch.zeros(2, 9, 5, 8, dtype=torch.bfloat16))           # autograd on
+    assert not dtypes._fp32_attention(bf16.float())
+
+    torch.manual_seed(0)
+    q = torch.randn(4, 9, 1, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(4, 3, 50, 64, dtype=torch.bfloat16), torch.randn(4, 3, 50, 64, dtype=torch.bfloat16)
+    mask = torch.ones(4, 1, 1, 50, dtype=torch.bool)
+    mask[::2, ..., :7] = False                                   # left padding: the masked GQA path
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, enable_gqa=True)
+    old = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    for m in (mask, None):
+        with torch.no_grad():
+            out, _ = dtypes._sdpa_gqa_forward(module, q, k, v, m)      # (batch, T, heads, head_dim)
+        assert out.dtype == torch.bfloat16 and out.shape == (4, 1, 9, 64)
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, enable_gqa=True)
+        assert torch.equal(out, want.transpose(1, 2).to(torch.bfloat16))
+    out, _ = dtypes._sdpa_gqa_forward(module, q, k, v, mask)
+    err = lambda o: (o.double() - ref.transpose(1, 2)).abs().max().item()   # noqa: E731
+    assert err(out) <= err(old.transpose(1, 2)) + 1e-6
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16)
+    dtypes.gqa_attention(model, "cpu")
+    batch = tok(["Hello there, how are you today?", "Hi"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        new = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert new.shape[1] == batch["input_ids"].shape[1] + 6
+    model(**batch).logits[:, -1].float().logsumexp(-1).sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.bfloat16 and torch.isfinite(g.float()).all() for g in grads)
