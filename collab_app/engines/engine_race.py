@@ -89,7 +89,9 @@ MEMORY_HEADROOM = 1.25
 # deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds 12-24% shorter).
 # 3: in-graph LoRA lanes for the largest team instead of a slot per served agent (serve's compiled
 # rounds ~11% shorter with its six agents, paired A/B on the EPYC: docs/results "In-graph LoRA lanes").
-ENGINES_REVISION = 3
+# 4: the transformers engine calibrated on its own GEMMs and attending in fp32 at decode on a bf16
+# CPU (its streamed round 0.63x on the EPYC Zen 4: docs/results "The transformers engine's own calibration").
+ENGINES_REVISION = 4
 
 
 def race_key(model_path: str) -> str:

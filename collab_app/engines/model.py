@@ -309,22 +309,32 @@ def cli_main(argv: list[str]) -> int:
         **_dtype_info(),
     }
     if info["device"] == "cpu" and path.is_dir():
+        import importlib.util
+
         from collab_app.engines.calibrate import calibrate
 
-        try:   # what the CPU engines' dtype "auto" serves in on this machine (measured, cached)
-            info["calibration"] = calibrate(str(path), refresh=args.calibrate)
-            info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
-        except Exception as e:  # noqa: BLE001 - report, do not fail the listing
-            info["calibration"] = {"error": f"{type(e).__name__}: {e}"}
-        # `collab serve` with its trainer child builds its engine on its share of the cores
-        # (cpushare.plan), a calibration key of its own: measured here too, so that the first
-        # `make run` does not measure it while a person waits for the page
+        # what the CPU engines' dtype "auto" serves in on this machine (measured, cached), per
+        # engine: vLLM's GEMMs and the transformers engine's differ (engines/calibrate.py); where
+        # vLLM is not installed, the transformers engine's alone. `collab serve` with its trainer
+        # child builds its engine on its share of the cores (cpushare.plan), a calibration key of
+        # its own: measured here too, so that the first `make run` does not measure it while a
+        # person waits for the page.
         threads = serve_engine_threads()
-        if threads and threads != info["calibration"].get("threads"):
+        kinds = ("vllm", "transformers") if importlib.util.find_spec("vllm") is not None else ("transformers",)
+        for engine in kinds:
+            suffix = "_transformers" if engine != kinds[0] else ""
             try:
-                info["calibration_serve"] = calibrate(str(path), threads=threads, refresh=args.calibrate)
-            except Exception as e:  # noqa: BLE001 - as above
-                info["calibration_serve"] = {"error": f"{type(e).__name__}: {e}"}
+                cal = info["calibration" + suffix] = calibrate(str(path), refresh=args.calibrate, engine=engine)
+            except Exception as e:  # noqa: BLE001 - report, do not fail the listing
+                cal = info["calibration" + suffix] = {"error": f"{type(e).__name__}: {e}"}
+            if threads and threads != cal.get("threads"):
+                try:
+                    info["calibration_serve" + suffix] = calibrate(str(path), threads=threads, refresh=args.calibrate,
+                                                                   engine=engine)
+                except Exception as e:  # noqa: BLE001 - as above
+                    info["calibration_serve" + suffix] = {"error": f"{type(e).__name__}: {e}"}
+        if "dtype" in info["calibration"]:
+            info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
         if not args.no_engines and info["engines"].get("vllm") == "ok":
             from collab_app.engines import auto_choice
 
@@ -336,11 +346,14 @@ def cli_main(argv: list[str]) -> int:
     else:
         print(f"model   {info['path']}\nsha256  {info['sha256']}")
         print(f"dtype   {info['dtype']} (auto on {info['device']}; CPU capability {info['cpu_capability']})")
-        for cal, where in ((info.get("calibration"), ""),
-                           (info.get("calibration_serve"), " (collab serve's engine cores beside its trainer)")):
-            if cal:
-                print(f"measured {cal.get('measured_at', '')} on {cal.get('cpu', '?')}, {cal.get('threads', '?')} threads"
-                      f"{where}: {cal.get('why') or cal.get('error')}")
+        serve = " (collab serve's engine cores beside its trainer)"
+        for key, where in (("calibration", ""), ("calibration_serve", serve)):
+            for suffix in ("", "_transformers"):
+                cal = info.get(key + suffix)
+                if cal:
+                    gemms = "the transformers engine's" if cal.get("engine") == "transformers" else "vLLM's"
+                    print(f"measured {cal.get('measured_at', '')} on {cal.get('cpu', '?')}, {cal.get('threads', '?')} threads, "
+                          f"{gemms} GEMMs{where}: {cal.get('why') or cal.get('error')}")
         for name, status in info["engines"].items():
             print(f"engine  {name:<12} {status}")
         if "engine_auto" in info:

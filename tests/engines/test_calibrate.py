@@ -56,6 +56,7 @@ def test_calibration_measures_once_per_machine_and_model(model_path, tmp_path, m
             assert kind != "fp16" or entry["logprob_gap"][kind]["mean"] < cal.FP16_MAX_GAP   # 16-bit checkpoint
     cache = json.loads((tmp_path / "calibration.json").read_text())
     assert list(cache) == [cal.machine_key(model_path, 1)] and cache[cal.machine_key(model_path, 1)] == entry
+    assert entry["engine"] == "vllm"
 
     def boom(*a, **k):
         raise AssertionError("measured again although cached")
@@ -78,16 +79,17 @@ def test_fbgemms_own_isa_cap_is_part_of_the_machine_key(model_path, monkeypatch)
 def test_engine_dtype_auto_on_cpu_follows_the_calibration(monkeypatch, tmp_path):
     from collab_app import engines
 
-    monkeypatch.setattr(cal, "calibrate", lambda path, threads=None: {
-        "dtype": "float32", "quantize": "int8", "why": "test", "measured_at": "now"})
-    assert engines.cpu_precision(str(tmp_path), "vllm") == {"dtype": "float32", "quantize": "int8"}
-    assert engines.cpu_precision(str(tmp_path), "transformers") == {"dtype": "float32", "quantize": "int8"}
-    monkeypatch.setattr(cal, "calibrate", lambda path, threads=None: {
-        "dtype": "bfloat16", "quantize": None, "why": "test", "measured_at": "now"})
+    # each engine gets the decision measured on its own GEMMs (engines/calibrate.py, "Per engine")
+    decided = {"vllm": ("bfloat16", None), "transformers": ("float32", "fp16")}
+    monkeypatch.setattr(cal, "calibrate", lambda path, threads=None, engine="vllm": {
+        "dtype": decided[engine][0], "quantize": decided[engine][1], "why": "test", "measured_at": "now"})
+    assert engines.cpu_precision(str(tmp_path), "vllm") == {"dtype": "bfloat16", "quantize": None}
+    assert engines.cpu_precision(str(tmp_path), "transformers") == {"dtype": "float32", "quantize": "fp16"}
+    decided["transformers"] = ("bfloat16", None)
     # None is a decision too: it overrides the transformers engine's flags rule ("auto")
     assert engines.cpu_precision(str(tmp_path), "transformers") == {"dtype": "bfloat16", "quantize": None}
 
-    def fails(path, threads=None):
+    def fails(path, threads=None, engine="vllm"):
         raise OSError("read-only")
     monkeypatch.setattr(cal, "calibrate", fails)
     assert engines.cpu_precision(str(tmp_path), "vllm") == {}       # the CPU-flags rule, and a warning
@@ -100,21 +102,62 @@ def test_collab_models_also_measures_the_cores_serve_gives_its_engine(model_path
     from collab_app.engines import model as M
     from collab_app.online import cpushare
 
+    import importlib.util
+
     calls = []
 
-    def measured(path, threads=None, refresh=False, rows=8):
-        calls.append(threads)
+    def measured(path, threads=None, refresh=False, rows=8, engine="vllm"):
+        calls.append((threads, engine))
         n = threads or 4
-        return {"dtype": "bfloat16", "quantize": None, "threads": n, "why": f"measured on {n}", "measured_at": "now"}
+        return {"dtype": "bfloat16", "quantize": None, "threads": n, "why": f"measured on {n}", "measured_at": "now",
+                "engine": engine}
 
     monkeypatch.setattr(cal, "calibrate", measured)
     monkeypatch.setattr(M, "_dtype_info", lambda: {"device": "cpu", "dtype": "bfloat16", "cpu_capability": "AVX512"})
     monkeypatch.setattr(cpushare, "plan", lambda *a, **k: cpushare.CpuSplit(engine=(0, 1), trainer=(2, 3)))
-    assert M.cli_main(["--model", model_path, "--no-engines"]) == 0
-    assert calls == [None, 2]
-    out = capsys.readouterr().out
-    assert "4 threads: measured on 4" in out and "2 threads (collab serve's engine cores beside its trainer): measured on 2" in out
+    real_find_spec = importlib.util.find_spec
+    for has_vllm, kinds in ((True, ("vllm", "transformers")), (False, ("transformers",))):
+        # each engine's GEMMs (engines/calibrate.py, "Per engine"); no vLLM installed: the transformers engine's alone
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (real_find_spec("json") if has_vllm else None) if name == "vllm"
+                            else real_find_spec(name, *a))
+        calls.clear()
+        assert M.cli_main(["--model", model_path, "--no-engines"]) == 0
+        assert calls == [(t, k) for k in kinds for t in (None, 2)]
+        out = capsys.readouterr().out
+        for k in kinds:
+            gemms = "the transformers engine's" if k == "transformers" else "vLLM's"
+            assert f"4 threads, {gemms} GEMMs: measured on 4" in out
+            assert f"2 threads, {gemms} GEMMs (collab serve's engine cores beside its trainer): measured on 2" in out
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     calls.clear()
     monkeypatch.setattr(cpushare, "plan", lambda *a, **k: None)     # one core, a GPU: serve splits nothing
     assert M.cli_main(["--model", model_path, "--no-engines", "--json"]) == 0
-    assert calls == [None] and "calibration_serve" not in json.loads(capsys.readouterr().out)
+    listed = json.loads(capsys.readouterr().out)
+    assert [t for t, _ in calls] == [None] * len(calls) and "calibration_serve" not in listed
+    assert listed["calibration"]["engine"] == calls[0][1]
+
+
+def test_the_transformers_engine_is_calibrated_on_its_own_gemms(model_path, tmp_path, monkeypatch):
+    """The transformers engine runs fp32 / bf16 through torch's `F.linear`, vLLM through its own
+    kernels (oneDNN, sgl-kernel): its calibration times torch's, under a key of its own, so that
+    each engine serves what is fastest for it (on the EPYC Zen 4 bf16 won for vLLM and fp16 weights
+    for the transformers engine)."""
+    monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
+    timed = []
+    real = cal._exact_linear
+
+    def spy(w, dtype, engine="vllm"):
+        fn, kernel = real(w, dtype, engine)
+        timed.append((engine, kernel))
+        return fn, kernel
+    monkeypatch.setattr(cal, "_exact_linear", spy)
+    entry = cal.calibrate(model_path, threads=1, engine="transformers")
+    assert entry["engine"] == "transformers" and entry["kernel"] == {"float32": "torch", "bfloat16": "torch"}
+    assert timed and all(t == ("transformers", "torch") for t in timed)
+    assert entry["dtype"] in ("float32", "bfloat16") and entry["quantize"] in (None, "fp16", "int8")
+    key = cal.machine_key(model_path, 1, "transformers")
+    assert key != cal.machine_key(model_path, 1) and key.startswith(cal.machine_key(model_path, 1))
+    assert list(json.loads((tmp_path / "calibration.json").read_text())) == [key]
+    with pytest.raises(ValueError, match="engine must be one of"):
+        cal.calibrate(model_path, threads=1, engine="remote")
