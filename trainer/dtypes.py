@@ -91,12 +91,12 @@ GQA_SDPA = "sdpa_gqa"   # the attention implementation name `gqa_attention` regi
 def _fp32_attention(query) -> bool:
     """Whether a CPU attention call computes in fp32 instead of the model's 16-bit dtype: for one
     query position (a decode step) or under autograd (the trainer's forward). torch's CPU flash
-    kernel in bf16 converts each key/value block to fp32 once per query head and query block, so
-    a decode step (one query block) pays that conversion for every one of the 9 query heads of
-    SmolLM2-135M; converted once up front, the same sums cost a fraction: on the EPYC Zen 4
+    kernel in bf16 does per-block work on the keys and values (packing, conversion) for each query
+    head and query block, which one query position cannot amortize (inferred from the timings, not
+    read in torch's source); with the inputs converted once, the same sums cost a fraction: on the EPYC Zen 4
     (AVX512_BF16), 16 rows x 136 keys 1.08 -> 0.31 ms a layer, 8 rows x 600 keys 2.35 -> 0.45 ms,
-    forward + backward of 16 rows x 136 tokens 49 -> 30 ms (docs/results "Attention in fp32 on a
-    bf16 CPU"). A prefill without autograd (many query positions) ran as fast either way and
+    forward + backward of 16 rows x 136 tokens 49 -> 30 ms (docs/results "The transformers
+    engine on a bf16 CPU"). A prefill without autograd (many query positions) ran as fast either way and
     stays in 16 bits. The products of 16-bit inputs are exact in fp32 and the kernel sums in fp32
     in both, so only the rounding of the softmax weights before the value product differs (the
     fp32 path's error against float64 was equal or lower in every shape measured)."""

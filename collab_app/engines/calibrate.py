@@ -23,7 +23,7 @@ Per engine, because the two run different GEMMs for the same dtype: on the EPYC 
 (AVX512_BF16, no AMX) a bf16 step took 11.4 ms through sgl-kernel (vLLM) and 24.4 ms through
 torch's `F.linear` (the transformers engine), fp16 weights 16.1-17.0 ms in both; so vLLM serves
 bf16 there and the transformers engine fp32 activations on fp16 weights, whose streamed round took
-4.29 s against 6.76 s in bf16 (docs/results "The transformers engine's own calibration"). Before,
+4.29 s against 6.76 s in bf16 (docs/results "The transformers engine on a bf16 CPU"). Before,
 the transformers engine took vLLM's decision.
 
 Cached per machine, model and engine in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU

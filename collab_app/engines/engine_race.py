@@ -90,7 +90,7 @@ MEMORY_HEADROOM = 1.25
 # 3: in-graph LoRA lanes for the largest team instead of a slot per served agent (serve's compiled
 # rounds ~11% shorter with its six agents, paired A/B on the EPYC: docs/results "In-graph LoRA lanes").
 # 4: the transformers engine calibrated on its own GEMMs and attending in fp32 at decode on a bf16
-# CPU (its streamed round 0.63x on the EPYC Zen 4: docs/results "The transformers engine's own calibration").
+# CPU (its streamed round 0.63x on the EPYC Zen 4: docs/results "The transformers engine on a bf16 CPU").
 ENGINES_REVISION = 4
 
 
