@@ -89,22 +89,23 @@ GQA_SDPA = "sdpa_gqa"   # the attention implementation name `gqa_attention` regi
 
 
 def _fp32_attention(query) -> bool:
-    """Whether a CPU attention call computes in fp32 instead of the model's 16-bit dtype: always,
-    for a 16-bit query. torch's CPU flash kernel in bf16 does per-block work on the keys and values
-    (packing, conversion) for each query head and query block, which one query position (a decode
-    step) cannot amortize (inferred from the timings, not read in torch's source); with the inputs
-    converted once, the same sums cost a fraction: on the EPYC Zen 4 (AVX512_BF16), 16 rows x 136
-    keys 1.08 -> 0.31 ms a layer, 8 rows x 600 keys 2.35 -> 0.45 ms, forward + backward of 16 rows x
-    136 tokens 49 -> 30 ms; a prefill 1.02-1.04x (docs/results "The transformers engine on a bf16
-    CPU"). Prefills too, although they do not gain: a prompt's last token must get the same logits
-    whether the prefill computes them (n=1) or a decode step does (the engine's shared prefill for
-    n > 1 rows); with bf16 prefills and fp32 decode steps greedy tokens of n=1 and n=2 differed. The
-    products of 16-bit inputs are exact in fp32 and the kernel sums in fp32 in both, so only the
-    rounding of the softmax weights before the value product differs (the fp32 path's error against
-    float64 was equal or lower in every shape measured)."""
+    """Whether a CPU attention call computes in fp32 instead of the model's 16-bit dtype: for one
+    query position (a decode step) or under autograd (the trainer's forward). torch's CPU flash
+    kernel in bf16 does per-block work on the keys and values (packing, conversion) for each query
+    head and query block, which one query position cannot amortize (inferred from the timings, not
+    read in torch's source); with the inputs converted once, the same sums cost a fraction: on the EPYC Zen 4
+    (AVX512_BF16), 16 rows x 136 keys 1.08 -> 0.31 ms a layer, 8 rows x 600 keys 2.35 -> 0.45 ms,
+    forward + backward of 16 rows x 136 tokens 49 -> 30 ms (docs/results "The transformers
+    engine on a bf16 CPU"). A prefill without autograd (many query positions) ran as fast either way and
+    stays in 16 bits (tried: prefills in fp32 too, so that a prompt's last token gets the same
+    logits from a prefill (n=1) as from the decode step after the engine's shared prefill (n > 1);
+    test_learning's rise then fell to 0.10 at its seed, from 0.78-1.20 over three seeds: not kept).
+    The products of 16-bit inputs are exact in fp32 and the kernel sums in fp32
+    in both, so only the rounding of the softmax weights before the value product differs (the
+    fp32 path's error against float64 was equal or lower in every shape measured)."""
     import torch
 
-    return query.dtype in (torch.bfloat16, torch.float16)
+    return query.dtype in (torch.bfloat16, torch.float16) and (query.shape[2] == 1 or torch.is_grad_enabled())
 
 
 def _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -114,7 +115,7 @@ def _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sc
       transformers does that copy whenever there is a mask (left padding: every batch of prompts of
       different lengths), because CUDA's fused kernels take no mask with GQA. torch's CPU kernel
       does; the outputs are identical (tests/engines/test_engine_dtype.py);
-    - a 16-bit query computes in fp32 (`_fp32_attention`).
+    - a 16-bit decode step or a forward under autograd computes in fp32 (`_fp32_attention`).
     Everything else (position bias, paged cache, attention weights asked for) goes to transformers'
     own function unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -141,7 +142,7 @@ def _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
 def gqa_attention(model, device: str) -> None:
     """Switch a model on `device` "cpu" that runs transformers' "sdpa" attention to `_sdpa_gqa_forward` (same
-    masks, same sums; 16-bit attention in fp32, `_fp32_attention`). Why: decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9
+    masks, same sums; 16-bit decode steps and training forwards in fp32, `_fp32_attention`). Why: decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9
     query heads) on the 2-core AVX2 EPYC, the copies of the key/value heads took 2.1 ms per layer
     and step against 0.48 ms for the whole masked attention without them, ~20% of a step
     (docs/results "One prefill per prompt, no copied key/value heads"). Left alone: GPUs (CUDA's

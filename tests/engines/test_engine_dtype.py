@@ -223,9 +223,9 @@ def test_gqa_attention_gives_sdpas_sums_on_a_padded_batch(tiny_model_path):
 
 
 def test_a_16_bit_decode_step_and_a_training_forward_attend_in_fp32(tiny_model_path):
-    """trainer.dtypes._fp32_attention: in bf16 every CPU attention call runs in fp32 (torch's bf16
-    CPU kernel is 3-5x slower at a decode step, docs/ENGINES.md; prefills too, so that n=1 and a
-    shared prefill give the same tokens); fp32 models are untouched. The fp32 sums are at least as
+    """trainer.dtypes._fp32_attention: in bf16, a decode step (one query position) and a forward
+    under autograd attend in fp32 (torch's bf16 CPU kernel is 3-5x slower there, docs/ENGINES.md);
+    a prefill without autograd stays bf16, fp32 models are untouched. The fp32 sums are at least as
     close to float64's as the bf16 kernel's, the output keeps the model's dtype, and a bf16 model
     still generates and trains through it."""
     import types
@@ -236,8 +236,9 @@ def test_a_16_bit_decode_step_and_a_training_forward_attend_in_fp32(tiny_model_p
 
     bf16 = torch.zeros(2, 9, 1, 8, dtype=torch.bfloat16)
     assert dtypes._fp32_attention(bf16) and dtypes._fp32_attention(bf16.half())
-    with torch.no_grad():   # a prefill too: a prompt's last token gets the same logits as from a decode step
-        assert dtypes._fp32_attention(torch.zeros(2, 9, 5, 8, dtype=torch.bfloat16))
+    with torch.no_grad():
+        assert not dtypes._fp32_attention(torch.zeros(2, 9, 5, 8, dtype=torch.bfloat16))   # a prefill
+    assert dtypes._fp32_attention(torch.zeros(2, 9, 5, 8, dtype=torch.bfloat16))           # autograd on
     assert not dtypes._fp32_attention(bf16.float())
 
     torch.manual_seed(0)
