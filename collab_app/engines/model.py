@@ -309,9 +309,8 @@ def cli_main(argv: list[str]) -> int:
         **_dtype_info(),
     }
     if info["device"] == "cpu" and path.is_dir():
-        import importlib.util
-
         from collab_app.engines.calibrate import calibrate
+        from collab_app.engines.platform import auto_candidates
 
         # what the CPU engines' dtype "auto" serves in on this machine (measured, cached), per
         # engine: vLLM's GEMMs and the transformers engine's differ (engines/calibrate.py); where
@@ -320,7 +319,7 @@ def cli_main(argv: list[str]) -> int:
         # its own: measured here too, so that the first `make run` does not measure it while a
         # person waits for the page.
         threads = serve_engine_threads()
-        kinds = ("vllm", "transformers") if importlib.util.find_spec("vllm") is not None else ("transformers",)
+        kinds = tuple(k for k in auto_candidates() if k in ("vllm", "transformers"))   # vLLM first where it is installed
         for engine in kinds:
             suffix = "_transformers" if engine != kinds[0] else ""
             try:

@@ -32,13 +32,17 @@ def _forward_threads(engine) -> list[int]:
     return seen
 
 
-def test_every_batch_runs_on_the_one_decode_thread_with_the_callers_tokens(threaded, adapters):
-    from collab_app.engines.engine_hf import decoder_thread
+def test_every_batch_runs_on_the_one_decode_thread_with_the_callers_tokens(threaded, adapters, model_path):
+    from collab_app.engines.engine_hf import TransformersEngine, decoder_thread
 
+    caller = TransformersEngine(model_path, seed=0, dtype="float32")   # generates on the caller's thread
     setup_agents(threaded, adapters)
+    setup_agents(caller, adapters)
     seen = _forward_threads(threaded)
     reqs = [Request("a1", PROMPT), Request("base", PROMPT), Request("a2", PROMPT)]
-    want = [o[0].token_ids for o in threaded.generate(reqs, 1, GREEDY)]               # from this thread
+    want = [o[0].token_ids for o in caller.generate(reqs, 1, GREEDY)]
+    caller.close()
+    assert [o[0].token_ids for o in threaded.generate(reqs, 1, GREEDY)] == want      # from this thread
     other: dict = {}
     t = threading.Thread(target=lambda: other.update(out=threaded.generate(reqs, 2, GREEDY)))
     t.start()
