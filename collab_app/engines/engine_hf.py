@@ -83,7 +83,7 @@ from collab_app.engines import huge_pages
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.cpu_sampler import sample_rows
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
-from trainer.dtypes import GQA_SDPA, gqa_attention, resolve_device
+from trainer.dtypes import gqa_attention, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -110,32 +110,23 @@ class PreallocatedLayer(DynamicLayer):
     When the room runs out the buffers double (one copy). Whatever replaces `self.keys` with a
     tensor of its own (`batch_repeat_interleave` after the shared prefill, `batch_select_indices`,
     `reorder_cache`, `reset`) is copied into new buffers at the next update, once; `crop` keeps a
-    view of the buffers, so the next update writes over the cropped positions.
+    view of the buffers, so the next update writes over the cropped positions."""
 
-    fp32_storage: 16-bit keys and values are kept in fp32 (exactly: every 16-bit value is an fp32
-    value). For a CPU model whose attention is `trainer.dtypes._sdpa_gqa_forward`, which attends in
-    fp32 at decode steps (`_fp32_attention`) and so converted the whole cache at every layer and
-    step; an update of one position now returns the fp32 views and the conversion is gone. An
-    update of several positions (a prefill, which attends in 16 bits) returns its 16-bit values, as
-    DynamicLayer would."""
-
-    def __init__(self, capacity: int = 0, fp32_storage: bool = False):
+    def __init__(self, capacity: int = 0):
         super().__init__()
         self.capacity = capacity
-        self.fp32_storage = fp32_storage
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        dtype = torch.float32 if self.fp32_storage and key_states.element_size() == 2 else key_states.dtype
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
         buf = self._buffers
         if (buf is None or end > buf[0].shape[-2] or self.keys.data_ptr() != buf[0].data_ptr()
-                or buf[0].shape[:-2] != key_states.shape[:-2] or buf[0].dtype != dtype):
+                or buf[0].shape[:-2] != key_states.shape[:-2] or buf[0].dtype != key_states.dtype):
             room = max(end, self.capacity, 2 * buf[0].shape[-2] if buf is not None else 0)
-            buf = tuple(s.new_empty((*s.shape[:-2], room, s.shape[-1]), dtype=dtype) for s in (key_states, value_states))
+            buf = tuple(s.new_empty((*s.shape[:-2], room, s.shape[-1])) for s in (key_states, value_states))
             if start:
                 buf[0][..., :start, :] = self.keys
                 buf[1][..., :start, :] = self.values
@@ -143,8 +134,6 @@ class PreallocatedLayer(DynamicLayer):
         buf[0][..., start:end, :] = key_states
         buf[1][..., start:end, :] = value_states
         self.keys, self.values = buf[0][..., :end, :], buf[1][..., :end, :]
-        if key_states.shape[-2] > 1 and dtype != key_states.dtype:   # a prefill attends in its own dtype
-            return self.keys.to(key_states.dtype), self.values.to(key_states.dtype)
         return self.keys, self.values
 
     def reset(self) -> None:
@@ -152,12 +141,11 @@ class PreallocatedLayer(DynamicLayer):
         super().reset()
 
 
-def preallocated_cache(capacity: int, fp32_storage: bool = False) -> DynamicCache:
+def preallocated_cache(capacity: int) -> DynamicCache:
     """An empty DynamicCache whose layers (made as the model's layers first write to it) are
-    PreallocatedLayer(capacity, fp32_storage): for a `generate` call, capacity = padded prompt +
-    max_new_tokens."""
+    PreallocatedLayer(capacity): for a `generate` call, capacity = padded prompt + max_new_tokens."""
     cache = DynamicCache()
-    cache.layer_class_to_replicate = functools.partial(PreallocatedLayer, capacity, fp32_storage)
+    cache.layer_class_to_replicate = functools.partial(PreallocatedLayer, capacity)
     return cache
 
 
@@ -476,9 +464,6 @@ class TransformersEngine:
     def _load_model(self) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
         gqa_attention(self.model, self.device)   # on a CPU: masked attention without copied key/value heads (trainer.dtypes)
-        # a 16-bit model on that attention attends in fp32 at decode steps: its KV cache is kept in
-        # fp32 (PreallocatedLayer's fp32_storage) instead of converted at every layer and step
-        self._fp32_kv = self.model.config._attn_implementation == GQA_SDPA and self.dtype != "float32"
         if self.quantize:   # before any adapter: peft's LoRA layers wrap the packed base layers
             self._pack_base_gemms(self.quantize)
         if self.device == "cpu":
@@ -605,7 +590,7 @@ class TransformersEngine:
                         if n > 1:
                             kw["past_key_values"] = self._shared_prefill(model, prompts, names[::n], n, room)
                         else:
-                            kw["past_key_values"] = preallocated_cache(room, self._fp32_kv)
+                            kw["past_key_values"] = preallocated_cache(room)
                         with team_lora(self._peft, names):
                             streamer.result = model.generate(**kw)
                 except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
@@ -695,7 +680,7 @@ class TransformersEngine:
         pos.masked_fill_(mask == 0, 1)
         with team_lora(self._peft, names):
             out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1],
-                        past_key_values=preallocated_cache(room, self._fp32_kv), use_cache=True, logits_to_keep=1)
+                        past_key_values=preallocated_cache(room), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)   # (requests, ...) -> (requests * n, ...), rows in batch order
         return cache

@@ -71,35 +71,15 @@ def test_a_cache_changed_between_updates_stays_equal(change):
         _same(ours, theirs)
 
 
-def test_fp32_storage_keeps_16_bit_values_exactly_and_returns_a_prefill_in_its_dtype():
-    ours, theirs = PreallocatedLayer(capacity=8, fp32_storage=True), DynamicLayer()
-    k, v = (t.to(torch.bfloat16) for t in _kv(2, 5, 0))
-    out = ours.update(k, v)
-    ref = theirs.update(k, v)
-    assert out[0].dtype == torch.bfloat16 and torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
-    for step in range(3):                               # decode steps: fp32 views of the same values
-        k, v = (t.to(torch.bfloat16) for t in _kv(2, 1, 1 + step))
-        out = ours.update(k, v)
-        ref = theirs.update(k, v)
-        assert out[0].dtype == torch.float32 and torch.equal(out[0], ref[0].float()) and torch.equal(out[1], ref[1].float())
-
-
 @pytest.fixture(scope="module")
 def engine(model_path, adapters):
-    eng = engine_hf.TransformersEngine(model_path, dtype="float32", quantize=None, seed=0)
+    eng = engine_hf.TransformersEngine(model_path, dtype="float32", seed=0)
     setup_agents(eng, adapters)
     return eng
 
 
-@pytest.fixture(scope="module")
-def engine_bf16(model_path, adapters):
-    eng = engine_hf.TransformersEngine(model_path, dtype="bfloat16", seed=0)
-    setup_agents(eng, adapters)
-    return eng
-
-
-def _compare(engine, monkeypatch, n, others):
-    """The engine's samples with its preallocated cache, then with `others` (a cache factory)."""
+@pytest.mark.parametrize("n", [1, 3])
+def test_engine_tokens_and_logprobs_equal_dynamic_cache(engine, monkeypatch, n):
     requests = [Request("a1", PROMPT), Request("base", "Name three colours."), Request("a2", PROMPT)]
     sampling = Sampling(max_new_tokens=12, temperature=0.9, seed=3)
 
@@ -108,23 +88,8 @@ def _compare(engine, monkeypatch, n, others):
 
     made = []
     real = engine_hf.preallocated_cache
-    monkeypatch.setattr(engine_hf, "preallocated_cache",
-                        lambda room, fp32_storage=False: made.append(fp32_storage) or real(room, fp32_storage))
+    monkeypatch.setattr(engine_hf, "preallocated_cache", lambda room: made.append(room) or real(room))
     ours = run()
     assert made, "the engine did not use the preallocated cache"
-    monkeypatch.setattr(engine_hf, "preallocated_cache", lambda room, fp32_storage=False: others(room))
-    return ours, run(), made
-
-
-@pytest.mark.parametrize("n", [1, 3])
-def test_engine_tokens_and_logprobs_equal_dynamic_cache(engine, monkeypatch, n):
-    ours, theirs, made = _compare(engine, monkeypatch, n, lambda room: DynamicCache())
-    assert ours == theirs and not any(made)   # fp32: nothing to widen
-
-
-@pytest.mark.parametrize("n", [1, 3])
-def test_a_bf16_engine_keeps_its_cache_in_fp32_with_the_same_samples(engine_bf16, monkeypatch, n):
-    """bf16 on a CPU attends in fp32 at decode steps (trainer.dtypes._fp32_attention): the cache kept
-    in fp32 gives the samples the bf16 cache converted at every step gave."""
-    ours, theirs, made = _compare(engine_bf16, monkeypatch, n, lambda room: DynamicCache())
-    assert all(made) and ours == theirs
+    monkeypatch.setattr(engine_hf, "preallocated_cache", lambda room: DynamicCache())
+    assert run() == ours
