@@ -73,13 +73,20 @@ def test_a_cache_changed_between_updates_stays_equal(change):
 
 @pytest.fixture(scope="module")
 def engine(model_path, adapters):
-    eng = engine_hf.TransformersEngine(model_path, dtype="float32", seed=0)
+    eng = engine_hf.TransformersEngine(model_path, dtype="float32", quantize=None, seed=0)
     setup_agents(eng, adapters)
     return eng
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_engine_tokens_and_logprobs_equal_dynamic_cache(engine, monkeypatch, n):
+@pytest.fixture(scope="module")
+def engine_bf16(model_path, adapters):
+    eng = engine_hf.TransformersEngine(model_path, dtype="bfloat16", seed=0)
+    setup_agents(eng, adapters)
+    return eng
+
+
+def _compare(engine, monkeypatch, n, others):
+    """The engine's samples with its preallocated cache, then with `others` (a cache factory)."""
     requests = [Request("a1", PROMPT), Request("base", "Name three colours."), Request("a2", PROMPT)]
     sampling = Sampling(max_new_tokens=12, temperature=0.9, seed=3)
 
@@ -91,5 +98,17 @@ def test_engine_tokens_and_logprobs_equal_dynamic_cache(engine, monkeypatch, n):
     monkeypatch.setattr(engine_hf, "preallocated_cache", lambda room: made.append(room) or real(room))
     ours = run()
     assert made, "the engine did not use the preallocated cache"
-    monkeypatch.setattr(engine_hf, "preallocated_cache", lambda room: DynamicCache())
-    assert run() == ours
+    monkeypatch.setattr(engine_hf, "preallocated_cache", others)
+    return ours, run(), made
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_engine_tokens_and_logprobs_equal_dynamic_cache(engine, monkeypatch, n):
+    ours, theirs, made = _compare(engine, monkeypatch, n, lambda room: DynamicCache())
+    assert ours == theirs
+
+
+def test_a_bf16_engine_gives_the_same_samples(engine_bf16, monkeypatch):
+    """bf16 attends in fp32 at decode steps on a CPU (trainer.dtypes._fp32_attention), on the views."""
+    ours, theirs, made = _compare(engine_bf16, monkeypatch, 3, lambda room: DynamicCache())
+    assert ours == theirs
