@@ -143,9 +143,9 @@ def _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 def gqa_attention(model, device: str) -> None:
     """Switch a model on `device` "cpu" that runs transformers' "sdpa" attention to `_sdpa_gqa_forward` (same
     masks, same sums; 16-bit decode steps and training forwards in fp32, `_fp32_attention`). Why:
-    decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9 query heads) on the 2-core AVX2 EPYC, the copies of the key/value heads took 2.1 ms per layer
-    and step against 0.48 ms for the whole masked attention without them, ~20% of a step
-    (docs/results "One prefill per prompt, no copied key/value heads"). Left alone: GPUs (CUDA's
+    decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9 query heads) on the
+    2-core AVX2 EPYC, the copies of the key/value heads took 2.1 ms per layer and step against
+    0.48 ms for the whole masked attention without them, ~20% of a step (docs/results "One prefill per prompt, no copied key/value heads"). Left alone: GPUs (CUDA's
     fused kernels take no mask with GQA, so there the copy is the fast path) and models on
     another attention implementation."""
     if getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa" or str(device) != "cpu":

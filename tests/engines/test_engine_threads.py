@@ -36,12 +36,14 @@ def test_every_batch_runs_on_the_one_decode_thread_with_the_callers_tokens(threa
     from collab_app.engines.engine_hf import TransformersEngine, decoder_thread
 
     caller = TransformersEngine(model_path, seed=0, dtype="float32")   # generates on the caller's thread
-    setup_agents(threaded, adapters)
-    setup_agents(caller, adapters)
-    seen = _forward_threads(threaded)
     reqs = [Request("a1", PROMPT), Request("base", PROMPT), Request("a2", PROMPT)]
-    want = [o[0].token_ids for o in caller.generate(reqs, 1, GREEDY)]
-    caller.close()
+    try:
+        setup_agents(caller, adapters)
+        want = [o[0].token_ids for o in caller.generate(reqs, 1, GREEDY)]
+    finally:
+        caller.close()
+    setup_agents(threaded, adapters)
+    seen = _forward_threads(threaded)
     assert [o[0].token_ids for o in threaded.generate(reqs, 1, GREEDY)] == want      # from this thread
     other: dict = {}
     t = threading.Thread(target=lambda: other.update(out=threaded.generate(reqs, 2, GREEDY)))
