@@ -223,10 +223,10 @@ class _Child:
         """{"startup_s", "dtype", "cores", "peak_mb"} once the engine is up and warm, or {"error"}."""
         return self._answer(TIMEOUT_S)
 
-    def round(self) -> dict:
-        """{"round_s"} of one timed round, or {"error"}."""
+    def round(self, new_tokens: int = NEW_TOKENS) -> dict:
+        """{"round_s"} of one timed round of `new_tokens` a sample, or {"error"}."""
         try:
-            self._proc.stdin.write("round\n")
+            self._proc.stdin.write(f"round {new_tokens}\n")
             self._proc.stdin.flush()
         except OSError as e:      # the child is gone
             return {"error": f"{type(e).__name__}: {e}"}
@@ -349,11 +349,13 @@ def _child(kind: str, model_path: str) -> None:
                           "peak_mb": _peak_rss_mb()}),
               flush=True)
         for line in sys.stdin:
-            if line.strip() != "round":
+            words = line.split()
+            if not words or words[0] != "round":
                 continue
+            new_tokens = int(words[1]) if len(words) > 1 else NEW_TOKENS
             t = time.perf_counter()
             for _ in team.generate_stream(engine, prompt, NUM_GENERATIONS,
-                                          Sampling(max_new_tokens=NEW_TOKENS, temperature=0.8, seed=0)):
+                                          Sampling(max_new_tokens=new_tokens, temperature=0.8, seed=0)):
                 pass
             print(json.dumps({"round_s": round(time.perf_counter() - t, 2)}), flush=True)
     finally:

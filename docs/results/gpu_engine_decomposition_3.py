@@ -90,7 +90,8 @@ def raw():
     """The engine's run() without its streamer: the shared prefill, then generate under team_lora."""
     k = dict(kw, logits_processor=LogitsProcessorList([SampledLogprobs()]))
     with torch.inference_mode():
-        k["past_key_values"] = eng._shared_prefill(eng._peft, prompts, names[::4], 4)
+        k["past_key_values"] = eng._shared_prefill(eng._peft, prompts, names[::4], 4,
+                                                   prompts["input_ids"].shape[1] + k["max_new_tokens"])
         with team_lora(eng._peft, names):
             eng._peft.generate(**k)
 

@@ -139,8 +139,8 @@ def test_a_prompts_rows_share_one_prefill_and_give_its_own_tokens(hf_engine_fp32
     seen = []
     real = hf_engine._shared_prefill
     monkeypatch.setattr(hf_engine, "_shared_prefill",
-                        lambda model, prompts, names, n: seen.append((prompts["input_ids"].shape[0], names, n))
-                        or real(model, prompts, names, n))
+                        lambda model, prompts, names, n, room: seen.append((prompts["input_ids"].shape[0], names, n))
+                        or real(model, prompts, names, n, room))
     reqs = [Request("a1", PROMPT), Request("base", "Say hi."), Request("a2", PROMPT + " Answer in one line.")]
     alone = hf_engine.generate(reqs, 1, GREEDY)
     assert seen == []

@@ -97,10 +97,13 @@ def step():   # an engine step's temporaries at the rollout's 128 rows: fp32 log
     return float(a[0, 0] + b[0, 0] + c[0, 0])
 for _ in range(20):   # the heap settles (a few steps: the 2 MiB-aligned blocks find their places)
     step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+windows = []
+for _ in range(5):   # the quietest of 5 windows of 8 steps: see the test's docstring
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(8):
+        step()
+    windows.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(windows, min(windows))
 """
 
 
@@ -110,13 +113,18 @@ def test_a_kept_step_reuses_its_temporaries_instead_of_faulting_them_in_again(ti
     huge pages on): without it the kernel faults their pages in at every step (~1,570 faults a
     step here); with it, once the heap has settled, the freed blocks are reused and (almost)
     nothing faults. Both CPU engines call it at start (engine_vllm: a rollout round's minor faults
-    ~285,000 -> 1,500-4,700 on the EPYC of docs/results; engine_hf, checked here on the tiny base)."""
+    ~285,000 -> 1,500-4,700 on the EPYC of docs/results; engine_hf, checked here on the tiny base).
+    Judged on the quietest of 5 windows of 8 steps: a kept heap drifts now and then (a block placed
+    at fresh memory: in 6 of 24 runs on an AVX2 EPYC some windows faulted 524-4,716 times, every
+    run had windows of 0; once a single 20-step window gave 5,764 against 31,440 and failed the
+    test), while a heap that hands its pages back faults ~1,570 a step in every window."""
     env = {**os.environ, huge_pages.VAR: "1"}
-    counts = {}
+    counts, windows = {}, {}
     for mode in ("default", "keep", "transformers-engine"):
         out = subprocess.run([sys.executable, "-c", FAULTS, mode, tiny_model_path], env=env, capture_output=True,
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         counts[mode] = int(out.stdout.split()[-1])
-    assert counts["default"] > 20 * 500, counts
-    assert counts["keep"] < counts["default"] / 10 and counts["transformers-engine"] < counts["default"] / 10, counts
+        windows[mode] = out.stdout.strip()
+    assert counts["default"] > 8 * 500, windows
+    assert counts["keep"] < counts["default"] / 10 and counts["transformers-engine"] < counts["default"] / 10, windows
