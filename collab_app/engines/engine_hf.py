@@ -54,10 +54,14 @@ Prefill: each request's prompt once per call, its KV cache repeated for its n ro
 (`_shared_prefill`). Left out: KV-cache reuse across calls (the next round prefills again).
 
 KV cache (`preallocated_cache`): room for the whole call (padded prompt + max_new_tokens) taken
-once, each step's keys and values written in place; transformers' DynamicLayer grows by
-`torch.cat`, a copy of the whole cache at every layer and step: a TL;DR rollout of 16 rows x 128
-tokens took 0.85x in place on the EPYC Zen 4, 0.90x under the AVX2 emulation (docs/results "A KV
-cache written in place").
+once per row, each step's keys and values written in place; transformers' DynamicLayer grows by
+`torch.cat`, a copy of the whole cache at every layer and step. The shared prefill caches each
+prompt at its own size and its rows take the call's room at their first decode step (room for
+every request before the repeat cost +7% peak memory). Paired rounds in place / DynamicCache
+(bit-identical samples): a TL;DR rollout of 16 rows x 128 tokens 0.85x on the EPYC Zen 4, 0.90x
+under the AVX2 emulation; on a real AVX2 EPYC Zen 3 a person's 8-row TL;DR round of 128 tokens
+0.938x and test_learning's 16-row rollout of 40 tokens 0.965x (docs/results "Four levers ..." and
+"The engine race on a real AVX2 CPU").
 """
 from __future__ import annotations
 

@@ -19,7 +19,9 @@ inductor's cache keeps a graph per lane count.
 
 The rounds are interleaved: every contestant's child is started first (one after the other, so
 start-ups never overlap), then each of ROUNDS passes asks every child for one round in turn (the
-order rotates), while the others wait idle. On a VM whose speed drifts (compiled/eager moved
+order rotates), while the others wait idle; before each round every child has gone quiet
+(`wait_quiet`: a child keeps the cores busy for ~3 s after its round, and a round timed meanwhile
+took up to twice as long). On a VM whose speed drifts (compiled/eager moved
 between 0.59 and 0.99 within 12 minutes on one: docs/results "What is left of a compiled step"),
 a contestant timed minutes after another measured another machine; interleaved, a drift falls on
 all of them. The children hold their engines together meanwhile, each with a 1 GiB vLLM KV cache
@@ -50,8 +52,11 @@ on|off` overrides its compile decision; COLLAB_CALIBRATE=0 turns it off (the tes
 `collab models` prints it (and runs it at install).
 
 Left out: the rounds beside a training step (the trainer child's cores are borrowed by both
-engines alike), longer rounds (the per-step cost is what differs; 32 tokens show it), GPUs (vLLM
-whenever it is installed: multi-LoRA kernels).
+engines alike), longer rounds (the per-step cost is what differs; 32 tokens show it: on the real
+AVX2 EPYC of docs/results, vLLM / transformers 0.998 at 32 tokens and 0.976 at 128, medians of 4
+and 3 quiet rounds, `docs/results/race_lengths.py`; the transformers engine's KV cache grew by a copy
+per step before it was written in place, which made its long rounds slower than its short ones
+predicted), GPUs (vLLM whenever it is installed: multi-LoRA kernels).
 """
 from __future__ import annotations
 
@@ -81,6 +86,14 @@ TASK = "Task: reverse the words of a sentence."
 COMPILE_MARGIN = 0.9
 TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
 ROUND_TIMEOUT_S = 120   # one round of a started child
+# Before each round the children are let go quiet: a child's OpenMP workers spin on after its round
+# (~1.2 s of GOMP_SPINCOUNT, collab_app/__init__) and its engine threads settle, and a round timed
+# meanwhile shares the cores with them. On the real AVX2 EPYC of docs/results ("The engine race on
+# a real AVX2 CPU") a 32-token round right after the other child's took 5.2-5.4 s against 2.7-3.0 s
+# after its own; 2 s of sleep were not always enough (2.4-3.7 s), 4 s were (2.7-3.2 s).
+QUIET_CPU_S = 0.02      # a child is quiet when it used less CPU than this over QUIET_POLL_S
+QUIET_POLL_S = 0.25
+QUIET_MAX_S = 10.0
 # another child starts beside the running ones only if available memory >= this x the largest
 # child's peak so far (module doc): a start peaks above the steady size while weights convert
 MEMORY_HEADROOM = 1.25
@@ -91,7 +104,9 @@ MEMORY_HEADROOM = 1.25
 # rounds ~11% shorter with its six agents, paired A/B on the EPYC: docs/results "In-graph LoRA lanes").
 # 4: the transformers engine calibrated on its own GEMMs and attending in fp32 at decode on a bf16
 # CPU (its streamed round 0.63x on the EPYC Zen 4: docs/results "The transformers engine on a bf16 CPU").
-ENGINES_REVISION = 4
+# 5: the transformers engine's KV cache written in place (8-row rounds of 128 tokens 0.94x on a real
+# AVX2 EPYC) and the race's rounds timed only once every child is quiet (`wait_quiet`).
+ENGINES_REVISION = 5
 
 
 def race_key(model_path: str) -> str:
@@ -223,6 +238,16 @@ class _Child:
         """{"startup_s", "dtype", "cores", "peak_mb"} once the engine is up and warm, or {"error"}."""
         return self._answer(TIMEOUT_S)
 
+    def cpu_s(self) -> float:
+        """CPU seconds this child has used so far (every thread; 0 once it is gone)."""
+        import psutil
+
+        try:
+            t = psutil.Process(self._proc.pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return t.user + t.system
+
     def round(self, new_tokens: int = NEW_TOKENS) -> dict:
         """{"round_s"} of one timed round of `new_tokens` a sample, or {"error"}."""
         try:
@@ -288,11 +313,27 @@ def _interleaved_rounds(children: dict[str, _Child], results: dict[str, dict]) -
             break
         p %= len(ready)
         for kind in ready[p:] + ready[:p]:                  # the order rotated each pass
+            wait_quiet(children.values())
             got = children[kind].round()
             if "error" in got:
                 results[kind] = got
             else:
                 results[kind]["round_s"] = min(results[kind].get("round_s", float("inf")), got["round_s"])
+
+
+def wait_quiet(children) -> float:
+    """Wait until no child uses the CPU (less than QUIET_CPU_S each over QUIET_POLL_S; at most
+    QUIET_MAX_S): the seconds waited. Why: the constants' comment."""
+    t = time.perf_counter()
+    children = list(children)
+    last = [c.cpu_s() for c in children]
+    while time.perf_counter() - t < QUIET_MAX_S:
+        time.sleep(QUIET_POLL_S)
+        now = [c.cpu_s() for c in children]
+        if all(b - a < QUIET_CPU_S for a, b in zip(last, now)):
+            break
+        last = now
+    return time.perf_counter() - t
 
 
 def serve_slots() -> int:

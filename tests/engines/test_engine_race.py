@@ -47,7 +47,11 @@ def raced(monkeypatch, tmp_path):
         def close(self):
             state["events"].append(("close", self.kind))
 
+        def cpu_s(self):   # idle: wait_quiet returns after one poll
+            return 0.0
+
     monkeypatch.setattr(engine_race, "_Child", Child)
+    monkeypatch.setattr(engine_race, "QUIET_POLL_S", 0.001)
     # an fp32 CPU unless a test says otherwise: no compiled contestant
     monkeypatch.setattr(engine_race, "_compile_unfit", lambda path: state.get("unfit", "fp32 here"))
     model = tmp_path / "model"
@@ -352,3 +356,40 @@ def test_serve_starts_vllm_for_the_rank_its_trainer_child_trains():
     assert trainer_lora_rank(ServeConfig(trainer_args="--learning-rate 5e-5 --lora-r 32 --lora-alpha 64")) == 32
     assert trainer_lora_rank(ServeConfig(trainer_args="--lora-r 4")) == 8
     assert trainer_lora_rank(ServeConfig(trainer_args="--lora-r 16 --lora-r 64")) == 64     # the last flag wins, as argparse's
+
+
+def test_a_round_waits_until_every_child_is_quiet(monkeypatch):
+    """engine_race.wait_quiet: a child still using the CPU after its round (spinning OpenMP
+    workers) holds the next round back until it stops, or QUIET_MAX_S; an idle machine waits one poll."""
+    monkeypatch.setattr(engine_race, "QUIET_POLL_S", 0.01)
+
+    class Busy:   # uses CPU for its first `polls` polls, then none
+        def __init__(self, polls):
+            self.polls, self.used = polls, 0.0
+
+        def cpu_s(self):
+            if self.polls > 0:
+                self.polls -= 1
+                self.used += 0.1
+            return self.used
+
+    idle, spinning = Busy(0), Busy(6)
+    waited = engine_race.wait_quiet([idle, spinning])
+    assert spinning.polls == 0 and 6 * 0.01 <= waited < 1.0
+    assert engine_race.wait_quiet([Busy(0)]) < 0.5
+    monkeypatch.setattr(engine_race, "QUIET_MAX_S", 0.1)
+    assert 0.1 <= engine_race.wait_quiet([Busy(10 ** 6)]) < 1.0   # never quiet: capped
+
+
+def test_the_race_times_each_round_after_the_children_went_quiet(raced, monkeypatch):
+    from collab_app.engines import auto_choice
+
+    def quiet(children):
+        raced["events"].append(("quiet", len(list(children))))
+        return 0.0
+
+    monkeypatch.setattr(engine_race, "wait_quiet", quiet)
+    raced["times"] = {"vllm": 3.1, "transformers": 2.4}
+    auto_choice(raced["model"], measure=True)
+    rounds = [i for i, e in enumerate(raced["events"]) if e[0] == "round"]
+    assert rounds and all(raced["events"][i - 1] == ("quiet", 2) for i in rounds), raced["events"]
