@@ -12,6 +12,8 @@ from that step's version.
 
 Preferences (`--raters`, one scripted rater each; none of them is a level of the tldr reward):
 - `short`        fewer words is better: 5 at <= 30 words of combined text, 1 at >= 90, linear between
+- `short:LO-HI`  the same with 5 at <= LO words and 1 at >= HI (`short` = `short:30-90`; a HI the team
+                 cannot reach leaves no flat floor where every candidate rates 1 and no group teaches)
 - `long`         the opposite: 5 at >= 90 words, 1 at <= 30 (with `short`: two raters who disagree)
 - `word:W`       5 if the word W appears in the combined text (case-insensitive), else 1
 - `nodigits`     5 if the combined text has no digit, else 1
@@ -100,8 +102,11 @@ class BenchOnlineConfig:
 
 def preference(spec: str):
     """The rating function (combined text -> 1..5) of a rater spec."""
-    if spec == "short":
-        return lambda text: int(round(max(1.0, min(5.0, 5 - 4 * (len(text.split()) - 30) / 60))))
+    if spec == "short" or re.fullmatch(r"short:\d+-\d+", spec):
+        lo, hi = (30, 90) if spec == "short" else map(int, spec[6:].split("-"))
+        if hi <= lo:
+            raise ValueError(f"rater preference {spec!r}: short:LO-HI needs LO < HI words")
+        return lambda text: int(round(max(1.0, min(5.0, 5 - 4 * (len(text.split()) - lo) / (hi - lo)))))
     if spec == "long":
         return lambda text: int(round(max(1.0, min(5.0, 1 + 4 * (len(text.split()) - 30) / 60))))
     if spec.startswith("word:") and re.fullmatch(r"word:\w+", spec):
@@ -109,7 +114,7 @@ def preference(spec: str):
         return lambda text: 5 if word.search(text) else 1
     if spec == "nodigits":
         return lambda text: 1 if re.search(r"\d", text) else 5
-    raise ValueError(f"unknown rater preference {spec!r}: use short, long, word:WORD or nodigits")
+    raise ValueError(f"unknown rater preference {spec!r}: use short, short:LO-HI, long, word:WORD or nodigits")
 
 
 def _free_port() -> int:

@@ -19,8 +19,13 @@ def test_preferences():
     word = preference("word:summary")
     assert word("In summary, the council agreed.") == 5 and word("The summaryless text") == 1
     assert preference("nodigits")("twelve km") == 5 and preference("nodigits")("12 km") == 1
-    with pytest.raises(ValueError, match="short, long, word:WORD or nodigits"):
+    wide = preference("short:30-130")
+    assert wide("word " * 30) == 5 and wide("word " * 80) == 3 and wide("word " * 95) == 2 and wide("word " * 130) == 1
+    assert short("word " * 95) == 1   # the default scale's floor, which the wide one moves out of reach
+    with pytest.raises(ValueError, match="short, short:LO-HI, long, word:WORD or nodigits"):
         BenchOnlineConfig(raters=["longer"])
+    with pytest.raises(ValueError, match="needs LO < HI"):
+        preference("short:90-30")
 
 
 @pytest.mark.parametrize("kw", [{"eval_points": 1}, {"eval_points": -1}, {"eval_examples": 0}, {"eval_samples": -1}])

@@ -132,7 +132,16 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
     trainer is behind on its ratings; pausing its steps for rounds made them twice as long and larger
     (1, 4, 5, 9 groups in 16-50 s), 134-227 s a run, 172 s alone (34 rounds). Since a step pauses only
     as long as the trainer idled before it (cpushare "Why the credit"): 83 s inside the suite, as with
-    `--yield-share 0` alone (88.5 s, 14 rounds)."""
+    `--yield-share 0` alone (88.5 s, 14 rounds).
+    Floor (2026-12-01, a real AVX2 EPYC Zen 3): with the rater's default scale (5 at <= 30 words, 1 at
+    >= 90) the untrained team's combined answers (76-97 words) already rated 1-2, and in one suite
+    the summary agent's answers grew from ~30 to ~55 words by version 5 (a joint rating credits
+    both agents alike, so one agent's length can drift against it): every candidate from then on
+    rated 1, each group had zero variance, no step taught anything (steps 8-106 "no learning
+    signal"), and the test ran into its deadline (it had passed in the same box's suite an hour
+    before). The rater here says 1 only at >= 130 words, which two answers of 64 tokens do not
+    reach: the untrained team rates ~2-3, and every length difference of ~25 words is a signal in
+    either direction. The claim (gain >= 1.0) is unchanged."""
     from collab_app.commands.bench_online import (BenchOnlineConfig, connect, preference, start_server,
                                                   stop_server)
 
@@ -143,7 +152,7 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
                             # rated group at 4e-3 (the docstring's "Pace")
                             trainer_args="--max-wait-s 0 --human-timeout-s 3600 --learning-rate 4e-3 "
                                          "--return-mode human_first")
-    rate = preference("short")
+    rate = preference("short:30-130")   # no floor within reach: the docstring's "Floor"
     port = free_port()
     proc = start_server(cfg, str(tmp_path), port)
     rounds: list[tuple[int, float]] = []          # (served version, mean rating of the round)
