@@ -59,7 +59,7 @@ class BenchOnlineConfig:
     minutes: float = 20.0
     """how long the raters rate (wall clock, after the server is up)."""
     raters: list[str] = field(default_factory=lambda: ["short"])
-    """one scripted rater per entry: short | word:W | nodigits (module doc)."""
+    """one scripted rater per entry: short | short:LO-HI | long | word:W | nodigits (module doc)."""
     engine: str = "auto"
     """serving engine of the `collab serve` it starts (auto | vllm | transformers)."""
     num_generations: int = 4
