@@ -100,15 +100,23 @@ class BenchOnlineConfig:
                              f"{self.eval_examples}, {self.eval_samples}")
 
 
+def _by_words(lo: int, hi: int, fewer_is_better: bool):
+    """1..5 linear in the combined text's words between lo and hi, rounded, flat outside."""
+    def rate(text: str) -> int:
+        x = (len(text.split()) - lo) / (hi - lo)
+        return int(round(max(1.0, min(5.0, 5 - 4 * x if fewer_is_better else 1 + 4 * x))))
+    return rate
+
+
 def preference(spec: str):
     """The rating function (combined text -> 1..5) of a rater spec."""
     if spec == "short" or re.fullmatch(r"short:\d+-\d+", spec):
         lo, hi = (30, 90) if spec == "short" else map(int, spec[6:].split("-"))
         if hi <= lo:
             raise ValueError(f"rater preference {spec!r}: short:LO-HI needs LO < HI words")
-        return lambda text: int(round(max(1.0, min(5.0, 5 - 4 * (len(text.split()) - lo) / (hi - lo)))))
+        return _by_words(lo, hi, fewer_is_better=True)
     if spec == "long":
-        return lambda text: int(round(max(1.0, min(5.0, 1 + 4 * (len(text.split()) - 30) / 60))))
+        return _by_words(30, 90, fewer_is_better=False)
     if spec.startswith("word:") and re.fullmatch(r"word:\w+", spec):
         word = re.compile(rf"\b{re.escape(spec[5:])}\b", re.I)
         return lambda text: 5 if word.search(text) else 1

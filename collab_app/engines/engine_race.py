@@ -20,8 +20,8 @@ inductor's cache keeps a graph per lane count.
 The rounds are interleaved: every contestant's child is started first (one after the other, so
 start-ups never overlap), then each of ROUNDS passes asks every child for one round in turn (the
 order rotates), while the others wait idle; before each round every child has gone quiet
-(`wait_quiet`: a child keeps the cores busy for ~3 s after its round, and a round timed meanwhile
-took up to twice as long). On a VM whose speed drifts (compiled/eager moved
+(`wait_quiet`: a child's OpenMP worker spins a core for up to ~3 s after its round, and a round
+timed meanwhile took up to twice as long). On a VM whose speed drifts (compiled/eager moved
 between 0.59 and 0.99 within 12 minutes on one: docs/results "What is left of a compiled step"),
 a contestant timed minutes after another measured another machine; interleaved, a drift falls on
 all of them. The children hold their engines together meanwhile, each with a 1 GiB vLLM KV cache
@@ -86,11 +86,12 @@ TASK = "Task: reverse the words of a sentence."
 COMPILE_MARGIN = 0.9
 TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
 ROUND_TIMEOUT_S = 120   # one round of a started child
-# Before each round the children are let go quiet: a child's OpenMP workers spin on after its round
-# (~1.2 s of GOMP_SPINCOUNT, collab_app/__init__) and its engine threads settle, and a round timed
-# meanwhile shares the cores with them. On the real AVX2 EPYC of docs/results ("The engine race on
-# a real AVX2 CPU") a 32-token round right after the other child's took 5.2-5.4 s against 2.7-3.0 s
-# after its own; 2 s of sleep were not always enough (2.4-3.7 s), 4 s were (2.7-3.2 s).
+# Before each round the children are let go quiet: a child's OpenMP worker spins on after its round
+# (GOMP_SPINCOUNT, collab_app/__init__: ~1.2 s on the Xeon, 2.6-2.9 s of a whole core on the real
+# AVX2 EPYC Zen 3 of docs/results "The engine race on a real AVX2 CPU"), and a round timed meanwhile
+# shares the cores with it. There a 32-token round right after the other child's took 5.2-5.4 s
+# against 2.7-3.0 s after its own; 2 s of sleep were not always enough (2.4-3.7 s), 4 s were
+# (2.7-3.2 s). Waiting for the CPU time to stop, not a fixed sleep: the spin's length is the CPU's.
 QUIET_CPU_S = 0.02      # a child is quiet when it used less CPU than this over QUIET_POLL_S
 QUIET_POLL_S = 0.25
 QUIET_MAX_S = 10.0
