@@ -217,7 +217,7 @@ def connect(url: str, proc: subprocess.Popen, timeout: float = 600):
         except Exception:  # noqa: BLE001 - not up yet
             if time.monotonic() > end:
                 raise
-            time.sleep(2)
+            time.sleep(0.5)   # a server's start is ~10-40 s: a coarser poll only adds to every start
 
 
 API_RETRIES = 2   # api_call: tries again after the client lost an answer, at most this often
