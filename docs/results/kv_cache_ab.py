@@ -3,6 +3,10 @@
 step), round by round alternating, on test_learning's rollout (its TL;DR text, 2 agents x G, sampled):
 
     python docs/results/kv_cache_ab.py PAIRS [DTYPE [NEW_TOKENS [G]]]   # DTYPE auto | float32 | bfloat16; G=8
+    STREAM=1 python docs/results/kv_cache_ab.py ...                      # rounds through generate_stream
+
+(STREAM=1: the way a person's round runs, and `collab bench generate`'s interactive rounds: the
+engine's generate in a thread of its own, a streamer handed each step's tokens.)
 
 G=4 and 128 tokens is a person's round (8 rows), G=16 the rollout's 32 rows. Prints each arm's
 median round, its ratio to A (median and per pair), the tokens a round generated (rows may stop
@@ -40,17 +44,29 @@ MAGRPOTrainer(cfg, task, tempfile.mkdtemp()).load_into(EngineSampler(eng))
 reqs = [Request(agent=r, prompt=p) for r, p in zip(task.roles, prompts)]
 samp = Sampling(max_new_tokens=new, temperature=0.8, top_p=1.0, seed=1)
 inplace = engine_hf.preallocated_cache
+stream = os.environ.get("STREAM") == "1"
+
+
+def run(G):
+    if not stream:
+        return eng.generate(reqs, G, samp)
+    last = None
+    for last in eng.generate_stream(reqs, G, samp):
+        pass
+    return last.done
+
+
 arms = {"A dynamic": lambda room: DynamicCache(), "B in place": inplace}
 res = {k: [] for k in arms}; toks = {}
 for k in arms:
-    engine_hf.preallocated_cache = arms[k]; eng.generate(reqs, G, samp)
+    engine_hf.preallocated_cache = arms[k]; run(G)
 for i in range(int(sys.argv[1])):
     for k in (list(arms) if i % 2 == 0 else list(arms)[::-1]):   # AB BA ...
         engine_hf.preallocated_cache = arms[k]
-        t = time.perf_counter(); out = eng.generate(reqs, G, samp); res[k].append(time.perf_counter() - t)
+        t = time.perf_counter(); out = run(G); res[k].append(time.perf_counter() - t)
         toks[k] = [(x.token_ids, [round(l, 4) for l in x.logprobs]) for o in out for x in o]
 a = statistics.median(res["A dynamic"])
-print("dtype", eng.dtype, "quantize", eng.quantize, "new tokens", new, "rows", 2 * G,
+print("streamed" if stream else "generate", "dtype", eng.dtype, "quantize", eng.quantize, "new tokens", new, "rows", 2 * G,
       "tokens a round", sum(len(t) for t, _ in toks["A dynamic"]))
 for k, v in res.items():
     print(f"{k:20s} median {statistics.median(v):.3f} s, /A {statistics.median(v) / a:.3f}, paired",
