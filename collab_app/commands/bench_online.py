@@ -110,8 +110,10 @@ def _by_words(lo: int, hi: int, fewer_is_better: bool):
 
 def preference(spec: str):
     """The rating function (combined text -> 1..5) of a rater spec."""
-    if spec == "short" or re.fullmatch(r"short:\d+-\d+", spec):
-        lo, hi = (30, 90) if spec == "short" else map(int, spec[6:].split("-"))
+    if spec == "short":
+        spec = "short:30-90"
+    if re.fullmatch(r"short:\d+-\d+", spec):
+        lo, hi = map(int, spec[6:].split("-"))
         if hi <= lo:
             raise ValueError(f"rater preference {spec!r}: short:LO-HI needs LO < HI words")
         return _by_words(lo, hi, fewer_is_better=True)
