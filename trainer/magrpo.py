@@ -722,7 +722,7 @@ class MAGRPOTrainer:
                 sums["kl_tokens"] += float(mask.sum())
             elif start == 0:
                 rows = min(len(batch), KL_ESTIMATE_ROWS)
-                kl, kl_mask = self._kl_estimate(agent, prompts[:rows], completions[:rows])      # (rows, T')
+                kl, kl_mask = self._kl_estimate(agent, prompts[:rows], completions[:rows], logp[:rows])   # (rows, T')
                 sums["kl"] += float((kl * kl_mask).sum())
                 sums["kl_tokens"] += float(kl_mask.sum())
             with torch.no_grad():
@@ -763,14 +763,18 @@ class MAGRPOTrainer:
         return stats
 
     @torch.no_grad()
-    def _kl_estimate(self, agent, prompts, completions) -> tuple[torch.Tensor, torch.Tensor]:
-        """k3 KL(adapter || base) per token on a few rows of `agent` (its own base), both log-probs
-        from the same batch shape (in bf16 a different padding alone shifts log-probs by ~1e-3)."""
+    def _kl_estimate(self, agent, prompts, completions, logp) -> tuple[torch.Tensor, torch.Tensor]:
+        """k3 KL(adapter || base) per token on a few rows of `agent` (its own base). `logp` (rows, T)
+        is the adapter's side, the step's own forward of those rows (the adapter has not stepped
+        yet): only the base's side costs a forward here. That forward was ~1/3 of a step while both
+        sides were recomputed (tldr, 2 agents x G=4 x 64 tokens, fp32 on one core: 5.1-5.5 of
+        13.6-14.2 s; docs/results "The KL estimate from the step's own forward"). The two sides come
+        from batches of different shapes (B rows vs `rows`): in bf16 that alone moves a log-prob by
+        ~1e-3 (k3 ~ d^2/2 ~ 1e-6 a token), far below a KL worth reading; in fp32 ~1e-7."""
         model, eos = self.model_of[agent], self.eos_of[agent]
-        logp, mask = sequence_logprobs(model, prompts, completions, eos)                      # (rows, T')
         with model.disable_adapter():
-            ref, _ = sequence_logprobs(model, prompts, completions, eos)                      # (rows, T')
-        d = ref - logp
+            ref, mask = sequence_logprobs(model, prompts, completions, eos)                   # (rows, T')
+        d = ref - logp.detach()[:, :ref.shape[1]]                                             # (rows, T')
         return torch.exp(d) - d - 1, mask
 
     # -- offline training (trainer/offline.py) ------------------------------------------------

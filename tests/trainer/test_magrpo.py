@@ -321,6 +321,29 @@ def test_clipping_binds_only_where_it_should(trainer):
     assert m[f"{a}/late_clip_frac"] == pytest.approx(3 / 8)
 
 
+def test_the_logged_kl_is_k3_to_the_base_on_the_first_micro_batchs_rows(trainer):
+    # kl_coef 0: the logged KL takes the adapter's side from the step's own forward and computes
+    # only the base's (MAGRPOTrainer._kl_estimate); it must equal both sides computed apart
+    if min(trainer.versions.values()) == 0:
+        trainer.update(on_policy_groups(trainer))
+    groups = on_policy_groups(trainer)
+    expected = {}
+    for i, agent in enumerate(trainer.agents):
+        rows = groups[0].samples[i]              # the first micro-batch: the first prompt's siblings
+        prompts, comps = [s.prompt_token_ids for s in rows], [s.token_ids for s in rows]
+        trainer.model.set_adapter(agent)
+        with torch.no_grad():
+            logp, mask = sequence_logprobs(trainer.model, prompts, comps, trainer.eos_token_ids)   # (2, T)
+            with trainer.model.disable_adapter():
+                ref, _ = sequence_logprobs(trainer.model, prompts, comps, trainer.eos_token_ids)   # (2, T)
+        d = ref - logp
+        expected[agent] = float(((d.exp() - d - 1) * mask).sum() / mask.sum())
+    m = trainer.update(groups)
+    for agent in trainer.agents:
+        assert expected[agent] > 1e-6, "the adapters have not moved: the check would be vacuous"
+        assert m[f"{agent}/kl"] == pytest.approx(expected[agent], rel=1e-4)
+
+
 def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
     # engine log-probs 1 nat off (bf16 noise, exaggerated) on samples of the current version:
     # behaviour = the trainer's own log-probs, so the ratio is exactly 1 and nothing is clipped
