@@ -377,64 +377,27 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[l
     return _completion_logprobs(base, h, completion_ids, mask, T, device)
 
 
-SEGMENT_OVERHEAD = 20
-"""A decoder call's own cost on a CPU, in row-tokens (_completion_segments): a micro-batch's
-completions go through the decoder in one more segment only where that saves more padded positions
-than this. Measured: forward + backward of one segment on a cached 120-token prompt, fp32, one
-thread, real AVX2 EPYC Zen 3: 146 ms + 7.05 ms a row-token (1x1 to 4x64 rows x tokens), i.e. 21."""
-
-
-def _completion_segments(fed: list[int]) -> list[int]:
-    """Where the segments of the completion tokens end, for rows that feed `fed` tokens each: the
-    ends minimise sum(rows still feeding x segment length) + SEGMENT_OVERHEAD a segment (a row that
-    has fed all its tokens leaves at the end of a segment: its padding never goes through the
-    decoder). E.g. fed [63, 39, 26, 39]: [39, 63] (180 row-tokens in 2 calls instead of 252 in 1).
-    On a GPU a call's own cost outweighs padded positions: there `_shared_prompt_hidden` runs one."""
-    points = [0] + sorted({f for f in fed if f > 0})
-    best = {0: (0, [])}                                                           # end -> (cost, ends)
-    for j, end in enumerate(points[1:], 1):
-        best[end] = min((best[s][0] + sum(f > s for f in fed) * (end - s) + SEGMENT_OVERHEAD, best[s][1] + [end])
-                        for s in points[:j])
-    return best[points[-1]][1]
-
-
 def _shared_prompt_hidden(decoder, prompt: list[int], completion_ids, T: int, device) -> torch.Tensor:
     """(B, T, H) hidden states that predict each completion token, the prompt run once: prompt
-    (1, P) -> its KV cache, repeated B times -> completion tokens on top, in segments
-    (_completion_segments): a row whose completion has ended leaves the cache, so a short sibling
-    does not cost the longest one's length (the summary agent's 4 rows of test_learning were
-    0.64-0.81 real tokens; docs/results "Completions in segments"). Positions a row did not feed are 0."""
+    (1, P) -> its KV cache, repeated B times -> completion tokens 0..T-2 (B, T-1) on top."""
     P, B = len(prompt), len(completion_ids)
     pre = decoder(input_ids=torch.tensor([prompt], device=device), use_cache=True)
     h_last = pre.last_hidden_state[:, -1:].expand(B, 1, -1)                      # (B, 1, H) predicts token 0
     if T == 1:
         return h_last
-    fed = [len(c) - 1 for c in completion_ids]               # row b feeds tokens 0..fed-1, predicting 1..fed
     cache = pre.past_key_values
     cache.batch_repeat_interleave(B)                                             # (B, heads, P, d) per layer
-    rows, pieces, start = list(range(B)), [], 0              # rows: the cache's rows, in its order
-    # one segment off the CPU: on a GPU a padded position costs little next to a call's kernel
-    # launches (the trainer's steps there were launch-bound: docs/results "On a GPU"); not measured
-    ends = _completion_segments(fed) if torch.device(device).type == "cpu" else [max(fed)]
-    for end in ends:
-        keep = [i for i, b in enumerate(rows) if fed[b] > start]
-        if len(keep) < len(rows):
-            cache.batch_select_indices(torch.tensor(keep, device=device))        # (n, heads, P + start, d)
-            rows = [rows[i] for i in keep]
-        n = len(rows)
-        tokens = torch.zeros(n, end - start, dtype=torch.long, device=device)    # (n, L), pad id 0 (masked)
-        attention = torch.ones(n, P + end, dtype=torch.long, device=device)      # (n, P + end)
-        for i, b in enumerate(rows):
-            seg = list(completion_ids[b][start:min(end, fed[b])])
-            tokens[i, :len(seg)] = torch.tensor(seg, dtype=torch.long)
-            attention[i, P + start + len(seg):] = 0
-        positions = torch.arange(P + start, P + end, device=device)[None].expand(n, -1)   # (n, L)
-        out = decoder(input_ids=tokens, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                      use_cache=True)
-        h = out.last_hidden_state                                                # (n, L, H)
-        pieces.append(h.new_zeros(B, end - start, h.shape[-1]).index_copy(0, torch.tensor(rows, device=device), h))
-        start = end
-    return torch.cat([h_last, *pieces], 1)                                       # (B, T, H)
+    tokens = torch.zeros(B, T - 1, dtype=torch.long, device=device)             # (B, T-1), pad id 0 (masked)
+    attention = torch.zeros(B, P + T - 1, dtype=torch.long, device=device)      # (B, P+T-1)
+    attention[:, :P] = 1
+    for b, c in enumerate(completion_ids):
+        n = min(len(c), T - 1)
+        tokens[b, :n] = torch.tensor(list(c[:n]))
+        attention[b, P:P + n] = 1
+    positions = torch.arange(P, P + T - 1, device=device)[None].expand(B, -1)   # (B, T-1)
+    out = decoder(input_ids=tokens, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                  use_cache=True)
+    return torch.cat([h_last, out.last_hidden_state], 1)                         # (B, T, H)
 
 
 def _completion_logprobs(base, h, completion_ids, mask, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -805,7 +768,7 @@ class MAGRPOTrainer:
         is the adapter's side, the step's own forward of those rows (the adapter has not stepped
         yet): only the base's side costs a forward here. That forward was ~1/3 of a step while both
         sides were recomputed (tldr, 2 agents x G=4 x 64 tokens, fp32 on one core: 5.1-5.5 of
-        13.6-14.2 s; docs/results "The KL estimate from the step's own forward; completions in segments"). The two sides come
+        13.6-14.2 s; docs/results "The KL estimate from the step's own forward"). The two sides come
         from batches of different shapes (B rows vs `rows`): in bf16 that alone moves a log-prob by
         ~1e-3 (k3 ~ d^2/2 ~ 1e-6 a token), far below a KL worth reading; in fp32 ~1e-7."""
         model, eos = self.model_of[agent], self.eos_of[agent]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import random
 
 import pytest
 import torch
@@ -270,25 +269,6 @@ def test_padding_does_not_change_logprobs(model_fp32):
     assert m1.sum() == 4 and m2[1].sum() == 4 and m2[0].sum() == 30
     assert torch.allclose(alone[0], batched[1, :4], atol=1e-4)
     assert (batched[1, 4:] == 0).all()                                 # padded positions are 0
-
-
-def test_completion_segments_let_rows_whose_completion_ended_leave():
-    from trainer.magrpo import SEGMENT_OVERHEAD, _completion_segments
-
-    assert _completion_segments([63, 63, 63, 63]) == [63]            # siblings of one length: one segment, as before
-    assert _completion_segments([63, 39, 26, 39]) == [39, 63]        # 180 row-tokens in 2 calls instead of 252 in 1
-    assert _completion_segments([63, 16, 16, 8]) == [16, 63]         # 111 instead of 252
-    assert _completion_segments([63, 62, 61, 60]) == [63]            # 6 padded positions are not worth a call
-    assert _completion_segments([0, 5]) == [5]                       # a 1-token completion feeds no token
-    rng = random.Random(0)
-    for _ in range(300):
-        fed = [rng.randint(0, 64) for _ in range(rng.randint(1, 8))]
-        if max(fed) == 0:
-            continue
-        ends = _completion_segments(fed)
-        cost = sum(sum(f > s for f in fed) * (e - s) + SEGMENT_OVERHEAD for s, e in zip([0] + ends, ends))
-        assert ends == sorted(set(ends)) and ends[-1] == max(fed) and ends[0] > 0, fed
-        assert cost <= sum(f > 0 for f in fed) * max(fed) + SEGMENT_OVERHEAD, fed     # never worse than one segment
 
 
 def test_tokens_after_eos_are_masked(model_fp32):
