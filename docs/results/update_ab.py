@@ -8,12 +8,13 @@ LEVER:
 - kl: the logged KL estimate. A recomputes both sides (the adapter's log-probs and the base's: two
   forwards of KL_ESTIMATE_ROWS rows per agent); B takes the adapter's side from the step's own
   forward (`MAGRPOTrainer._kl_estimate`: the base's forward only).
-- segments: a micro-batch's completions. A feeds every row up to the longest one's length (one
-  segment); B in segments (`magrpo._completion_segments`): rows whose completion ended leave.
+(A second lever, completions fed in segments so that rows whose completion ended leave the cache,
+was measured with this script at 61cd938 and not kept: docs/results "The KL estimate from the
+step's own forward".)
 
-Prints the rollout's lengths, each update's seconds and its logged KL and loss per agent (equal
-in both arms up to float noise for `segments`), then each arm's median and B / A. (Groups never
-go stale here: max_staleness is lifted; the adapters move every update, so the KL grows.)
+Prints the rollout's lengths, each update's seconds and its logged KL and loss per agent, then each
+arm's median and B / A. (Groups never go stale here: max_staleness is lifted; the adapters move
+every update, so the KL grows.)
 """
 import os
 import statistics
@@ -28,7 +29,6 @@ from collab_app.engines import make_engine
 from collab_app.engines.model import ensure_model
 from collab_app.engines.sampler import EngineSampler
 from tasks.writing import TLDRTask
-from trainer import magrpo
 from trainer.config import MAGRPOConfig
 from trainer.magrpo import MAGRPOTrainer, rollout, sequence_logprobs
 from trainer.offline import prompts_of_step, seed_for
@@ -45,12 +45,7 @@ def kl_both_sides(self, agent, prompts, completions, logp=None):
     return torch.exp(d) - d - 1, mask
 
 
-def one_segment(fed):
-    """A of `segments`: every row fed up to the longest one's length."""
-    return [max(fed)]
-
-
-LEVERS = {"kl": (MAGRPOTrainer, "_kl_estimate", kl_both_sides), "segments": (magrpo, "_completion_segments", one_segment)}
+LEVERS = {"kl": (MAGRPOTrainer, "_kl_estimate", kl_both_sides)}   # LEVER -> (owner, attribute, A's version)
 
 
 def main(lever: str, pairs: int = 5, G: int = 4, new_tokens: int = 64) -> None:
