@@ -1,16 +1,14 @@
-"""Paired in-process A/B of a lever in one MAGRPO update (kl_coef 0, the default). The same
-rolled-out groups (tldr, 2 agents x G, aligned, NEW_TOKENS new tokens) are updated again and again,
-arms alternating A B B A ...; A is the trainer without the lever:
+"""Paired in-process A/B of the logged KL estimate's cost in one MAGRPO update (kl_coef 0, the
+default). The same rolled-out groups (tldr, 2 agents x G, aligned, NEW_TOKENS new tokens) are
+updated again and again, arms alternating A B B A ...:
 
-    THREADS=1 python docs/results/update_ab.py LEVER [PAIRS [G [NEW_TOKENS]]]   # PAIRS 5, G 4, 64 tokens
+    THREADS=1 python docs/results/update_ab.py [PAIRS [G [NEW_TOKENS]]]   # PAIRS 5, G 4, 64 tokens
 
-LEVER:
-- kl: the logged KL estimate. A recomputes both sides (the adapter's log-probs and the base's: two
-  forwards of KL_ESTIMATE_ROWS rows per agent); B takes the adapter's side from the step's own
-  forward (`MAGRPOTrainer._kl_estimate`: the base's forward only).
-(A second lever, completions fed in segments so that rows whose completion ended leave the cache,
-was measured with this script at 61cd938 and not kept: docs/results "The KL estimate from the
-step's own forward".)
+A recomputes both sides of the estimate (the adapter's log-probs and the base's: two forwards of
+KL_ESTIMATE_ROWS rows per agent); B takes the adapter's side from the step's own forward
+(`MAGRPOTrainer._kl_estimate`: the base's forward only). (The script's version at 61cd938 also
+measured completions fed in segments, not kept: docs/results "The KL estimate from the step's own
+forward".)
 
 Prints the rollout's lengths, each update's seconds and its logged KL and loss per agent, then each
 arm's median and B / A. (Groups never go stale here: max_staleness is lifted; the adapters move
@@ -36,7 +34,7 @@ from trainer.offline import prompts_of_step, seed_for
 
 @torch.no_grad()
 def kl_both_sides(self, agent, prompts, completions, logp=None):
-    """A of `kl`: the estimate as it was, the adapter's side recomputed in a forward of its own."""
+    """A: the estimate as it was, the adapter's side recomputed in a forward of its own."""
     model, eos = self.model_of[agent], self.eos_of[agent]
     own, mask = sequence_logprobs(model, prompts, completions, eos)            # (rows, T')
     with model.disable_adapter():
@@ -45,12 +43,8 @@ def kl_both_sides(self, agent, prompts, completions, logp=None):
     return torch.exp(d) - d - 1, mask
 
 
-LEVERS = {"kl": (MAGRPOTrainer, "_kl_estimate", kl_both_sides)}   # LEVER -> (owner, attribute, A's version)
-
-
-def main(lever: str, pairs: int = 5, G: int = 4, new_tokens: int = 64) -> None:
-    owner, name, without = LEVERS[lever]
-    with_it = getattr(owner, name)
+def main(pairs: int = 5, G: int = 4, new_tokens: int = 64) -> None:
+    own_forward = MAGRPOTrainer._kl_estimate
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     model = ensure_model()
     cfg = MAGRPOConfig(task="tldr", model=model, num_generations=G, joint_mode="aligned", prompts_per_step=1,
@@ -73,17 +67,17 @@ def main(lever: str, pairs: int = 5, G: int = 4, new_tokens: int = 64) -> None:
         seconds = {"A": [], "B": []}
         for order in ("AB" if k % 2 == 0 else "BA" for k in range(pairs)):
             for arm in order:
-                setattr(owner, name, without if arm == "A" else with_it)
+                MAGRPOTrainer._kl_estimate = kl_both_sides if arm == "A" else own_forward
                 t = time.perf_counter()
                 m = trainer.update(groups)
                 seconds[arm].append(time.perf_counter() - t)
                 print(arm, f"{seconds[arm][-1]:.2f} s", "kl", [f"{m[f'{a}/kl']:.4g}" for a in trainer.agents],
                       "loss", [f"{m[f'{a}/loss']:.4g}" for a in trainer.agents], flush=True)
-        setattr(owner, name, with_it)
+        MAGRPOTrainer._kl_estimate = own_forward
     for arm, s in seconds.items():
         print(arm, "median", round(statistics.median(s), 2), [round(x, 2) for x in s])
     print("B / A", round(statistics.median(seconds["B"]) / statistics.median(seconds["A"]), 3))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) for a in sys.argv[2:5]))
+    main(*(int(a) for a in sys.argv[1:4]))
