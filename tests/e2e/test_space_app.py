@@ -95,9 +95,9 @@ def run_app(model_copy, **env) -> dict:
         "REPO": repo, "PORT": str(free_port()), "COLLAB_MODEL": model_copy, "SPACE_ID": "test/collab",
         "COLLAB_SERVE_ARGS": "--engine transformers --trainer off --tasks humaneval --max-new-tokens 8",
         "COLLAB_API_KEYS": KEY, "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1",
-        # the suite's rule (tests/conftest.py): no dtype calibration in a fresh COLLAB_HOME, which
-        # cost each run here ~19 s of its ~30 on a 2-core AVX2 CPU (tests/engines/test_calibrate.py
-        # tests it); the container's environment is not the suite's, so it is passed on here
+        # the suite's rule (tests/conftest.py): no dtype calibration in a fresh COLLAB_HOME (each run
+        # here calibrated: 30-31 s a run against 22-27 s without, 2-core AVX2 CPU;
+        # tests/engines/test_calibrate.py tests it); the container's environment is not the suite's
         "COLLAB_CALIBRATE": os.environ.get("COLLAB_CALIBRATE", "0"), **env},
         timeout=420)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
