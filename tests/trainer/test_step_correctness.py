@@ -125,18 +125,43 @@ def test_sequence_logprobs_equals_a_plain_forward(model_path, lora_adapter):
                 assert torch.allclose(got[b, :len(c)], want, atol=1e-4), (b, got[b, :len(c)], want)
 
 
-def test_shared_prompt_gradient_equals_separate_sequences(model_path):
-    """The shared-prompt path lets gradients flow back through the reused KV cache."""
+def test_length_passes_cut_where_padding_costs_more_than_a_pass():
+    from trainer.magrpo import length_passes
+
+    assert length_passes([64, 64, 64, 64]) == [[0, 1, 2, 3]]                    # nothing padded: one pass
+    assert length_passes([64, 40, 27, 40]) == [[0], [1, 3], [2]]               # 195 positions + passes, not 264
+    assert length_passes([64, 28, 64, 64]) == [[0, 2, 3], [1]]
+    assert length_passes([30, 29, 28]) == [[0, 1, 2]]                          # 3 padded < one more pass (8)
+    assert length_passes([5, 3, 1], pass_cost=0) == [[0], [1], [2]]
+    assert length_passes([5, 3, 1], pass_cost=10**6) == [[0, 1, 2]]
+    rows = length_passes([7, 1, 33, 2, 2, 19, 64, 1])
+    assert sorted(i for p in rows for i in p) == list(range(8))                 # every row once
+
+
+@pytest.mark.parametrize("comps", [
+    [[907, 314, 253, 2], list(range(300, 320)), [5]],      # two passes: 20 | 4, 1
+    [[5], list(range(300, 320)), [6], [7]],                # a pass of one-token completions: the prompt's state alone
+])
+def test_shared_prompt_gradient_equals_separate_sequences(model_path, comps):
+    """The shared-prompt path lets gradients flow back through the reused KV cache, in each of
+    its passes (`length_passes`), and gives each row its own log-probs in the rows' order."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    prompt, comps = list(range(100, 140)), [[907, 314, 253, 2], list(range(300, 320)), [5]]
+    prompt = list(range(100, 140))
     weight = model.model.layers[0].self_attn.q_proj.weight
-    sequence_logprobs(model, [prompt] * 3, comps)[0].sum().backward()
+    logp, _ = sequence_logprobs(model, [prompt] * len(comps), comps)                  # (B, T)
+    logp.sum().backward()
     shared = weight.grad.clone()
     model.zero_grad()
-    sum(sequence_logprobs(model, [prompt], [c])[0].sum() for c in comps).backward()
-    assert torch.allclose(shared, weight.grad, rtol=1e-3, atol=1e-5)
+    alone = [sequence_logprobs(model, [prompt], [c])[0] for c in comps]                # (1, len(c)) each
+    sum(a.sum() for a in alone).backward()
+    # fp32 sums in another order: 1.0e-4 / 1.8e-4 of the gradient's norm for these two cases, with
+    # one pass for all rows as well (the code before length_passes); no gradient through the cache
+    # would miss the prompt's part of it
+    assert (shared - weight.grad).norm() <= 1e-3 * weight.grad.norm()
+    for b, a in enumerate(alone):
+        assert torch.allclose(logp[b, :a.shape[1]], a[0], atol=1e-4) and (logp[b, a.shape[1]:] == 0).all()
 
 
 @pytest.mark.slow

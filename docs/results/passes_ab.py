@@ -1,0 +1,79 @@
+"""Paired in-process A/B of a MAGRPO update's forward layout (issue 19, the trainer on CPU). The same
+rolled-out groups (tldr, 2 agents x G, aligned, NEW_TOKENS new tokens; the untrained team's
+answers, some ending early at EOS) are updated again and again, arms alternating A B B A ...:
+
+    THREADS=1 python docs/results/passes_ab.py OLD_MAGRPO_PY [PAIRS [G [NEW_TOKENS]]]   # 4, 4, 64
+
+A: the layout of OLD_MAGRPO_PY (a trainer/magrpo.py from before `length_passes`, e.g.
+`git show c47235d:trainer/magrpo.py > /tmp/old.py`): every row of a prompt padded to its longest
+completion in one pass, the LM head over every padded position. B: this checkout's (rows in passes
+of similar length, the LM head over real positions only). Only the two helpers differ; the
+update, its loss and its optimizer are the same code.
+
+Prints each agent's completion lengths and its passes, each update's seconds, then each arm's
+median and B / A. (max_staleness is lifted so the groups never go stale; the adapters move every
+update.)
+"""
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import collab_app  # noqa: F401  (before torch: the OpenMP wait setting)
+import torch
+
+import trainer.magrpo as magrpo
+from collab_app.engines import make_engine
+from collab_app.engines.model import ensure_model
+from collab_app.engines.sampler import EngineSampler
+from tasks.writing import TLDRTask
+from trainer.config import MAGRPOConfig
+from trainer.magrpo import MAGRPOTrainer, rollout
+from trainer.offline import prompts_of_step, seed_for
+
+
+def main(old_path: str, pairs: int = 4, G: int = 4, new_tokens: int = 64) -> None:
+    spec = importlib.util.spec_from_file_location("magrpo_old", old_path)
+    old = sys.modules["magrpo_old"] = importlib.util.module_from_spec(spec)   # (dataclasses look it up)
+    spec.loader.exec_module(old)
+    arms = {"A": (old._shared_prompt_hidden, old._completion_logprobs),
+            "B": (magrpo._shared_prompt_hidden, magrpo._completion_logprobs)}
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    model = ensure_model()
+    cfg = MAGRPOConfig(task="tldr", model=model, num_generations=G, joint_mode="aligned", prompts_per_step=1,
+                       max_new_tokens=new_tokens, num_steps=1, learning_rate=2e-3, seed=0, keep_versions=0,
+                       max_staleness=1000)
+    task = TLDRTask()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = MAGRPOTrainer(cfg, task, os.path.join(tmp, "adapters"))
+        engine = make_engine("transformers", model=model, seed=0)
+        for role in task.roles:
+            engine.register_agent(role)
+        sampler = EngineSampler(engine)
+        trainer.load_into(sampler)
+        groups = rollout(sampler, task, prompts_of_step(task.examples("train"), cfg, 0), cfg, seed=seed_for(0, step=0))
+        engine.close()
+        for g in groups:
+            for i, a in enumerate(trainer.agents):
+                lengths = [len(s.token_ids) for s in g.samples[i]]
+                print(a, "prompt", len(g.samples[i][0].prompt_token_ids), "tokens", lengths,
+                      "passes", [[lengths[b] for b in p] for p in magrpo.length_passes(lengths)])
+        seconds = {"A": [], "B": []}
+        for order in ("AB" if k % 2 == 0 else "BA" for k in range(pairs)):
+            for arm in order:
+                magrpo._shared_prompt_hidden, magrpo._completion_logprobs = arms[arm]
+                t = time.perf_counter()
+                m = trainer.update(groups)
+                seconds[arm].append(time.perf_counter() - t)
+                print(arm, f"{seconds[arm][-1]:.2f} s", "loss", [f"{m[f'{a}/loss']:.4g}" for a in trainer.agents],
+                      flush=True)
+        magrpo._shared_prompt_hidden, magrpo._completion_logprobs = arms["B"]
+    for arm, s in seconds.items():
+        print(arm, "median", round(statistics.median(s), 2), [round(x, 2) for x in s])
+    print("B / A", round(statistics.median(seconds["B"]) / statistics.median(seconds["A"]), 3))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:5]))
