@@ -42,8 +42,9 @@ tokens per <= 128 completion tokens), so a micro-batch holds one prompt's siblin
 prompt runs once (shared KV cache, gradients through it): one group fwd+bwd, 1 thread, 3.6-4.0 s
 padded -> 2.4-2.9 s shared. On top of the prompt the siblings go in passes of similar length
 (`length_passes`) and only real positions reach the LM head: a row padded to its group's longest
-completion cost as much as a full one (tldr, 2 agents x G=4 x 64 tokens of the untrained team, one
-AVX2 core: an update 11.1 -> 10.0 s; docs/results "Rows in passes of similar length").
+completion cost as much as a full one (tldr, 2 agents x G=4 x 64 tokens of the untrained team: an
+update's work 510 -> 437 GFLOP, 0.90x in a paired A/B on one AVX2 core; docs/results "Rows in
+passes of similar length").
 With kl_coef = 0 the KL forward is a 2-row logged estimate, not a full extra forward. bf16 autocast adds nothing where the base is already bf16 (dtype auto picks
 bf16 on CPUs with native bf16; LoRA matmuls are rank 8 and stay fp32).
 

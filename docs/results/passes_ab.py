@@ -3,6 +3,7 @@ rolled-out groups (tldr, 2 agents x G, aligned, NEW_TOKENS new tokens; the untra
 answers, some ending early at EOS) are updated again and again, arms alternating A B B A ...:
 
     THREADS=1 python docs/results/passes_ab.py OLD_MAGRPO_PY [PAIRS [G [NEW_TOKENS]]]   # 4, 4, 64
+    FLOPS=1 THREADS=1 python docs/results/passes_ab.py OLD_MAGRPO_PY 0                  # the work instead
 
 A: the layout of OLD_MAGRPO_PY (a trainer/magrpo.py from before `length_passes`, e.g.
 `git show c47235d:trainer/magrpo.py > /tmp/old.py`): every row of a prompt padded to its longest
@@ -11,7 +12,9 @@ of similar length, the LM head over real positions only). Only the two helpers d
 update, its loss and its optimizer are the same code.
 
 Prints each agent's completion lengths and its passes, each update's seconds, then each arm's
-median and B / A. (max_staleness is lifted so the groups never go stale; the adapters move every
+median and B / A. FLOPS=1 (with PAIRS 0) profiles one update per arm instead (torch.profiler):
+its GEMM work in GFLOP, its `aten::mm` seconds and its seconds, which do not move with the VM's
+hour as a wall clock does. (max_staleness is lifted so the groups never go stale; the adapters move every
 update.)
 """
 import importlib.util
@@ -69,7 +72,21 @@ def main(old_path: str, pairs: int = 4, G: int = 4, new_tokens: int = 64) -> Non
                 seconds[arm].append(time.perf_counter() - t)
                 print(arm, f"{seconds[arm][-1]:.2f} s", "loss", [f"{m[f'{a}/loss']:.4g}" for a in trainer.agents],
                       flush=True)
+        if os.environ.get("FLOPS") == "1":
+            from torch.profiler import ProfilerActivity, profile
+
+            for arm in "AB":
+                magrpo._shared_prompt_hidden, magrpo._completion_logprobs = arms[arm]
+                with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+                    t = time.perf_counter()
+                    trainer.update(groups)
+                    t = time.perf_counter() - t
+                ev = prof.key_averages()
+                mm = sum(e.self_cpu_time_total for e in ev if e.key == "aten::mm") / 1e6
+                print(arm, f"{sum(e.flops for e in ev) / 1e9:.0f} GFLOP, aten::mm {mm:.2f} s, update {t:.2f} s")
         magrpo._shared_prompt_hidden, magrpo._completion_logprobs = arms["B"]
+    if not pairs:
+        return
     for arm, s in seconds.items():
         print(arm, "median", round(statistics.median(s), 2), [round(x, 2) for x in s])
     print("B / A", round(statistics.median(seconds["B"]) / statistics.median(seconds["A"]), 3))
