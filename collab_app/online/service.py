@@ -715,19 +715,6 @@ class TrainerService:
         return self.steps_done
 
 
-def warm_up() -> None:
-    """Import what building a task's first trainer imports (transformers' model classes and peft:
-    ~5 s of the ~6.5 s that build took on one core of an AVX2 EPYC), while the service waits for
-    its first groups (serve starts it beside its engine, on its own cores): a person's first rated
-    group then trains that much sooner. The trainers themselves stay lazy (`trainer_for`): a task
-    that is never rated holds no model in memory."""
-    t = time.monotonic()
-    import peft  # noqa: F401
-    from transformers import AutoModelForCausalLM  # noqa: F401
-
-    log.info("trainer modules imported in %.1f s", time.monotonic() - t)
-
-
 def cli_main(argv: list[str] | None = None) -> int:
     from trainer import distributed
     from trainer.configcli import parse_config
@@ -756,7 +743,6 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    warm_up()
     try:
         steps = service.run()
     finally:

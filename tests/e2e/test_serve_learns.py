@@ -74,10 +74,7 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
         if len(os.sched_getaffinity(0)) >= 2:
             assert not split_seen[0] & split_seen[1], split_seen
         stats = api_call(client, api_name="/stats")
-        text = log.read_text()
-        tail = text[-3000:]
-        # the child imported its trainer's modules while it waited for the first groups (service.warm_up)
-        assert "trainer modules imported in" in text, tail
+        tail = log.read_text()[-3000:]
         versions = [max((v or 0) for v in s.values()) for s in served]
         assert versions[-1] >= 2, f"no second version served in {len(served)} rounds {versions}; log:\n{tail}"
         assert versions == sorted(versions), f"a served version went backwards: {versions}"
