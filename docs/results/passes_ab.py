@@ -28,13 +28,7 @@ import collab_app  # noqa: F401  (before torch: the OpenMP wait setting)
 import torch
 
 import trainer.magrpo as magrpo
-from collab_app.engines import make_engine
-from collab_app.engines.model import ensure_model
-from collab_app.engines.sampler import EngineSampler
-from tasks.writing import TLDRTask
-from trainer.config import MAGRPOConfig
-from trainer.magrpo import MAGRPOTrainer, rollout
-from trainer.offline import prompts_of_step, seed_for
+from update_ab import rolled_out   # this folder: a script's own folder is on sys.path
 
 
 def main(old_path: str, pairs: int = 4, G: int = 4, new_tokens: int = 64) -> None:
@@ -44,20 +38,8 @@ def main(old_path: str, pairs: int = 4, G: int = 4, new_tokens: int = 64) -> Non
     arms = {"A": (old._shared_prompt_hidden, old._completion_logprobs),
             "B": (magrpo._shared_prompt_hidden, magrpo._completion_logprobs)}
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
-    model = ensure_model()
-    cfg = MAGRPOConfig(task="tldr", model=model, num_generations=G, joint_mode="aligned", prompts_per_step=1,
-                       max_new_tokens=new_tokens, num_steps=1, learning_rate=2e-3, seed=0, keep_versions=0,
-                       max_staleness=1000)
-    task = TLDRTask()
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = MAGRPOTrainer(cfg, task, os.path.join(tmp, "adapters"))
-        engine = make_engine("transformers", model=model, seed=0)
-        for role in task.roles:
-            engine.register_agent(role)
-        sampler = EngineSampler(engine)
-        trainer.load_into(sampler)
-        groups = rollout(sampler, task, prompts_of_step(task.examples("train"), cfg, 0), cfg, seed=seed_for(0, step=0))
-        engine.close()
+        trainer, groups = rolled_out(os.path.join(tmp, "adapters"), G, new_tokens)
         for g in groups:
             for i, a in enumerate(trainer.agents):
                 lengths = [len(s.token_ids) for s in g.samples[i]]

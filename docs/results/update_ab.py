@@ -43,23 +43,31 @@ def kl_both_sides(self, agent, prompts, completions, logp=None):
     return torch.exp(d) - d - 1, mask
 
 
-def main(pairs: int = 5, G: int = 4, new_tokens: int = 64) -> None:
-    own_forward = MAGRPOTrainer._kl_estimate
-    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+def rolled_out(adapters_dir: str, G: int, new_tokens: int) -> tuple[MAGRPOTrainer, list]:
+    """A fresh tldr trainer (2 agents, version 0) and one step's groups rolled out by the
+    transformers engine (aligned, G samples per agent, seed 0); the engine is closed after.
+    (docs/results/passes_ab.py uses it too.)"""
     model = ensure_model()
     cfg = MAGRPOConfig(task="tldr", model=model, num_generations=G, joint_mode="aligned", prompts_per_step=1,
                        max_new_tokens=new_tokens, num_steps=1, learning_rate=2e-3, seed=0, keep_versions=0,
                        max_staleness=1000)
     task = TLDRTask()
+    trainer = MAGRPOTrainer(cfg, task, adapters_dir)
+    engine = make_engine("transformers", model=model, seed=0)
+    for role in task.roles:
+        engine.register_agent(role)
+    sampler = EngineSampler(engine)
+    trainer.load_into(sampler)
+    groups = rollout(sampler, task, prompts_of_step(task.examples("train"), cfg, 0), cfg, seed=seed_for(0, step=0))
+    engine.close()
+    return trainer, groups
+
+
+def main(pairs: int = 5, G: int = 4, new_tokens: int = 64) -> None:
+    own_forward = MAGRPOTrainer._kl_estimate
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = MAGRPOTrainer(cfg, task, os.path.join(tmp, "adapters"))
-        engine = make_engine("transformers", model=model, seed=0)
-        for role in task.roles:
-            engine.register_agent(role)
-        sampler = EngineSampler(engine)
-        trainer.load_into(sampler)
-        groups = rollout(sampler, task, prompts_of_step(task.examples("train"), cfg, 0), cfg, seed=seed_for(0, step=0))
-        engine.close()
+        trainer, groups = rolled_out(os.path.join(tmp, "adapters"), G, new_tokens)
         for g in groups:
             for i, a in enumerate(trainer.agents):
                 print(a, "prompt", len(g.samples[i][0].prompt_token_ids), "tokens",
