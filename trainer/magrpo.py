@@ -44,8 +44,8 @@ padded -> 2.4-2.9 s shared. On top of the prompt the siblings go in passes of si
 (`length_passes`) and only real positions reach the LM head: a row padded to its group's longest
 completion cost as much as a full one (tldr, 2 agents x G=4 x 64 tokens of the untrained team: an
 update's work 510 -> 437 GFLOP, 0.90x in a paired A/B on one AVX2 core; docs/results "Rows in
-passes of similar length").
-With kl_coef = 0 the KL forward is a 2-row logged estimate, not a full extra forward. bf16 autocast adds nothing where the base is already bf16 (dtype auto picks
+passes of similar length"). With kl_coef = 0 the KL forward is a 2-row logged estimate, not a
+full extra forward. bf16 autocast adds nothing where the base is already bf16 (dtype auto picks
 bf16 on CPUs with native bf16; LoRA matmuls are rank 8 and stay fp32).
 
 Data parallel under torchrun (trainer/distributed.py says how): every rank holds the step's
@@ -383,9 +383,10 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[l
 
 
 PASS_COST = 8
-"""A decoder pass's fixed cost, in row-positions, for `length_passes`: one more pass over a
-prompt's rows is worth it when it saves more padded positions than this (a position of the embedded
-model costs ~10 ms forward and backward on one AVX2 core, a pass's fixed cost well under 100 ms)."""
+"""A decoder pass's own cost, in positions, for `length_passes`: one more pass over a prompt's rows
+is worth it when it saves more padded positions than this. A position of the embedded model is ~0.8
+GFLOP forward and backward (~14 ms on one AVX2 core at the 58 GFLOP/s an update's GEMMs ran at);
+8 of them (~0.1 s) stand for a pass's per-layer overheads and its cache copy, not measured apart."""
 
 
 def length_passes(lengths: list[int], pass_cost: int = PASS_COST) -> list[list[int]]:
