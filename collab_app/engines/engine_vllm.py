@@ -471,6 +471,7 @@ class VLLMEngine:
         if getattr(self, "_thread", None) is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+        huge_pages.give_back_freed_memory()
 
 
 _LIVE_IN_PROCESS: set[int] = set()   # ids of this process's open in-process engines

@@ -128,3 +128,38 @@ def test_a_kept_step_reuses_its_temporaries_instead_of_faulting_them_in_again(ti
         windows[mode] = out.stdout.strip()
     assert counts["default"] > 8 * 500, windows
     assert counts["keep"] < counts["default"] / 10 and counts["transformers-engine"] < counts["default"] / 10, windows
+
+
+GIVE_BACK = """
+import sys
+from collab_app.engines import huge_pages
+assert not huge_pages.give_back_freed_memory()   # nothing kept yet: nothing to do
+assert huge_pages.keep_freed_memory()
+import torch
+mb = lambda: huge_pages.resident()[0] >> 20
+start = mb()
+blocks = [torch.ones(1 << 20) for _ in range(200)]   # 200 x 4 MiB: below the 32 MiB that malloc keeps
+held = mb()
+del blocks
+kept = mb()
+assert huge_pages.give_back_freed_memory()
+print(start, held, kept, mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc only")
+def test_freed_memory_goes_back_when_asked_and_engines_ask_at_close(tiny_model_path, monkeypatch):
+    """keep_freed_memory keeps a process's freed blocks below 32 MiB (800 MB here) until
+    give_back_freed_memory hands them back; both CPU engines call it in close() (a process
+    that builds engine after engine grew with each: docs/results "What the suite's process keeps")."""
+    out = subprocess.run([sys.executable, "-c", GIVE_BACK], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    start, held, kept, after = map(int, out.stdout.split())
+    assert held - start > 700 and kept - start > 700, out.stdout     # freed but kept
+    assert after - start < 100, out.stdout                           # handed back
+    from collab_app.engines.engine_hf import TransformersEngine
+
+    calls = []
+    monkeypatch.setattr(huge_pages, "give_back_freed_memory", lambda: calls.append(1))
+    TransformersEngine(tiny_model_path, dtype="float32", device="cpu").close()
+    assert calls == [1]
