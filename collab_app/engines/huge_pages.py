@@ -56,7 +56,8 @@ def keep_freed_memory() -> bool:
     and 3.1-3.6 s of system time, 1,000-6,500 faults and 0.3-0.5 s with this (EPYC Zen 4,
     docs/results "In-graph LoRA lanes"); paired rollout rounds 0.931x (95% 0.907-0.958). The
     cost: memory freed below 32 MiB stays with the process (its peak, which it reaches every
-    step anyway) until an engine closes (give_back_freed_memory); larger blocks (weights, the KV cache) are still mapped and unmapped as before.
+    step anyway) until an engine closes (give_back_freed_memory); larger blocks (weights, the KV
+    cache) are still mapped and unmapped as before.
     Both CPU engines call it at start (engine_vllm, engine_hf). Measured since (docs/results
     "Issue 19's command after the malloc change"): the eager fp32 vLLM engine under the AVX2
     emulation, rollout rounds 0.938x (0.931-0.945), rounds of 8 rows unchanged (0.992x,
@@ -88,7 +89,8 @@ def give_back_freed_memory() -> bool:
     it exits. A process that builds engine after engine (`collab bench generate`, the test suite)
     grew with each: the test process held 12-15 GB of a 24 GiB box by the end of the suite on
     an AVX2 EPYC Zen 3, and a test module that had closed its engines still held 4.1-5.5 GB of
-    which `malloc_trim(0)` gave back 1.6-3.1 GB (docs/results "What the suite's process keeps").
+    which `malloc_trim(0)` gave back 1.6-3.1 GB; with this the suite's test process averaged
+    5.2 GB instead of 9.1 (docs/results "What the suite's process keeps").
     The cost: an engine still open in the process faults its step temporaries in again once."""
     if not _kept:
         return False

@@ -131,7 +131,6 @@ def test_a_kept_step_reuses_its_temporaries_instead_of_faulting_them_in_again(ti
 
 
 GIVE_BACK = """
-import sys
 from collab_app.engines import huge_pages
 assert not huge_pages.give_back_freed_memory()   # nothing kept yet: nothing to do
 assert huge_pages.keep_freed_memory()
@@ -152,7 +151,8 @@ def test_freed_memory_goes_back_when_asked_and_engines_ask_at_close(tiny_model_p
     """keep_freed_memory keeps a process's freed blocks below 32 MiB (800 MB here) until
     give_back_freed_memory hands them back; both CPU engines call it in close() (a process
     that builds engine after engine grew with each: docs/results "What the suite's process keeps")."""
-    out = subprocess.run([sys.executable, "-c", GIVE_BACK], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, huge_pages.VAR: "0"}   # torch's plain allocations (4 KiB pages): malloc's heaps alone
+    out = subprocess.run([sys.executable, "-c", GIVE_BACK], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     start, held, kept, after = map(int, out.stdout.split())
     assert held - start > 700 and kept - start > 700, out.stdout     # freed but kept
