@@ -17,7 +17,8 @@ GEMM is many times slower) is the engine's dtype; the CPU engine (vLLM's or tran
 less exact kind only where that kind is at least MIN_SPEEDUP x faster than what it would replace:
 fp16 weights if their log-prob gap is at most FP16_MAX_GAP (rounding noise: fp16 keeps 11
 significant bits), and at least EXACT_SPEEDUP x faster where the gap is at most EXACT_GAP (a
-16-bit checkpoint's weights in fp16 are its own values: nothing is less exact), then int8 if its gap is no larger than bf16's (the engine already serves bf16
+16-bit checkpoint's weights in fp16 are its own values: nothing is less exact), then int8 if its
+gap is no larger than bf16's (the engine already serves bf16
 where bf16 is native: int8 must not be less exact than that) and below INT8_MAX_GAP.
 
 Per engine, because the two run different GEMMs for the same dtype: on the EPYC Zen 4
