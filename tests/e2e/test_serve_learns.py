@@ -36,6 +36,7 @@ def rate_by_length(candidates) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine   # it checks serve's CPU split, which needs two cores
 def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_model_path, monkeypatch):
     """On the tiny base (tests/helpers/tiny_model.py; the next test learns on the embedded model):
     what is under test is the loop store -> trainer -> hot-swap -> served, not what is written."""

@@ -12,6 +12,9 @@ import pytest
 
 from collab_app.online.cpushare import CpuSplit, pinned_command, plan
 
+# the split, the lending and the confining need two cores of their own: not a pinned worker's share
+pytestmark = pytest.mark.whole_machine
+
 
 def test_plan_splits_cores_without_overlap():
     assert plan(0, cores=[0, 1], on_gpu=False) == CpuSplit(engine=(0,), trainer=(1,))

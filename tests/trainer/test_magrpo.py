@@ -387,6 +387,7 @@ def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer)
     assert trainer.update(on_policy_groups(trainer))["time/paused_s"] == 0.0
 
 
+@pytest.mark.whole_machine
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
                     reason="needs two cores: the trainer's and the engine's")
 def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp_path):

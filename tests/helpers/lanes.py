@@ -1,0 +1,15 @@
+"""How `make test` splits the machine between its pytest-xdist workers (tests/conftest.py "two lanes")."""
+from __future__ import annotations
+
+WORKER_GIB = 10   # memory per worker: a worker process peaked at 10.7 GB (test_engine.py's second vLLM engine)
+
+
+def auto_num_workers(cores: int, mem_gib: float) -> int:
+    """One worker per core while each has WORKER_GIB of memory; at least one (= a plain run)."""
+    return max(1, min(cores, int(mem_gib // WORKER_GIB)))
+
+
+def worker_cores(index: int, count: int, cores: list[int]) -> list[int]:
+    """Worker `index` of `count`: every count-th core from its index (disjoint; together all of
+    them); more workers than cores share round-robin."""
+    return cores[index::count] if count <= len(cores) else [cores[index % len(cores)]]
