@@ -28,8 +28,8 @@ os.environ.setdefault("COLLAB_CALIBRATE", "0")
 # Why pinned: two unpinned workers on 2 cores ran 41 min against 37 serial, train_single 902 s
 # against 84 (OpenMP teams of two processes on the same cores: a region waits for a thread the
 # other process preempted, and ours spin, GOMP_SPINCOUNT); one core each, 21 min (docs/results
-# "Two lanes"). Modules go longest first (tests/module_seconds.json: seconds per module on the 2-core
-# AVX2 EPYC; `--write-module-seconds` updates it), so that the last minutes are short modules on both workers.
+# "Two lanes"). Modules go longest first (tests/module_seconds.json: seconds per module in these lanes
+# on the 2-core AVX2 EPYC; `--write-module-seconds` updates it), so that the last minutes are short modules on both workers.
 MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
 
 
@@ -93,7 +93,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    if not session.config.getoption("--write-module-seconds") or hasattr(session.config, "workerinput"):
+    """With --write-module-seconds, in the lanes' controller only: a run without workers (make test's
+    second phase) sees only the whole_machine part of a module and would overwrite its lanes' seconds."""
+    config = session.config
+    if not config.getoption("--write-module-seconds") or hasattr(config, "workerinput") \
+            or not config.getoption("numprocesses", None):
         return
     import json
 
