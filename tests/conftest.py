@@ -28,8 +28,9 @@ os.environ.setdefault("COLLAB_CALIBRATE", "0")
 # Why pinned: two unpinned workers on 2 cores ran 41 min against 37 serial, train_single 902 s
 # against 84 (OpenMP teams of two processes on the same cores: a region waits for a thread the
 # other process preempted, and ours spin, GOMP_SPINCOUNT); one core each, 21 min (docs/results
-# "Two lanes"). Modules go longest first (tests/module_seconds.json: seconds per module in these lanes
-# on the 2-core AVX2 EPYC; `--write-module-seconds` updates it), so that the last minutes are short modules on both workers.
+# "Two lanes"). Modules go longest first (tests/module_seconds.json: seconds per module in these
+# lanes on the 2-core AVX2 EPYC; `--write-module-seconds` updates it), so that the last minutes
+# are short modules on both workers.
 MODULE_SECONDS = os.path.join(os.path.dirname(__file__), "module_seconds.json")
 
 
@@ -106,6 +107,7 @@ def pytest_sessionfinish(session):
     with open(MODULE_SECONDS, "w") as f:
         json.dump(dict(sorted(seconds.items(), key=lambda kv: -kv[1])), f, indent=0)
         f.write("\n")
+
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
