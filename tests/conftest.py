@@ -59,12 +59,13 @@ def pytest_configure(config):
         return
     import sys
 
+    from collab_app.online.cpushare import THREAD_VARS   # the variables serve's CPU split sets for its children
     from helpers.lanes import worker_cores
 
     mine = worker_cores(int(workerinput["workerid"][2:]), int(workerinput["workercount"]),
                         sorted(os.sched_getaffinity(0)))
     os.sched_setaffinity(0, mine)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    for var in THREAD_VARS:
         os.environ[var] = str(len(mine))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(len(mine))
