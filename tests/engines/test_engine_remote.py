@@ -16,21 +16,15 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import time
 
 import pytest
 
 from collab_app.engines.engine_types import EngineError, Request, Sampling
 from helpers.engines import PROMPT, setup_agents  # agents base / a1 / a2 (adapters seed 1 / 2, version 1)
+from helpers.launch import free_port
 
 GREEDY = Sampling(max_new_tokens=24, temperature=0.0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +37,8 @@ def server(model_path, tmp_path_factory):
     from collab_app.engines.engine_remote import local_server
 
     t0 = time.monotonic()
-    with local_server(model_path, dtype="float32", max_model_len=512, max_lora_rank=8, max_loras=4, nice=5,
-                      log_path=str(tmp_path_factory.mktemp("vllm-server") / "server.log")) as url:
+    with local_server(model_path, port=free_port(), dtype="float32", max_model_len=512, max_lora_rank=8,
+                      max_loras=4, nice=5, log_path=str(tmp_path_factory.mktemp("vllm-server") / "server.log")) as url:
         print(f"\nvLLM server ready after {time.monotonic() - t0:.1f} s")
         yield url
 
@@ -255,7 +249,7 @@ def test_unreachable_server_is_a_clear_error(model_path):
     (connection refused, so it comes at once, not after a timeout)."""
     from collab_app.engines import make_engine
 
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EngineError, match=f"cannot reach the vLLM server at {url}.*vllm serve"):
         make_engine("remote", model_path, url=url, connect_timeout_s=2)
     with pytest.raises(EngineError, match="needs url="):

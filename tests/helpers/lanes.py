@@ -13,3 +13,18 @@ def worker_cores(index: int, count: int, cores: list[int]) -> list[int]:
     """Worker `index` of `count`: every count-th core from its index (disjoint; together all of
     them); more workers than cores share round-robin."""
     return cores[index::count] if count <= len(cores) else [cores[index % len(cores)]]
+
+
+PORTS_FROM = 10000   # test servers' ports start here (below: well-known and registered services'); lanes.port_slice
+
+
+def port_slice(index: int, count: int, ephemeral_lo: int) -> tuple[int, int] | None:
+    """Worker `index` of `count`: its own range [lo, hi) of ports for test servers, between
+    PORTS_FROM and the kernel's ephemeral range (tests/helpers/launch.free_port); disjoint. None
+    where that gap leaves a worker fewer than 100 ports (an ephemeral range reaching down to them)."""
+    count = max(1, count)
+    width = (ephemeral_lo - PORTS_FROM) // count
+    if width < 100:
+        return None
+    lo = PORTS_FROM + (index % count) * width
+    return lo, lo + width

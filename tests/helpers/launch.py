@@ -1,10 +1,42 @@
 """Launch the real app in this process on a free local port."""
 from __future__ import annotations
 
+import os
+import random
 import socket
+
+from helpers.lanes import port_slice
+
+
+def _ephemeral_range() -> tuple[int, int] | None:
+    """The kernel's range for clients' source ports (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return None
 
 
 def free_port() -> int:
+    """A loopback port for a test's server, free now. Why not just bind port 0: the kernel then
+    hands out a port from its ephemeral range, where every client connection also takes its source
+    port, so between this call and the server's bind (a vLLM server binds ~20-35 s later) another
+    test's connection, or the other pytest-xdist worker's free_port, could take it. So the port
+    comes from below the ephemeral range (no connection is given one there) and from this worker's
+    own slice of it (tests/helpers/lanes.port_slice); bind port 0 only where neither can be had."""
+    eph = _ephemeral_range()
+    if eph is not None:
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+        ports = port_slice(index, count, eph[0])
+        for port in random.sample(range(*ports), 64) if ports else ():
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
