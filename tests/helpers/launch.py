@@ -7,6 +7,8 @@ import socket
 
 from helpers.lanes import port_slice
 
+_RNG = random.Random()   # its own: a test that seeds `random` gets the same draws whether or not it starts a server
+
 
 def _ephemeral_range() -> tuple[int, int] | None:
     """The kernel's range for clients' source ports (Linux), or None where it cannot be read."""
@@ -30,7 +32,7 @@ def free_port() -> int:
         count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
         index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
         ports = port_slice(index, count, eph[0])
-        for port in random.sample(range(*ports), 64) if ports else ():
+        for port in _RNG.sample(range(*ports), 64) if ports else ():
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
