@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 
@@ -34,9 +33,9 @@ def pg_server():
             pytest.skip("running as root and there is no 'postgres' user to run the server as")
         os.chown(root, pw.pw_uid, pw.pw_gid)
         run_as = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from helpers.launch import free_port
+
+    port = free_port()
     data = os.path.join(root, "data")
     subprocess.run(run_as + [initdb, "-D", data, "-U", "collab", "-A", "trust", "--no-sync", "-E", "UTF8"],
                    check=True, capture_output=True)
