@@ -15,7 +15,7 @@ def worker_cores(index: int, count: int, cores: list[int]) -> list[int]:
     return cores[index::count] if count <= len(cores) else [cores[index % len(cores)]]
 
 
-PORTS_FROM = 10000   # test servers' ports start here (below: well-known and registered services'); lanes.port_slice
+PORTS_FROM = 10000   # test servers' ports start here (below it: well-known services' ports)
 
 
 def port_slice(index: int, count: int, ephemeral_lo: int) -> tuple[int, int] | None:
