@@ -28,7 +28,7 @@ bf16 there and the transformers engine fp32 activations on fp16 weights, whose s
 4.29 s against 6.76 s in bf16 (docs/results "The transformers engine on a bf16 CPU"). Before,
 the transformers engine took vLLM's decision.
 
-Cached per machine, model and engine in $COLLAB_HOME/calibration.json (key: CPU model, torch's CPU
+Cached per machine, model and engine in $COLLAB_HOME/calibration.json (key: CPU model and flags, torch's CPU
 capability, torch version, thread count, model folder and size, fbgemm's instruction set where
 FBGEMM_ENABLE_INSTRUCTIONS caps it, and the engine where it is the transformers engine); re-run
 when any of them changes.
@@ -38,13 +38,14 @@ one-batch scheduling: `collab bench generate` measures both engines end to end).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import time
 from pathlib import Path
 
-from collab_app.machine import cpu_model
+from collab_app.machine import cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,10 @@ def machine_key(model_path: str, threads: int, engine: str = "vllm") -> str:
     # ATEN_CPU_CAPABILITY: only its own variable caps them (the AVX2 emulation of docs/results sets
     # it), and the kinds' speed then differs on the same CPU
     fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
-    return (f"{cpu_model()} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
+    # the flags too: the same model can come with fewer of them (a VM that hides AMX or
+    # AVX512_BF16 from its guest), and torch's capability does not tell AMX apart
+    flags = hashlib.sha256(cpu_flags().encode()).hexdigest()[:10] if cpu_flags() else "none"
+    return (f"{cpu_model()} | flags {flags} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
             f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX or AVX512_BF16"
             " | exact fp16 at 1.05x"   # entries decided with the 1.25x margin for exact fp16 are measured again
             + (f" | fbgemm {fbgemm}" if fbgemm else "")
