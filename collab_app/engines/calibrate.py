@@ -71,8 +71,9 @@ def machine_key(model_path: str, threads: int, engine: str = "vllm") -> str:
     # ATEN_CPU_CAPABILITY: only its own variable caps them (the AVX2 emulation of docs/results sets
     # it), and the kinds' speed then differs on the same CPU
     fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
-    # the flags too: the same model can come with fewer of them (a VM that hides AMX or
-    # AVX512_BF16 from its guest), and torch's capability does not tell AMX apart
+    # the flags too: torch's capability names only its vector ISA (and AMX / AVX512_BF16), while
+    # the same model name can come with fewer flags (a VM masking some from its guest) and ARM's
+    # capability is DEFAULT or SVE<bits> with or without bf16 / i8mm
     flags = hashlib.sha256(cpu_flags().encode()).hexdigest()[:10] if cpu_flags() else "none"
     return (f"{cpu_model()} | flags {flags} | {cpu_capability()} | torch {torch.__version__} | {threads} threads | "
             f"{Path(model_path).resolve()} {size} | kinds {','.join(KINDS)} | bf16 sgl on AMX or AVX512_BF16"
