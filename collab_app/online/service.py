@@ -317,8 +317,9 @@ class _Status:
 # ----------------------------------------------------------------------------- the service
 
 def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
-    """Record every complete adapter version on disk that has no store row yet (a crash between
-    the rename and the row). Returns the (agent, version) pairs recorded."""
+    """Record every complete adapter version on disk that has no store row yet: a fresh team's
+    version 0, which building its trainer writes (logged as news), or a crash between a step's
+    rename and its row (a warning). Returns the (agent, version) pairs recorded."""
     from trainer import adapters
 
     done = []
@@ -335,8 +336,12 @@ def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
                                              metrics={"reconciled": True, "task_step": meta.get("step")},
                                              base_model=meta.get("base_model"))
                 done.append((agent, version))
-    if done:
-        log.warning("recorded adapter versions found on disk without a store row: %s", done)
+    first = [d for d in done if d[1] == 0]
+    if first:
+        log.info("recorded a fresh team's first adapter versions: %s", first)
+    if len(done) > len(first):
+        log.warning("recorded adapter versions found on disk without a store row (a step that stopped between "
+                    "saving a version and recording it): %s", [d for d in done if d[1] != 0])
     return done
 
 

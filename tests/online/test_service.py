@@ -98,6 +98,26 @@ def test_reconcile_records_complete_versions_only(sqlite_store, tmp_path):
     assert reconcile(sqlite_store, root) == []   # idempotent
 
 
+def test_reconcile_warns_of_a_stopped_step_not_of_a_fresh_team(sqlite_store, tmp_path, caplog):
+    """A fresh team's version 0 (written by building its trainer, recorded by reconcile) is news
+    at every first start; a version > 0 without a row is a step stopped between save and row."""
+    import logging
+
+    root = str(tmp_path / "adapters")
+    for agent in ("svc_a", "svc_b"):
+        adapters.save_version(root, agent, 0, lambda d: open(f"{d}/adapter_model.safetensors", "wb").write(b"x"),
+                              {"step": 0})
+    with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
+        assert reconcile(sqlite_store, root) == [("svc_a", 0), ("svc_b", 0)]
+    assert [r.levelname for r in caplog.records] == ["INFO"], caplog.text
+    caplog.clear()
+    adapters.save_version(root, "svc_a", 1, lambda d: open(f"{d}/adapter_model.safetensors", "wb").write(b"x"),
+                          {"step": 1})
+    with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
+        assert reconcile(sqlite_store, root) == [("svc_a", 1)]
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "svc_a', 1" in caplog.text, caplog.text
+
+
 def test_due_waits_for_K_groups_or_T_seconds(sqlite_store, tmp_path):
     svc = service(sqlite_store, tmp_path, min_groups=3, max_wait_s=0.0)
     add_groups(sqlite_store, 2)
