@@ -166,6 +166,24 @@ def vllm_engine(model_path):
     eng.close()
 
 
+@pytest.fixture(scope="module")
+def people_code_runs_here():
+    """For modules whose own fixed "person's code" (custom coding problems written in the test) must
+    run: they test scoring or a round's flow, not the sandbox's policy (tests/tasks/test_sandbox.py
+    and test_sandbox_adversarial.py test that, on every level this machine offers). Where this
+    machine's sandbox is weak -- no root and no unprivileged user namespaces (Ubuntu 24.04's AppArmor
+    default), macOS, qemu-user -- the app refuses such code unless an operator sets
+    COLLAB_SANDBOX_ALLOW_WEAK=1: the module then runs as under that operator; where the sandbox is
+    strong, nothing changes. Module-scoped, so that module fixtures' own rounds run under it too.
+    Use: `pytestmark = pytest.mark.usefixtures("people_code_runs_here")`."""
+    from tasks import sandbox
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not sandbox.isolation()["strong"]:
+            mp.setenv(sandbox.ALLOW_WEAK_ENV, "1")
+        yield
+
+
 # Engine threads and the rest of the test process. An in-process engine decodes on a thread of its
 # own (vLLM's engine thread, the transformers engine's decode thread); while that thread lives, its
 # OpenMP team counts against the cores and libgomp throttles the spinning of every other team, so

@@ -13,6 +13,9 @@ from tasks.coding import (CustomCodingTask, HumanEvalTask, SandboxFailure, coope
                           extract_code, split_tests)
 from tasks.sandbox import Limits, SandboxResult, TestResult
 
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
+
 # ------------------------------------------------------------------------------ extraction
 
 

@@ -11,6 +11,9 @@ import pytest
 
 from tasks.coding import CustomCodingTask
 
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
+
 # Totals without cooperation: structure 1.0 + syntax 0.5 + tests 1.0.
 NO_COOPERATION = 2.5
 

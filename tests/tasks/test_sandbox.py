@@ -525,7 +525,11 @@ def test_custom_coding_problems_are_untrusted_and_humaneval_is_not(monkeypatch):
         with pytest.raises(sandbox.WeakSandboxError):
             custom.reward(custom.example, answer)
         assert he.reward(ex, ["def aux(x):\n    return x\n", "def has_close_elements(n, t):\n    return False\n"]).levels
-    assert custom.reward(custom.example, answer).levels["tests"] == 1.0  # strong (or allowed) here
+    if sandbox.isolation()["strong"]:      # unforced: this machine's own level decides
+        assert custom.reward(custom.example, answer).levels["tests"] == 1.0
+    else:                                  # no root and no user namespaces here (tests/conftest.py)
+        with pytest.raises(sandbox.WeakSandboxError):
+            custom.reward(custom.example, answer)
 
 
 def test_a_weak_probe_is_retried_and_a_strong_one_kept(monkeypatch):

@@ -19,6 +19,9 @@ from tasks import load_task
 from tasks.writing import SPLIT_MARKER, ExpansionTask
 from trainer.config import MAGRPOConfig
 
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
+
 
 def _default(cls, name: str) -> int:
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)

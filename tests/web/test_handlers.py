@@ -10,6 +10,9 @@ from collab_app.web import handlers as H
 from collab_app.web.context import AppContext, is_public, storage_warning
 from helpers.model_app import MAX_NEW, TEXT, make_ctx
 
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
+
 TOKEN = "Q7v-mR2x_Lp9sWz4Kc"          # passes context.admin_token_problem
 A, B = H.Caller("session-A"), H.Caller("session-B")
 

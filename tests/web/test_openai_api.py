@@ -23,6 +23,9 @@ from collab_app.web.openai_api import (OpenAIApi, OpenAIConfig, key_id, load_api
 from helpers.model_app import TEXT, make_ctx
 from helpers.store import make_group
 
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
+
 KEY_A, KEY_B = "kA7-xQ2m_Rt9pLz4Vn8w", "kB3_Hs8e-Wq5yJc1Dg6u"     # pass context.admin_token_problem
 AUTH_A, AUTH_B = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
 TOKENS = 8

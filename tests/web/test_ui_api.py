@@ -11,6 +11,9 @@ import pytest
 from collab_app.commands.bench_online import predict
 from helpers.launch import start_app
 
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no network from tests
 
 
