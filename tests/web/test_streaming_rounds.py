@@ -16,7 +16,11 @@ from collab_app.engines.batcher import GenerationBatcher
 from collab_app.web.access import RateLimiter
 from collab_app.web.context import AppContext
 from tasks import load_task
+
 from helpers.scripted import TEXT, ScriptedStreamEngine, make_ctx
+
+# custom coding problems of this module's own must run here, whatever the sandbox level (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("people_code_runs_here")
 
 A, B = H.Caller("session-A"), H.Caller("session-B")
 TOKEN = "Q7v-mR2x_Lp9sWz4Kc"          # passes context.admin_token_problem
