@@ -336,12 +336,12 @@ def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
                                              metrics={"reconciled": True, "task_step": meta.get("step")},
                                              base_model=meta.get("base_model"))
                 done.append((agent, version))
-    first = [d for d in done if d[1] == 0]
+    first, later = [d for d in done if d[1] == 0], [d for d in done if d[1] != 0]
     if first:
         log.info("recorded a fresh team's first adapter versions: %s", first)
-    if len(done) > len(first):
+    if later:
         log.warning("recorded adapter versions found on disk without a store row (a step that stopped between "
-                    "saving a version and recording it): %s", [d for d in done if d[1] != 0])
+                    "saving a version and recording it): %s", later)
     return done
 
 
