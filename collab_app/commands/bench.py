@@ -51,6 +51,8 @@ both CPU kinds, with command lines and load averages: docs/results/README.md.
 at a wall-clock budget, evaluated before/after).
 `collab bench page ...` runs collab_app.commands.bench_page:cli_main(argv) (a person's round in the
 real page, headless Chromium, next to the same rounds through the API).
+`collab bench abuse ...` runs collab_app.commands.bench_abuse:cli_main(argv) (one network with many
+identities against honest raters: share of trained groups, latency, ratings kept, refusals).
 """
 from __future__ import annotations
 
@@ -571,10 +573,14 @@ def cli_main(argv: list[str]) -> int:
         from collab_app.commands.bench_page import cli_main as page
 
         return int(page(argv[1:]) or 0)
+    if argv and argv[0] == "abuse":
+        from collab_app.commands.bench_abuse import cli_main as abuse
+
+        return int(abuse(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), "
                                 "`train` (MAGRPO step), `online` (scripted raters against `collab serve`), "
                                 "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget), `page` (a person's round in headless "
-                                "Chromium next to the API)")
+                                "Chromium next to the API), `abuse` (one network with many identities against honest raters)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
@@ -617,6 +623,9 @@ def cli_main(argv: list[str]) -> int:
                                   "(collab_app.commands.bench_comlrl; own options; needs the `compare` extra)")
     sub.add_parser("page", help="a person's round timed in the real page (headless Chromium) next to the same rounds "
                                 "through the API, quiet and beside a MAGRPO step (collab_app.commands.bench_page; own options)")
+    sub.add_parser("abuse", help="one network with many identities rating to push a preference beside honest raters "
+                                 "on other networks, against a real `collab serve` behind a trusted proxy hop "
+                                 "(collab_app.commands.bench_abuse; own options)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)
