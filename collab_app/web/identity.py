@@ -9,17 +9,57 @@ whoever learns one could act as, and read, that session. Here:
 - `SessionIdentity.issue()` makes a server-issued session: a random id and an HMAC-SHA256 of it
   under a secret (`COLLAB_SESSION_SECRET`, read once by `collab serve` and dropped from the
   environment, else 32 random bytes made at start: sessions then end with a restart). The
-  token travels as the HttpOnly cookie `collab_session` (JavaScript on the page cannot read it;
-  `Secure; SameSite=None; Partitioned` on a Space, whose page is an iframe on huggingface.co,
-  else `SameSite=Lax`). Nothing a visitor can read holds the secret.
-- `IdentityMiddleware` (ASGI, added by `ui.launch`) runs before Gradio on every HTTP request:
-  a valid cookie names the session; a request without one gets a fresh session (Set-Cookie on
-  its response), at most `max_new_sessions_per_minute` per client network; beyond, none (its
-  events then may not generate or rate: handlers refuse callers without a session). Every
-  Gradio session hash the request names (query `session_hash`, the `/heartbeat/<hash>`-style
-  path segments, a JSON body's `session_hash`) is bound to the cookie's session on first use;
-  a later request naming that hash under another session, or under none, gets 403 before
-  Gradio sees it: a replayed hash reaches neither that page's `gr.State` nor its stream.
+  token travels as the HttpOnly cookie `collab_session`; nothing a visitor can read holds the
+  secret. A session ends `MAX_AGE_S` (30 days) after it was issued, and after `IDLE_S` (7 days)
+  without a request: the token carries when it was last seen, and a request with a token last
+  seen more than `REFRESH_S` ago gets it re-signed with the new time (Set-Cookie).
+- **SameSite** (`SessionIdentity.cookie`): on a Hugging Face Space `Secure; SameSite=None;
+  Partitioned`, elsewhere `SameSite=Lax` (plus `Secure` over https). A Space's page is
+  https://huggingface.co/spaces/owner/name, which shows the app in an iframe from
+  https://owner-name.hf.space. `hf.space` is on the Public Suffix List (publicsuffix/list
+  commit 0105cc35, Sept 2024, "Add hf.space and static.hf.space"), so owner-name.hf.space is a
+  site of its own and the iframe is a cross-site (third-party) context under huggingface.co: a
+  `Lax` or `Strict` cookie is not sent on the iframe's own requests (huggingface/
+  lerobot-dataset-visualizer#73 hit exactly this and moved to `None; Secure; Partitioned`).
+  So `SameSite=None` is the strictest that works there, with `Partitioned` (CHIPS): the cookie
+  is kept per top-level site (huggingface.co, or hf.space when the app is opened directly), so
+  no other site that frames the app shares it. What `None` would otherwise allow, a third-party
+  page sending the visitor's cookie along with its own requests, the Origin checks below refuse.
+- `IdentityMiddleware` (ASGI, added by `ui.launch`) runs before Gradio on every request:
+  - **cross-origin**: a request whose `Origin` is not the app's own (the Host it was sent to,
+    `X-Forwarded-Host` behind a trusted proxy, on a Space `https://$SPACE_HOST` and
+    `https://huggingface.co`, and `$COLLAB_ALLOWED_ORIGINS`), or whose `Sec-Fetch-Site` is
+    `cross-site` / `same-site` other than a GET navigation (a link to the page, the Space's
+    iframe), gets 403 before it gets or spends a session. Requests with neither header (API
+    clients, gradio_client, curl) are no browser's and pass. `/v1` (openai_api.py: callers are
+    API keys, never cookies) stays callable from anywhere.
+  - **session**: a valid cookie names the session; a request without one gets a fresh session
+    (Set-Cookie on its response), at most `max_new_sessions_per_minute` per client network;
+    beyond, none (its events then may not generate or rate: handlers refuse callers without a
+    session).
+  - **bodies**: a request with a body (anything but GET, HEAD, OPTIONS) must be JSON
+    (`application/json`, `application/*+json`: the media type read case-insensitively) or
+    `multipart/form-data` (Gradio's uploads), else 415; a body over `MAX_BODY` is 413, never let
+    through unread; JSON that does not parse, or multipart that does not, is 400.
+  - **binding**: every Gradio session hash the request names (query `session_hash`, the
+    `/heartbeat/<hash>`-style path segments, the JSON body's or a multipart form's
+    `session_hash`) is bound to the cookie's session on first use; a later request naming that
+    hash under another session, or under none, gets 403 before Gradio sees it: a replayed hash
+    reaches neither that page's `gr.State` nor its stream. Bindings are kept per session (at most
+    `max_hashes_per_session`) and per network (at most `max_bindings_per_network`): past either,
+    the session's / network's own least recently used binding goes. Only when the whole table
+    (`max_bindings`) is full does a binding of another network go: first one unused for
+    `stale_binding_s`, else one of the network holding the most bindings, and only if it holds
+    more than the binder's network would; else the binder's own, else the bind is refused (503).
+    So a flood from one network only ever evicts its own bindings.
+  - **queue**: requests that start an event (`/queue/join`, `/call/<api>`, `/run/<api>`) are
+    counted per client network before Gradio: at most `max_queue_joins_per_minute` a minute
+    and `max_queue_entries` joined and unfinished at once (finished = gone from Gradio's
+    queue, at the latest after `queue_entry_ttl_s`; where Gradio's queue cannot be seen, a join
+    counts only while its request runs); beyond, 429 with Retry-After. Gradio's queue
+    (`max_size`) counts every waiting event, so one network could otherwise fill it.
+  - non-http scopes are refused (a websocket is closed with 1008: Gradio 6 uses none);
+    `lifespan` passes.
   The session id and network go into the request's ASGI state, where `ui._caller` reads them.
 - The client network (`client_network`): the socket address uvicorn reports, or, behind a
   trusted proxy only (`COLLAB_TRUSTED_PROXY_HOPS=n`, default 1 where `SPACE_ID` is set, else 0),
@@ -42,23 +82,37 @@ import os
 import secrets
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
 COOKIE = "collab_session"
 SECRET_ENV = "COLLAB_SESSION_SECRET"
 PROXY_HOPS_ENV = "COLLAB_TRUSTED_PROXY_HOPS"
+ORIGINS_ENV = "COLLAB_ALLOWED_ORIGINS"
+"""comma-separated origins (scheme://host[:port]) that may call the app besides its own (a public
+URL in front of a proxy that rewrites Host)."""
 STATE_SESSION, STATE_NETWORK = "collab_session", "collab_network"
 SESSION_PREFIX = "web:"
 """session ids of the web app start with it (the API's are `api:...`): they never collide."""
 MAX_AGE_S = 30 * 24 * 3600
+"""a session ends this long after it was issued, whatever its use."""
+IDLE_S = 7 * 24 * 3600
+"""a session ends after this long without a request."""
+REFRESH_S = 3600
+"""a token last seen longer ago than this is re-signed with the time of the request (Set-Cookie)."""
 _HASH_PATHS = ("heartbeat", "stream", "deep_link")
 """Gradio routes with a session hash as the path segment after them."""
 API_PREFIX = "/v1/"
 """paths of the OpenAI-compatible API (openai_api.py): callers are API keys there, never sessions."""
-MAX_BODY_PEEK = 4_000_000
-"""largest JSON body read for its session_hash (Gradio's own events are far smaller)."""
+MAX_BODY = 4_000_000
+"""largest request body taken (bytes; Gradio's own events are far smaller, uploads are at most
+ui.MAX_FILE_SIZE): a larger one is 413."""
+MAX_BODY_PEEK = MAX_BODY   # the name before issue 82
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+HF_ORIGIN = "https://huggingface.co"
+"""the page that shows a Space in an iframe."""
 
 
 def session_secret(environ=None) -> bytes:
@@ -86,6 +140,21 @@ def trusted_proxy_hops(environ=None) -> int:
     return 1 if environ.get("SPACE_ID") else 0
 
 
+def allowed_origins(environ=None) -> list[str]:
+    """Origins besides the app's own that may call it: on a Space (SPACE_HOST, e.g.
+    'owner-name.hf.space') its https origin and https://huggingface.co, which embeds it; and
+    $COLLAB_ALLOWED_ORIGINS (comma-separated)."""
+    environ = os.environ if environ is None else environ
+    out = []
+    host = (environ.get("SPACE_HOST") or "").strip()
+    if host:
+        out.append(f"https://{host}")
+    if host or environ.get("SPACE_ID"):
+        out.append(HF_ORIGIN)
+    out += [o.strip() for o in (environ.get(ORIGINS_ENV) or "").split(",") if o.strip()]
+    return out
+
+
 def network_of(host: str | None) -> str:
     """An address as the network it stands for: IPv4 as is, IPv6 as its /64, else the text."""
     if not host:
@@ -111,21 +180,157 @@ def client_network(peer: str | None, forwarded_for: str | None, hops: int) -> st
     return network_of(peer)
 
 
+def media_type(content_type: str | None) -> str:
+    """'type/subtype' of a Content-Type header, lower-cased, parameters dropped ('' for none)."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def is_json(mtype: str) -> bool:
+    """JSON as FastAPI reads it: application/json or application/<anything>+json."""
+    main, _, sub = mtype.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme in ("https", "wss") else 80
+
+
+def _origin_tuple(origin: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an Origin / URL, None for 'null' or anything unparsable."""
+    try:
+        u = urlsplit(origin.strip())
+        host, port = u.hostname, u.port
+    except ValueError:
+        return None
+    scheme = (u.scheme or "").lower()
+    if not host or scheme not in ("http", "https"):
+        return None
+    return scheme, host.lower(), port or _default_port(scheme)
+
+
+def _host_port(host_header: str | None) -> tuple[str, int | None] | None:
+    if not host_header:
+        return None
+    try:
+        u = urlsplit("//" + host_header.strip())
+        host, port = u.hostname, u.port
+    except ValueError:
+        return None
+    return (host.lower(), port) if host else None
+
+
+class _Bindings:
+    """Gradio session hash -> (session, network), bounded per session, per network and in all,
+    evicting (module doc) so that one network's flood evicts only its own bindings. Not
+    thread-safe by itself (SessionIdentity holds the lock)."""
+
+    def __init__(self, max_total: int, per_network: int, per_session: int, stale_s: float,
+                 clock: Callable[[], float]):
+        self.max_total, self.per_network, self.per_session = max_total, per_network, per_session
+        self.stale_s, self.clock = stale_s, clock
+        self.owner: dict[str, tuple[str, str]] = {}
+        self.lru: collections.OrderedDict[str, float] = collections.OrderedDict()   # every hash, last use
+        self.by_session: dict[str, collections.OrderedDict[str, None]] = {}
+        self.by_net: dict[str, collections.OrderedDict[str, None]] = {}
+        self._nets_by_count: dict[int, set[str]] = {}
+        self._max_count = 0
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    def count(self, net: str) -> int:
+        return len(self.by_net.get(net, ()))
+
+    def _move(self, net: str, old: int, new: int) -> None:
+        if old:
+            bucket = self._nets_by_count[old]
+            bucket.discard(net)
+            if not bucket:
+                del self._nets_by_count[old]
+        if new:
+            self._nets_by_count.setdefault(new, set()).add(net)
+        if new > self._max_count:
+            self._max_count = new
+        while self._max_count and self._max_count not in self._nets_by_count:
+            self._max_count -= 1
+
+    def touch(self, h: str) -> None:
+        sid, net = self.owner[h]
+        self.lru[h] = self.clock()
+        self.lru.move_to_end(h)
+        self.by_session[sid].move_to_end(h)
+        self.by_net[net].move_to_end(h)
+
+    def add(self, h: str, sid: str, net: str) -> None:
+        self.owner[h] = (sid, net)
+        self.lru[h] = self.clock()
+        self.by_session.setdefault(sid, collections.OrderedDict())[h] = None
+        mine = self.by_net.setdefault(net, collections.OrderedDict())
+        mine[h] = None
+        self._move(net, len(mine) - 1, len(mine))
+
+    def evict(self, h: str) -> None:
+        sid, net = self.owner.pop(h)
+        self.lru.pop(h, None)
+        for table, key in ((self.by_session, sid), (self.by_net, net)):
+            d = table[key]
+            d.pop(h, None)
+            if not d:
+                del table[key]
+        n = self.count(net)
+        self._move(net, n + 1, n)
+
+    def make_room(self, sid: str, net: str) -> bool:
+        """Evict what must go before `sid` of `net` binds one more hash; False: nothing may go."""
+        mine = self.by_session.get(sid)
+        if self.per_session and mine is not None and len(mine) >= self.per_session:
+            self.evict(next(iter(mine)))
+        theirs = self.by_net.get(net)
+        if self.per_network and theirs is not None and len(theirs) >= self.per_network:
+            self.evict(next(iter(theirs)))
+        if not self.max_total or len(self.owner) < self.max_total or not self.lru:
+            return True
+        oldest = next(iter(self.lru))
+        if self.clock() - self.lru[oldest] > self.stale_s:
+            self.evict(oldest)
+            return True
+        own = self.count(net)
+        if self._max_count > own + 1:        # a network holding more than the binder's would
+            largest = next(iter(self._nets_by_count[self._max_count]))
+            self.evict(next(iter(self.by_net[largest])))
+            return True
+        if own:
+            self.evict(next(iter(self.by_net[net])))
+            return True
+        return False
+
+
 class SessionIdentity:
     """Issues and checks signed session tokens, counts new sessions per network, binds Gradio
-    session hashes to sessions. Thread-safe."""
+    session hashes to sessions, knows the app's own origins. Thread-safe."""
 
     def __init__(self, secret: bytes | None = None, max_new_sessions_per_minute: int = 20,
                  proxy_hops: int | None = None, max_age_s: float = MAX_AGE_S,
-                 clock: Callable[[], float] = time.time, max_bindings: int = 200_000):
+                 clock: Callable[[], float] = time.time, max_bindings: int = 200_000, *,
+                 idle_s: float = IDLE_S, refresh_s: float = REFRESH_S,
+                 max_hashes_per_session: int = 32, max_bindings_per_network: int = 2_000,
+                 stale_binding_s: float = 24 * 3600, origins: Iterable[str] | None = None,
+                 embedded: bool | None = None):
+        """`origins`: those besides the request's own Host that may call (None: `allowed_origins()`
+        from the environment); `embedded`: the app is shown in a third-party iframe (None: a
+        Space, SPACE_ID set), which decides the cookie's SameSite."""
         from collab_app.web.access import RateLimiter
 
         self._secret = secret or secrets.token_bytes(32)
         self.proxy_hops = trusted_proxy_hops() if proxy_hops is None else proxy_hops
         self.max_age_s, self.clock, self.max_bindings = max_age_s, clock, max_bindings
+        self.idle_s, self.refresh_s = idle_s, refresh_s
         self.new_sessions = RateLimiter(max_new_sessions_per_minute)
-        self._bound: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._bound = _Bindings(max_bindings, max_bindings_per_network, max_hashes_per_session,
+                                stale_binding_s, clock)
         self._lock = threading.Lock()
+        self.embedded = bool(os.environ.get("SPACE_ID")) if embedded is None else embedded
+        self.origins = {t for t in map(_origin_tuple, allowed_origins() if origins is None else origins) if t}
 
     def __repr__(self) -> str:   # never the secret
         return f"SessionIdentity(proxy_hops={self.proxy_hops}, bindings={len(self._bound)})"
@@ -134,25 +339,55 @@ class SessionIdentity:
         mac = hmac.new(self._secret, payload.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
+    def _token(self, sid: str, issued: int, seen: int) -> str:
+        payload = f"s2.{sid}.{issued}.{seen}"
+        return f"{payload}.{self._sig(payload)}"
+
     def issue(self) -> tuple[str, str]:
         """(session id, token): a fresh session and the cookie value that proves it."""
         sid = SESSION_PREFIX + secrets.token_urlsafe(18)
-        payload = f"s1.{sid}.{int(self.clock())}"
-        return sid, f"{payload}.{self._sig(payload)}"
+        now = int(self.clock())
+        return sid, self._token(sid, now, now)
 
-    def verify(self, token: str | None) -> str | None:
-        """The session id of a valid, unexpired token; None for anything else."""
+    def check(self, token: str | None) -> tuple[str, int, int] | None:
+        """(session id, issued, last seen) of a valid token that has neither expired (`max_age_s`
+        after issue) nor idled out (`idle_s` after last seen); None for anything else. Tokens of
+        before issue 82 (`s1.<sid>.<issued>.<sig>`) count as last seen when issued."""
         if not token or len(token) > 200:
             return None
         parts = token.split(".")
-        if len(parts) != 4 or parts[0] != "s1" or not parts[1].startswith(SESSION_PREFIX) or not parts[2].isdigit():
+        if len(parts) == 5 and parts[0] == "s2":
+            head, times = parts[:4], parts[2:4]
+        elif len(parts) == 4 and parts[0] == "s1":
+            head, times = parts[:3], [parts[2], parts[2]]
+        else:
             return None
-        payload = ".".join(parts[:3])
-        if not hmac.compare_digest(parts[3].encode(), self._sig(payload).encode()):
+        if not parts[1].startswith(SESSION_PREFIX) or not all(t.isdigit() and len(t) < 16 for t in times):
             return None
-        if self.clock() - int(parts[2]) > self.max_age_s:
+        if not hmac.compare_digest(parts[-1].encode(), self._sig(".".join(head)).encode()):
             return None
-        return parts[1]
+        issued, seen = int(times[0]), int(times[1])
+        now = self.clock()
+        if now - issued > self.max_age_s or now - seen > self.idle_s or seen < issued:
+            return None
+        return parts[1], issued, seen
+
+    def verify(self, token: str | None) -> str | None:
+        """The session id of a valid, unexpired token; None for anything else."""
+        got = self.check(token)
+        return got[0] if got else None
+
+    def refreshed(self, token: str | None) -> str | None:
+        """A re-signed token with 'last seen' now, when `token` is valid and was last seen more
+        than `refresh_s` ago; else None (keep the cookie as it is)."""
+        got = self.check(token)
+        if got is None:
+            return None
+        sid, issued, seen = got
+        now = int(self.clock())
+        if now - seen <= self.refresh_s:
+            return None
+        return self._token(sid, issued, now)
 
     def network(self, peer: str | None, forwarded_for: str | None) -> str:
         return client_network(peer, forwarded_for, self.proxy_hops)
@@ -164,23 +399,62 @@ class SessionIdentity:
             return None
         return self.issue()
 
-    def bind(self, session_hash: str, sid: str | None) -> bool:
-        """May `sid` use Gradio session `session_hash`? The first session to use a hash owns it;
-        a hash used without a session stays free (its events cannot generate or rate)."""
+    def bind_status(self, session_hash: str, sid: str | None, network: str = "unknown") -> str:
+        """"ok": `sid` may use Gradio session `session_hash` (the first session to use a hash
+        owns it; a hash used without a session stays free: its events cannot generate or rate);
+        "taken": another session owns it (or none asks for an owned one); "full": the table is
+        full of other networks' bindings and none of them may go (module doc)."""
         with self._lock:
-            owner = self._bound.get(session_hash)
+            owner = self._bound.owner.get(session_hash)
             if owner is not None:
-                self._bound.move_to_end(session_hash)
-                return owner == sid
-            if sid is not None:
-                self._bound[session_hash] = sid
-                while len(self._bound) > self.max_bindings:
-                    self._bound.popitem(last=False)
-            return True
+                if owner[0] != sid:
+                    return "taken"
+                self._bound.touch(session_hash)
+                return "ok"
+            if sid is None:
+                return "ok"
+            if not self._bound.make_room(sid, network):
+                return "full"
+            self._bound.add(session_hash, sid, network)
+            return "ok"
 
-    def cookie(self, token: str, secure: bool) -> str:
-        attrs = "Secure; SameSite=None; Partitioned" if secure else "SameSite=Lax"
-        return f"{COOKIE}={token}; Path=/; Max-Age={int(self.max_age_s)}; HttpOnly; {attrs}"
+    def bind(self, session_hash: str, sid: str | None, network: str = "unknown") -> bool:
+        """May `sid` (of `network`) use Gradio session `session_hash`? (`bind_status` == "ok")"""
+        return self.bind_status(session_hash, sid, network) == "ok"
+
+    def owner(self, session_hash: str) -> str | None:
+        """The session a hash is bound to, None if free."""
+        with self._lock:
+            got = self._bound.owner.get(session_hash)
+            return got[0] if got else None
+
+    def cookie(self, token: str, secure: bool, max_age_s: float | None = None) -> str:
+        """The Set-Cookie value: `Secure; SameSite=None; Partitioned` where the app is embedded in
+        a third-party iframe (a Space: the strictest that still works there, module doc), else
+        `SameSite=Lax` (`Secure` too over https)."""
+        if self.embedded:
+            attrs = "Secure; SameSite=None; Partitioned"
+        else:
+            attrs = "Secure; SameSite=Lax" if secure else "SameSite=Lax"
+        age = int(self.max_age_s if max_age_s is None else max(0, max_age_s))
+        return f"{COOKIE}={token}; Path=/; Max-Age={age}; HttpOnly; {attrs}"
+
+    def origin_allowed(self, origin: str, host: str | None, forwarded_host: str | None = None) -> bool:
+        """Is `origin` the app's own: the Host the request was sent to (or, behind a trusted proxy,
+        the X-Forwarded-Host it names), same host and port, or one of `origins`?"""
+        o = _origin_tuple(origin)
+        if o is None:
+            return False
+        if o in self.origins:
+            return True
+        hosts = [host]
+        if self.proxy_hops > 0 and forwarded_host:
+            hosts.append(forwarded_host.split(",")[-1])
+        for h in hosts:
+            hp = _host_port(h)
+            if hp is not None and hp[0] == o[1] and (hp[1] or _default_port(o[0])) == o[2]:
+                return True
+        return False
 
 
 def _cookie_value(raw: str, name: str = COOKIE) -> str | None:
@@ -194,7 +468,8 @@ def _cookie_value(raw: str, name: str = COOKIE) -> str | None:
 def _hashes_in(scope) -> list[str]:
     from urllib.parse import parse_qs
 
-    out = [h for h in parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", []) if h]
+    out = [h for h in parse_qs(scope.get("query_string", b"").decode("latin-1"),
+                                   keep_blank_values=True).get("session_hash", [])]
     segs = [s for s in scope.get("path", "").split("/") if s]
     for i, s in enumerate(segs[:-1]):
         if s in _HASH_PATHS:
@@ -202,60 +477,182 @@ def _hashes_in(scope) -> list[str]:
     return out
 
 
-class IdentityMiddleware:
-    """ASGI middleware (module doc): the caller's session from its signed cookie (a fresh one
-    when it has none), its network, and session-hash binding; 403 for a hash of another session."""
+def _event_route(method: str, path: str) -> str | None:
+    """"queue" for a request that puts an event in Gradio's queue (POST .../queue/join,
+    .../call/<api>, .../call/v2/<api>), "run" for one that runs an event at once (POST
+    .../run/<api>, .../api/<api>), None for anything else."""
+    if method != "POST":
+        return None
+    segs = [s for s in path.split("/") if s]
+    if segs[-2:] == ["queue", "join"] or (len(segs) >= 2 and segs[-2] == "call") or segs[-3:-1] == ["call", "v2"]:
+        return "queue"
+    if len(segs) >= 2 and segs[-2] in ("run", "api"):
+        return "run"
+    return None
 
-    def __init__(self, app, identity: SessionIdentity):
-        self.app, self.identity = app, identity
+
+def _gradio_events(scope):
+    """Gradio's live events (event id -> Event) of the app serving `scope`, or None (not Gradio)."""
+    try:
+        return scope["app"].get_blocks()._queue.event_ids_to_events
+    except Exception:   # noqa: BLE001 - no Gradio app (a test's) or another Gradio: fall back to the TTL
+        return None
+
+
+class QueueGate:
+    """Events started per client network (module doc, "queue"): at most `per_minute` a minute
+    and `at_once` unfinished at once (0 = no limit). Thread-safe."""
+
+    def __init__(self, per_minute: int, at_once: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        from collab_app.web.access import RateLimiter
+
+        self.rate, self.at_once, self.ttl_s, self.clock = RateLimiter(per_minute), at_once, ttl_s, clock
+        self._open: dict[str, dict[object, list]] = {}   # network -> token -> [started, event id]
+        self._lock = threading.Lock()
+
+    def _prune(self, net: str, events) -> int:
+        mine = self._open.get(net)
+        if not mine:
+            self._open.pop(net, None)
+            return 0
+        now = self.clock()
+        for tok, (t0, eid) in list(mine.items()):
+            if now - t0 > self.ttl_s or (eid is not None and events is not None and eid not in events):
+                del mine[tok]
+        if not mine:
+            del self._open[net]
+        return len(mine)
+
+    def admit(self, net: str, events) -> tuple[object | None, str, float]:
+        """(token, "", 0) for an event that may start (its place held until `done` or `started`);
+        else (None, why, seconds to wait)."""
+        with self._lock:
+            if len(self._open) > 10_000:   # networks that never came back: forget their finished events
+                for other in list(self._open):
+                    self._prune(other, events)
+            if self.at_once and self._prune(net, events) >= self.at_once:
+                return None, f"this network already has {self.at_once} events queued or running", 5.0
+            wait = self.rate.take(f"net:{net}")
+            if wait is not None:
+                return None, f"this network started {self.rate.limit} events in the last minute", wait
+            tok = object()
+            self._open.setdefault(net, {})[tok] = [self.clock(), None]
+            return tok, "", 0.0
+
+    def started(self, net: str, tok, event_id: str, events) -> None:
+        """The event of `tok` is in Gradio's queue as `event_id`: it counts until gone from there
+        (`events`, Gradio's live events; None = not observable: it counts until `done`)."""
+        if events is None:
+            return
+        with self._lock:
+            entry = self._open.get(net, {}).get(tok)
+            if entry is not None:
+                entry[1] = event_id
+
+    def done(self, net: str, tok) -> None:
+        """Forget `tok` unless it became a queued event (`started`)."""
+        with self._lock:
+            mine = self._open.get(net)
+            if mine is not None and tok in mine and mine[tok][1] is None:
+                del mine[tok]
+                if not mine:
+                    del self._open[net]
+
+    def open_count(self, net: str, events=None) -> int:
+        with self._lock:
+            return self._prune(net, events)
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, message: str, headers: list | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or []
+
+
+class IdentityMiddleware:
+    """ASGI middleware (module doc): cross-origin refusal, the caller's session from its signed
+    cookie (a fresh one when it has none), its network, the body's checks, session-hash binding
+    (403 for a hash of another session) and the per-network queue gate."""
+
+    def __init__(self, app, identity: SessionIdentity, max_queue_joins_per_minute: int = 300,
+                 max_queue_entries: int = 16, queue_entry_ttl_s: float = 900.0, max_body: int = MAX_BODY):
+        """`max_queue_joins_per_minute`: events (queue joins, /call, /run) one client network may
+        start per minute; `max_queue_entries`: its events queued or running at once (Gradio's
+        queue holds 64 by default: a network takes at most a quarter); 0 = no limit."""
+        self.app, self.identity, self.max_body = app, identity, max_body
+        self.queue = QueueGate(max_queue_joins_per_minute, max_queue_entries, queue_entry_ttl_s)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind == "lifespan":
             return await self.app(scope, receive, send)
+        if kind == "websocket":   # Gradio 6 serves no websocket; nothing here speaks one
+            await receive()
+            return await send({"type": "websocket.close", "code": 1008})
+        if kind != "http":
+            return None
+        try:
+            return await self._http(scope, receive, send)
+        except _Refusal as r:
+            return await _refuse(send, r.status, r.message, r.headers)
+
+    async def _http(self, scope, receive, send):
         idn = self.identity
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
             k, v = k.decode("latin-1").lower(), v.decode("latin-1")
             sep = "; " if k == "cookie" else ", "   # repeated headers join as HTTP says
             headers[k] = f"{headers[k]}{sep}{v}" if k in headers else v
+        path, method = scope.get("path", ""), scope.get("method", "GET").upper()
+        api = path.startswith(API_PREFIX)
+        if not api:
+            self._check_origin(method, headers)
         peer = (scope.get("client") or (None, None))[0]
         net = idn.network(peer, headers.get("x-forwarded-for"))
-        sid = idn.verify(_cookie_value(headers.get("cookie", "")))
+        token = _cookie_value(headers.get("cookie", ""))
+        checked = idn.check(token)
+        sid = checked[0] if checked else None
+        proto = scope.get("scheme", "http")
+        if idn.proxy_hops > 0:
+            proto = headers.get("x-forwarded-proto", proto).split(",")[-1].strip()
         set_cookie = None
+        if checked is not None:
+            fresh_token = idn.refreshed(token)
+            if fresh_token is not None:   # seen again: the idle clock restarts
+                left = checked[1] + idn.max_age_s - idn.clock()
+                set_cookie = idn.cookie(fresh_token, secure=proto == "https", max_age_s=left)
         # the OpenAI-compatible API (/v1) identifies callers by API key: no session issued there,
         # so API traffic never spends its network's budget of new browser sessions
-        if sid is None and not scope.get("path", "").startswith(API_PREFIX):
+        elif not api:
             fresh = idn.new_session(net)
             if fresh is not None:
-                sid, token = fresh
-                proto = scope.get("scheme", "http")
-                if idn.proxy_hops > 0:
-                    proto = headers.get("x-forwarded-proto", proto).split(",")[-1].strip()
-                set_cookie = idn.cookie(token, secure=proto == "https" or bool(os.environ.get("SPACE_ID")))
-        hashes = _hashes_in(scope)
-        buffered: list | None = None
-        if scope.get("method") == "POST" and "json" in headers.get("content-type", ""):
-            buffered, body, more = [], b"", True
-            while more:
-                msg = await receive()
-                buffered.append(msg)
-                if msg["type"] != "http.request":
-                    break
-                body += msg.get("body", b"")
-                more = msg.get("more_body", False)
-                if len(body) > MAX_BODY_PEEK:
-                    body = b""
-                    break
-            if body:
-                try:
-                    obj = json.loads(body)
-                    if isinstance(obj, dict) and isinstance(obj.get("session_hash"), str):
-                        hashes.append(obj["session_hash"])
-                except (ValueError, RecursionError):
-                    pass   # not ours to judge: the route answers malformed JSON itself
-        for h in hashes:
-            if not idn.bind(h, sid):
-                return await _forbidden(send, set_cookie)
+                sid, new_token = fresh
+                set_cookie = idn.cookie(new_token, secure=proto == "https")
+        try:
+            hashes = _hashes_in(scope)
+            buffered = None
+            if method not in _SAFE_METHODS and not api:
+                buffered, more_hashes = await self._read_body(scope, receive, headers)
+                hashes += more_hashes
+            for h in hashes:
+                status = idn.bind_status(h, sid, net)
+                if status == "taken":
+                    raise _Refusal(403, "this Gradio session belongs to another browser session: reload the page "
+                                        "(a session hash alone does not identify you here)")
+                if status == "full":
+                    raise _Refusal(503, "the server holds as many page sessions as it can: try again later",
+                                   [(b"retry-after", b"60")])
+            route = None if api else _event_route(method, path)
+            tok = None
+            events = _gradio_events(scope) if route else None
+            if route:
+                tok, why, wait = self.queue.admit(net, events)
+                if tok is None:
+                    secs = max(1, round(wait))
+                    raise _Refusal(429, f"too many events from your network: {why}; try again in {secs} s",
+                                   [(b"retry-after", str(secs).encode())])
+        except _Refusal as r:
+            return await _refuse(send, r.status, r.message, r.headers, set_cookie)
         state = scope.setdefault("state", {})
         state[STATE_SESSION], state[STATE_NETWORK] = sid, net
 
@@ -264,20 +661,110 @@ class IdentityMiddleware:
                 return buffered.pop(0)
             return await receive()
 
-        async def send_with_cookie(message):
-            if set_cookie and message["type"] == "http.response.start":
-                message = dict(message, headers=list(message.get("headers", [])) +
-                               [(b"set-cookie", set_cookie.encode("latin-1"))])
+        answer = {"status": 0, "body": b""}
+
+        async def send_wrapped(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message.get("status", 0)
+                if set_cookie:
+                    message = dict(message, headers=list(message.get("headers", [])) +
+                                   [(b"set-cookie", set_cookie.encode("latin-1"))])
+            elif route == "queue" and message["type"] == "http.response.body" and answer["status"] == 200:
+                if len(answer["body"]) < 4096:
+                    answer["body"] += message.get("body", b"")
+                if not message.get("more_body", False):
+                    try:
+                        eid = json.loads(answer["body"]).get("event_id")
+                    except (ValueError, AttributeError):
+                        eid = None
+                    if isinstance(eid, str):
+                        self.queue.started(net, tok, eid, events)
             await send(message)
 
-        return await self.app(scope, replay if buffered is not None else receive, send_with_cookie)
+        try:
+            return await self.app(scope, replay if buffered is not None else receive, send_wrapped)
+        finally:
+            if tok is not None:
+                self.queue.done(net, tok)
+
+    def _check_origin(self, method: str, headers: dict[str, str]) -> None:
+        """403 for a browser's request from another site (module doc, "cross-origin")."""
+        origin = headers.get("origin")
+        site = headers.get("sec-fetch-site", "").strip().lower()
+        navigation = method in ("GET", "HEAD") and headers.get("sec-fetch-mode", "").strip().lower() == "navigate"
+        if origin is not None:
+            if self.identity.origin_allowed(origin, headers.get("host"), headers.get("x-forwarded-host")):
+                return
+            raise _Refusal(403, f"requests from {origin[:100]} are not accepted here: open the app itself")
+        if site in ("cross-site", "same-site") and not navigation:
+            raise _Refusal(403, "requests from another site are not accepted here: open the app itself")
+
+    async def _read_body(self, scope, receive, headers) -> tuple[list, list[str]]:
+        """The request's body messages, read whole (so that Gradio reads the same), and the
+        session hashes it names; _Refusal 415 / 413 / 400 (module doc, "bodies")."""
+        mtype = media_type(headers.get("content-type"))
+        json_body, multipart = is_json(mtype), mtype == "multipart/form-data"
+        if not (json_body or multipart):
+            raise _Refusal(415, f"this server takes JSON or multipart/form-data bodies, not {mtype or 'none'!r}")
+        declared = headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > self.max_body:
+            raise _Refusal(413, f"request body over {self.max_body} bytes")
+        buffered, chunks, size, more = [], [], 0, True
+        while more:
+            msg = await receive()
+            buffered.append(msg)
+            if msg["type"] != "http.request":
+                break
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise _Refusal(413, f"request body over {self.max_body} bytes")
+            chunks.append(chunk)
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        if not body.strip():
+            return buffered, []
+        found = []
+        if json_body:
+            try:
+                obj = json.loads(body)
+            except (ValueError, RecursionError):
+                raise _Refusal(400, "the request body is not valid JSON") from None
+            values = [obj.get("session_hash")] if isinstance(obj, dict) and "session_hash" in obj else []
+        else:
+            values = await _multipart_values(scope, body, "session_hash")
+        for v in values:
+            if v is None:
+                continue
+            if not isinstance(v, str):
+                raise _Refusal(400, "session_hash must be a string")
+            found.append(v)
+        return buffered, found
 
 
-async def _forbidden(send, set_cookie: str | None) -> None:
-    body = json.dumps({"error": "this Gradio session belongs to another browser session: reload the page "
-                                "(a session hash alone does not identify you here)"}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def _multipart_values(scope, body: bytes, name: str) -> list:
+    """The text values of form field `name` in a multipart body (files named so are no text)."""
+    from starlette.datastructures import Headers, UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    async def stream():
+        yield body
+        yield b""
+
+    try:
+        form = await MultiPartParser(Headers(scope=scope), stream(), max_files=1000, max_fields=1000).parse()
+    except (MultiPartException, ValueError, KeyError) as e:
+        raise _Refusal(400, f"the multipart body does not parse: {e}") from None
+    try:
+        return [v for v in form.getlist(name) if not isinstance(v, UploadFile)]
+    finally:
+        await form.close()
+
+
+async def _refuse(send, status: int, message: str, extra: list | None = None, set_cookie: str | None = None) -> None:
+    body = json.dumps({"error": message, "detail": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     if set_cookie:
         headers.append((b"set-cookie", set_cookie.encode("latin-1")))
-    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
