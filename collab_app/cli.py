@@ -21,6 +21,13 @@ COMMANDS = {
 }
 
 
+SEALED_FIRST = ("trainer",)
+"""commands that get their secrets only from the environment (the trainer child: the store URL in
+COLLAB_DB): secret_env.seal() runs before their module is imported, so the process is never
+dumpable with a secret in its environment (torch's import alone takes seconds). The command
+reads them back with secret_env.held()/seal()."""
+
+
 def _usage() -> str:
     lines = ["usage: collab <command> [options]   (collab <command> --help for details)", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
@@ -37,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"collab: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func = COMMANDS[name][0].split(":")
+    if name in SEALED_FIRST:   # before its module imports torch (or anything that starts threads)
+        from collab_app import secret_env
+        secret_env.seal()
     return int(getattr(importlib.import_module(module), func)(rest) or 0)
 
 

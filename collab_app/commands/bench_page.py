@@ -135,7 +135,8 @@ class BenchPageConfig:
                              "--chromium PATH")
 
 
-NETWORK_LIMITS_OFF = ("--max-rounds-per-minute-per-network", "0", "--max-ratings-per-minute-per-network", "0")
+NETWORK_LIMITS_OFF = ("--max-rounds-per-minute-per-network", "0", "--max-ratings-per-minute-per-network", "0",
+                      "--max-rounds-in-flight-per-network", "0")
 """serve flags beside bench_online.serve_command's: the bench's page and API client are one network."""
 
 

@@ -130,7 +130,7 @@ alone until it trains (cleared) or raises again (set aside). Module doc: "Groups
 SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 PUBLIC_RATER_SHARE = 0.25
-"""max_rater_share that `collab serve` gives its trainer child when the app is public."""
+"""max_rater_share and max_network_share that `collab serve` gives its trainer child when the app is public."""
 
 
 @dataclass
@@ -175,6 +175,10 @@ class ServiceConfig(MAGRPOConfig):
     """with yield_share: pause only as long as this trainer was idle before (banked, at most cpushare.PAUSE_CREDIT_CAP_S): free at a person's pace, none while ratings pile up (--no-pause-credit: yield_share alone)."""
     max_rater_share: float = 1.0
     """most of a step's K groups one rater may decide: max(1, floor(share*K)), the rest wait (1 = off, for one person's local app; `collab serve` passes 0.25 when public)."""
+    max_network_share: float = 1.0
+    """most of a step's K groups the raters of one client network may decide together: max(1, floor(share*K)) (1 = off; `collab serve` passes 0.25 when public)."""
+    max_anonymous_share: float = 1.0
+    """most of a step's K groups raters who did not sign in may decide, all of them together (1 = off; `collab serve` passes 0.25 where Hugging Face sign-in is available)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -193,8 +197,9 @@ class ServiceConfig(MAGRPOConfig):
             if not all(c.strip().isdigit() for c in self.borrow_engine_cores.split(",")):
                 raise ValueError(f"borrow_engine_cores must list core numbers like '0' or '0,1', got "
                                  f"{self.borrow_engine_cores!r}")
-        if not 0.0 < self.max_rater_share <= 1.0:
-            raise ValueError(f"max_rater_share must be in (0, 1] (1 = no cap), got {self.max_rater_share}")
+        for name in ("max_rater_share", "max_network_share", "max_anonymous_share"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1] (1 = no cap), got {getattr(self, name)}")
         if self.self_play_prompts < 1 or self.max_steps < 0:
             raise ValueError("self_play_prompts must be >= 1 and max_steps >= 0")
         if self.num_turns > 1:
@@ -222,31 +227,46 @@ def rater_cap(k: int, share: float) -> int:
     return max(1, math.floor(share * k + 1e-9))
 
 
-def take_capped(groups: list, share: float, max_k: int) -> tuple[list, list]:
-    """The groups of one step under the rater cap, and those held back by it. `groups` (oldest
-    first, each with a `rater`, None = no rating decides its returns) are taken oldest first,
-    skipping a rater's groups once that rater has `rater_cap(K, share)` in the step, for the
-    largest K <= max_k that can be filled that way. Held: the groups left out whose rater
-    reached the cap (they stay ready and come first in a later step, oldest first); groups
-    without a rater are never held. share >= 1: the oldest max_k, nothing held."""
-    if share >= 1.0 or not groups:
+def _share_keys(g) -> list[tuple[str, ...]]:
+    """What a group counts against in a step: its rater, the rater's client network (when known)
+    and, for a rater who did not sign in, the one anonymous share. A group no rating decides
+    (rater None: automatic returns) counts against nothing."""
+    r = getattr(g, "rater", None)
+    if r is None:
+        return []
+    net = getattr(g, "network", None)
+    return [("rater", r), *([("net", net)] if net else []), *([] if getattr(g, "signed_in", False) else [("anon",)])]
+
+
+def take_capped(groups: list, share: float, max_k: int, network_share: float = 1.0,
+                anonymous_share: float = 1.0) -> tuple[list, list]:
+    """The groups of one step under the shares, and those held back by them. `groups` (oldest
+    first, each with a `rater` (None = no rating decides its returns), the rater's `network` and
+    whether it `signed_in`) are taken oldest first, skipping a group once its rater has
+    `rater_cap(K, share)` groups in the step, OR its network has `rater_cap(K, network_share)`,
+    OR (not signed in) the anonymous raters together have `rater_cap(K, anonymous_share)`, for the
+    largest K <= max_k that can be filled that way. Held: the groups left out because one of
+    their shares was full (they stay ready and come first in a later step, oldest first); groups
+    without a rater are never held. Every share >= 1: the oldest max_k, nothing held."""
+    shares = {"rater": share, "net": network_share, "anon": anonymous_share}
+    if all(v >= 1.0 for v in shares.values()) or not groups:
         return list(groups[:max_k]), []
     for k in range(min(len(groups), max_k), 0, -1):
-        cap = rater_cap(k, share)
+        caps = {kind: rater_cap(k, v) for kind, v in shares.items()}
         taken, per = [], {}
         for g in groups:
             if len(taken) == k:
                 break
-            r = getattr(g, "rater", None)
-            if r is not None:
-                if per.get(r, 0) >= cap:
-                    continue
-                per[r] = per.get(r, 0) + 1
+            keys = _share_keys(g)
+            if any(per.get(key, 0) >= caps[key[0]] for key in keys):
+                continue
+            for key in keys:
+                per[key] = per.get(key, 0) + 1
             taken.append(g)
         if len(taken) == k:
-            full = {r for r, n in per.items() if n >= cap}
+            full = {key for key, n in per.items() if n >= caps[key[0]]}
             ids = {id(g) for g in taken}
-            return taken, [g for g in groups if id(g) not in ids and getattr(g, "rater", None) in full]
+            return taken, [g for g in groups if id(g) not in ids and any(key in full for key in _share_keys(g))]
     return [], []   # not reached: k = 1 always fills
 
 
@@ -443,9 +463,10 @@ class TrainerService:
         """(task, groups) of the first task that has K ready groups or waited T, else None. A task
         with suspects (groups of a step that raised) is due at once with its oldest suspect alone.
 
-        Rater cap (`max_rater_share` < 1): a step's groups are `take_capped`: at most
-        max(1, floor(share * size)) of them decided by one rater, the rest of that rater's wait
-        (ready, oldest first; `self.held` lists them as (group id, rater), for every task). K and
+        Shares (`max_rater_share`, `max_network_share`, `max_anonymous_share` < 1): a step's groups
+        are `take_capped`: at most max(1, floor(share * size)) of them decided by one rater, by one
+        client network, and by anonymous raters together; the rest wait (ready, oldest first;
+        `self.held` lists them as (group id, rater), for every task). K and
         T count the capped step: a rater alone (no other rater's and no automatic-return groups
         ready) trains one group per step, once it waited T (max_wait_s = 0: waits for others)."""
         by_task: dict[str, list] = {}
@@ -458,7 +479,8 @@ class TrainerService:
             if suspects:
                 picked = picked or (task, suspects[:1])
                 continue
-            step, held = take_capped(groups, self.cfg.max_rater_share, self.cfg.max_groups_per_step)
+            step, held = take_capped(groups, self.cfg.max_rater_share, self.cfg.max_groups_per_step,
+                                     self.cfg.max_network_share, self.cfg.max_anonymous_share)
             self.held += [(g.group_id, g.rater) for g in held]
             waited = now - min(g.created_at.timestamp() for g in step)
             if len(step) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
@@ -557,7 +579,9 @@ class TrainerService:
         (written only when it changed, not every poll)."""
         from collab_app.online.store import RATER_CAP_KEY
 
-        value = {"share": self.cfg.max_rater_share, "held": len(held), "raters": len({r for _, r in held})}
+        value = {"share": self.cfg.max_rater_share, "network_share": self.cfg.max_network_share,
+                 "anonymous_share": self.cfg.max_anonymous_share, "held": len(held),
+                 "raters": len({r for _, r in held})}
         if value != self._held_shown:
             if held:
                 log.info("rater cap %.2f: %d ready groups of %d raters wait for other raters' groups",
@@ -627,11 +651,13 @@ class TrainerService:
             self.status.set("paused", message="paused by an admin; resume in the Training tab")
             return "paused"
         self.store.expire_groups(self.rule)
-        share, scan_held = self.cfg.max_rater_share, []
-        per_rater = None if share >= 1.0 else rater_cap(self.cfg.max_groups_per_step, share)
+        scan_held: list = []
+        scan = {name: None if share >= 1.0 else rater_cap(self.cfg.max_groups_per_step, share)
+                for name, share in (("per_rater", self.cfg.max_rater_share),
+                                    ("per_network", self.cfg.max_network_share),
+                                    ("per_anonymous", self.cfg.max_anonymous_share))}
         due = self.due(self.store.ready_groups(self.rule, limit=4 * self.cfg.max_groups_per_step,
-                                               exclude_tasks=self.private_tasks_held(),
-                                               per_rater=per_rater, held=scan_held))
+                                               exclude_tasks=self.private_tasks_held(), held=scan_held, **scan))
         self._publish_held(scan_held + self.held)
         if due:
             with self._cores():
@@ -730,7 +756,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     # Secrets apart (collab_app/secret_env.py): the store URL (COLLAB_DB, where `collab serve` puts
     # it for its child: never on the command line) and any token, read once and dropped from the
     # environment; non-dumpable before anything else starts (self-play runs model code in the
-    # sandbox, which on a Space has this process's uid)
+    # sandbox, which on a Space has this process's uid): `collab trainer` sealed already, before
+    # this module imported torch (cli.SEALED_FIRST); sealing again returns what it holds
     from collab_app.online.cpushare import confine_after_torch
     confine_after_torch()   # started by serve on both sides' cores (`pin --load-on`): now its own
     from collab_app.secret_env import seal

@@ -200,6 +200,8 @@ class RatingRow(Base):
     session_id: Mapped[str | None] = mapped_column(String(200))            # the session that sent it
     revision: Mapped[int] = mapped_column(server_default="0")   # times its rater replaced it (schema v4)
     late: Mapped[bool] = mapped_column(server_default=sa.false())   # written after its group closed (v4)
+    network: Mapped[str | None] = mapped_column(String(100))   # the sender's client network (v6; None: unknown)
+    signed_in: Mapped[bool] = mapped_column(server_default=sa.false())   # sent by a login or an API key (v6)
 
 
 class AdapterVersionRow(Base):
@@ -376,7 +378,16 @@ def _migration_5(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE adapter_versions ADD COLUMN base_model TEXT"))
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
+def _migration_6(conn: sa.Connection) -> None:
+    """Who stands behind a rating (the trainer's per-network and anonymous shares of a step):
+    ratings.network, the client network that sent it (identity.client_network; NULL for older
+    rows and trusted callers), and ratings.signed_in (a Hugging Face login or an API key; older
+    rows false: they count as anonymous)."""
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN network VARCHAR(100)"))
+    conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN signed_in BOOLEAN NOT NULL DEFAULT false"))
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6]
 """MIGRATIONS[i] takes the schema from version i to i + 1."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -415,6 +426,8 @@ class RatingRecord:
     session_id: str | None = None     # the session that sent it (None: trusted caller / older rows)
     revision: int = 0                 # how often its rater replaced it (re-rating; schema v4)
     late: bool = False                # written after its group was trained / expired / set aside
+    network: str | None = None        # the sender's client network (None: unknown / trusted caller)
+    signed_in: bool = False           # sent by a Hugging Face login or an API key (else anonymous)
 
 
 @dataclass(frozen=True)
@@ -471,6 +484,8 @@ class ReadyGroup:
     created_at: datetime
     ratings_seen: int | None = None   # rating writes of the group when read; None: the rule ignores ratings
     rater: str | None = None          # the rater whose ratings decide most of its returns (`returns.deciding_rater`)
+    network: str | None = None        # that rater's client network, as its latest rating here says
+    signed_in: bool = False           # that rater signed in (a login or an API key) when it rated
 
 
 @dataclass(frozen=True)
@@ -487,7 +502,15 @@ class AdapterVersionRecord:
 
 def _rating(r: RatingRow) -> RatingRecord:
     return RatingRecord(r.id, r.joint_sample_id, r.rater, r.value, r.comment, r.created_at, r.kind,
-                        None if r.detail is None else dict(r.detail), r.session_id, r.revision or 0, bool(r.late))
+                        None if r.detail is None else dict(r.detail), r.session_id, r.revision or 0, bool(r.late),
+                        r.network, bool(r.signed_in))
+
+
+def _rated_by(grp: GroupRow, rater: str | None) -> tuple[str | None, bool]:
+    """(network, signed_in) of `rater`'s latest rating in force in the group; (None, False) for none."""
+    latest = max((r for j in grp.joints for r in j.ratings if r.rater == rater and not r.late),
+                 key=lambda r: (r.created_at, r.id), default=None)
+    return (None, False) if latest is None else (latest.network, bool(latest.signed_in))
 
 
 def _writes(grp: GroupRow) -> int:
@@ -710,21 +733,27 @@ class Store:
     # -- ratings (one row per joint sample and rater; re-rating replaces) ------------------
 
     def add_rating(self, joint_sample_id: int, rater: str, value: float, comment: str = "", *,
-                   kind: str = "stars", detail: dict | None = None, session_id: str | None = None) -> int:
+                   kind: str = "stars", detail: dict | None = None, session_id: str | None = None,
+                   network: str | None = None, signed_in: bool = False) -> int:
         """Store one rating (1..5) of a joint sample by `rater`; returns its id after commit.
         Re-rating replaces the rater's row (same id, revision + 1). See `add_ratings` for kind,
-        detail, session_id and late ratings. Bad input -> StoreError, nothing stored."""
+        detail, session_id, network, signed_in and late ratings. Bad input -> StoreError, nothing stored."""
         return self.add_ratings([(joint_sample_id, value)], rater, comment, kind=kind,
-                                details=None if detail is None else [detail], session_id=session_id)[0]
+                                details=None if detail is None else [detail], session_id=session_id,
+                                network=network, signed_in=signed_in)[0]
 
     def add_ratings(self, items: Sequence[tuple[int, float]], rater: str, comment: str = "", *,
                     kind: str = "stars", details: Sequence[dict | None] | None = None,
-                    session_id: str | None = None) -> list[int]:
+                    session_id: str | None = None, network: str | None = None,
+                    signed_in: bool = False) -> list[int]:
         """Store several ratings by one rater in one transaction (all or nothing): `items` are
         (joint_sample_id, value 1..5); `kind` the feedback form (returns.RATING_KINDS), `details`
         one JSON dict per item with the form's own answer. With `session_id` given, every joint
         sample must belong to a group that session generated (else NotEntitled) and the id is
-        kept on the rows; None = no check (admins, scripts on the store). Returns the ids.
+        kept on the rows; None = no check (admins, scripts on the store). `network` (the sender's
+        client network, the key the web limits count by) and `signed_in` (a login or an API key)
+        are kept on the rows: the trainer's per-network and anonymous shares of a step read them.
+        Returns the ids.
 
         A rater who already rated a joint sample replaces that row (value, comment, kind, detail,
         session_id, created_at; revision + 1; the same id comes back), so re-rating never adds
@@ -744,6 +773,8 @@ class Store:
             raise StoreError(f"rating kind must be one of {RATING_KINDS}, got {kind!r:.40}")
         if session_id is not None and (not isinstance(session_id, str) or len(session_id) > 200):
             raise StoreError("session_id must be text of at most 200 characters")
+        if network is not None and (not isinstance(network, str) or len(network) > 100):
+            raise StoreError("network must be text of at most 100 characters")
         if not items:
             raise StoreError("no ratings given")
         if details is not None and len(details) != len(items):
@@ -773,7 +804,8 @@ class Store:
                                       "session generated: only that session (or an admin) may rate it")
                 detail = None if details is None else details[k]
                 fields = dict(value=v, comment=comment, created_at=utcnow(), kind=kind,
-                              detail=None if detail is None else jsonable(dict(detail)), session_id=session_id)
+                              detail=None if detail is None else jsonable(dict(detail)), session_id=session_id,
+                              network=network, signed_in=bool(signed_in))
                 closed = grp.status in ("trained", "expired", "untrainable")
                 mine = s.execute(select(RatingRow.id, RatingRow.revision, RatingRow.late)
                                  .where(RatingRow.joint_sample_id == jid, RatingRow.rater == rater)
@@ -825,7 +857,8 @@ class Store:
 
     def ready_groups(self, rule: ReturnRule, limit: int = 64, now: datetime | None = None,
                      task: str | None = None, exclude_tasks: Sequence[str] = (), per_rater: int | None = None,
-                     held: list[int] | None = None) -> list[ReadyGroup]:
+                     held: list[int] | None = None, per_network: int | None = None,
+                     per_anonymous: int | None = None) -> list[ReadyGroup]:
         """Up to `limit` untrained groups whose every joint sample has a return under `rule`,
         oldest first (so nothing waits forever behind newer data); groups of `exclude_tasks` are
         left out of the scan (they stay in the store, untouched). Cost: it reads open groups
@@ -837,15 +870,17 @@ class Store:
         (first ratings and replacements) it has had at this read (None under mode "auto", where
         ratings do not change the return), for `record_train_step` to see whether a rating
         arrived while the step ran, and `rater`, the rater whose ratings decide most of its
-        returns (`returns.deciding_rater`; None when no rating decides any).
+        returns (`returns.deciding_rater`; None when no rating decides any), with that rater's
+        `network` and `signed_in` as its latest rating in the group recorded them.
 
-        `per_rater` (the trainer service's rater cap): take at most this many groups
-        of one (task, rater), so a rater's backlog cannot fill `limit` and hide other raters'
+        `per_rater`, `per_network`, `per_anonymous` (the trainer service's shares of a step): take
+        at most this many groups of one (task, rater), of one (task, network), and of anonymous
+        raters together per task, so one backlog cannot fill `limit` and hide other raters'
         groups; the ones left waiting are appended to `held` as (group id, rater) when given
         (they stay ready, untouched)."""
         now = now or utcnow()
         out: list[ReadyGroup] = []
-        taken: dict[tuple[str, str], int] = {}
+        taken: dict[tuple, int] = {}
         last_id = 0
         with self._read() as s:
             while len(out) < limit:
@@ -867,19 +902,24 @@ class Store:
                     if got is None:
                         continue
                     rater = None if rule.mode == "auto" else deciding_rater(inputs[1], got[1])
-                    if per_rater is not None and rater is not None:
-                        n = taken.get((grp.task, rater), 0)
-                        if n >= per_rater:
+                    network, signed_in = _rated_by(grp, rater)
+                    if rater is not None:
+                        caps = [(("rater", grp.task, rater), per_rater), (("net", grp.task, network), per_network),
+                                (("anon", grp.task), None if signed_in else per_anonymous)]
+                        caps = [(key, cap) for key, cap in caps if cap is not None and key[-1] is not None]
+                        if any(taken.get(key, 0) >= cap for key, cap in caps):
                             if held is not None:
                                 held.append((grp.id, rater))
                             continue
-                        taken[(grp.task, rater)] = n + 1
+                        for key, _ in caps:
+                            taken[key] = taken.get(key, 0) + 1
                     rec = self._group_record(grp)   # loads its samples
                     out.append(ReadyGroup(grp.id, grp.task, grp.example_id, grp.example, grp.turn,
                                           list(grp.prompts), rec.samples, [j.joint for j in rec.joints],
                                           got[0], [j.auto_levels or {} for j in rec.joints], got[1],
                                           [j.id for j in rec.joints], grp.max_reward, grp.created_at,
-                                          None if rule.mode == "auto" else _writes(grp), rater))
+                                          None if rule.mode == "auto" else _writes(grp), rater,
+                                          network, signed_in))
                     if len(out) >= limit:
                         break
         return out

@@ -62,7 +62,7 @@ class Caller:
     """the client's address as uvicorn reports it (gr.Request.client.host), else None."""
     network: str | None = None
     """the client's network (identity.client_network: X-Forwarded-For only behind a trusted
-    proxy); rounds and ratings are also counted per network. None: not counted (the API, tests)."""
+    proxy); rounds and ratings are also counted per network and ratings keep it. None: not counted (tests)."""
     door: str = WEB
     """WEB (the page, gradio_client) or API (/v1 with a key): which quota of `Limits` applies."""
 
@@ -90,15 +90,21 @@ class Caller:
         return f"session:{self.session_id}"[:200] if self.session_id else None
 
     @property
+    def signed_in(self) -> bool:
+        """Whether an identity that costs something stands behind this caller: a Hugging Face
+        login or an API key (stored with its ratings: the trainer's anonymous share reads it)."""
+        return self.door == API or bool(self.username)
+
+    @property
     def key(self) -> str:
         """Whose limits (rounds / ratings per minute, rounds at once) an action counts against."""
         return self.rater or "anonymous"
 
 
-def api_caller(key_id: str) -> Caller:
+def api_caller(key_id: str, network: str | None = None) -> Caller:
     """An API key as the core sees it: its id is both the session its groups are stored under
-    and the rater of its ratings."""
-    return Caller(key_id, door=API)
+    and the rater of its ratings; `network` the request's client network (identity.client_network)."""
+    return Caller(key_id, network=network, door=API)
 
 
 def hf_login_available(environ=None) -> bool:
@@ -297,16 +303,20 @@ class Quota:
 
 class Limits:
     """The one limits policy of both doors. A round: `begin_round(caller)` takes, in this order,
-    a place among the door's rounds at once, one of the caller's rounds in flight, and one round
-    from the caller's client network's and identity's per-minute budgets — or raises `UserError`
-    (code "server_busy", "rounds_in_flight" or "rate_limit_exceeded", with `retry_after`) having
-    taken nothing; `end_round(caller)` gives the first two back. Ratings: `take_ratings(caller,
-    n)` counts n against the network, the identity and the global budget (every caller of every
-    door), all or nothing. Identities are `Caller.key` (a server-issued session, a login, an API
+    a place among the door's rounds at once, one of the caller's rounds in flight, one of its
+    client network's rounds in flight (so a network with many sessions cannot hold every
+    generate slot), and one round from the network's and identity's per-minute budgets — or
+    raises `UserError` (code "server_busy", "rounds_in_flight" or "rate_limit_exceeded", with
+    `retry_after`) having taken nothing; `end_round(caller)` gives the places back. Ratings:
+    `take_ratings(caller, n)` counts n against the network, the identity and the global budget
+    (every caller of every door), all or nothing; the global budget is shared fairly
+    (`FairBudget`: a network takes at most global / (active networks + 1) of it, so networks at
+    their own limit cannot use it all up and a newcomer finds room). Identities are `Caller.key` (a server-issued session, a login, an API
     key id), never a value the client picks. Thread-safe; in memory (a restart forgets counts)."""
 
     def __init__(self, web: Quota, api: Quota | None = None, rounds_per_minute_per_network: int = 0,
-                 ratings_per_minute_per_network: int = 0, ratings_per_minute: int = 0):
+                 ratings_per_minute_per_network: int = 0, ratings_per_minute: int = 0,
+                 rounds_in_flight_per_network: int = 0):
         self._lock = threading.Condition()
         self.quotas: dict[str, Quota] = {}
         self._rounds: dict[str, RateLimiter] = {}
@@ -317,7 +327,8 @@ class Limits:
             self.set_quota(door, quota)
         self._net_rounds = RateLimiter(rounds_per_minute_per_network)
         self._net_ratings = RateLimiter(ratings_per_minute_per_network)
-        self._all_ratings = RateLimiter(ratings_per_minute)
+        self._all_ratings = FairBudget(ratings_per_minute)
+        self._net_slots = SessionSlots(rounds_in_flight_per_network)
 
     def set_quota(self, door: str, quota: Quota) -> None:
         """Set a door's quota (at start-up: /v1's comes from its own config); counts start afresh."""
@@ -337,10 +348,18 @@ class Limits:
             if not slots.acquire(caller.key):
                 raise UserError(f"you already have a round generating: wait for your round to finish (at most "
                                 f"{q.rounds_in_flight} at once per {q.scope})", "rounds_in_flight", 5)
+            net = f"net:{caller.network}" if caller.network else None
+            if net and not self._net_slots.acquire(net):
+                slots.release(caller.key)
+                raise UserError(f"your network already has {self._net_slots.limit} rounds generating, the most one "
+                                "network may have at once so that others get a turn: try again when one ends",
+                                "rounds_in_flight", 5)
             try:
                 self._take(caller, "rounds", 1, self._net_rounds, self._rounds[door], None)
             except UserError:
                 slots.release(caller.key)
+                if net:
+                    self._net_slots.release(net)
                 raise
             self._running[door] += 1
 
@@ -348,6 +367,8 @@ class Limits:
         with self._lock:
             self._running[caller.door] -= 1
             self._slots[caller.door].release(caller.key)
+            if caller.network:
+                self._net_slots.release(f"net:{caller.network}")
             self._lock.notify_all()
 
     def take_ratings(self, caller: Caller, n: int) -> None:
@@ -359,8 +380,9 @@ class Limits:
         refusal the counts already taken are given back."""
         checks = [(net, f"net:{caller.network}" if caller.network else None, "client network"),
                   (own, caller.key, self.quotas[caller.door].scope)]
-        if everyone is not None:
-            checks.append((everyone, "*", "server (every visitor together)"))
+        if everyone is not None:   # fair between networks: an identity without one is its own unit
+            checks.append((everyone, f"net:{caller.network}" if caller.network else caller.key,
+                           "server (every visitor together; one network at most a fair share of it)"))
         taken = []
         for lim, key, scope in checks:
             most = lim.limit
@@ -377,6 +399,10 @@ class Limits:
                                 "are allowed, so it can never fit; ask the server's admin for a higher limit",
                                 "rate_limit_exceeded", None)
             secs = max(1, math.ceil(wait))
+            if isinstance(lim, FairBudget):
+                raise UserError(f"too many {what}: every visitor together may store {most} per minute, shared fairly "
+                                f"between the networks rating now (yours may use {lim.share(key)} of them); try "
+                                f"again in {secs} s", "rate_limit_exceeded", secs)
             raise UserError(f"too many {what}: at most {most} per minute per {scope}; try again in {secs} s",
                             "rate_limit_exceeded", secs)
 
@@ -393,6 +419,67 @@ class Limits:
         """Wait until no round of `door` runs (shutdown, tests); False if `timeout` s passed first."""
         with self._lock:
             return self._lock.wait_for(lambda: self._running[door] == 0, timeout)
+
+
+class FairBudget:
+    """A budget of `limit` events per `window_s` seconds over every key together, shared fairly:
+    one key (a client network) may hold at most limit / (active keys + 1) of the window, where
+    the active keys are those with events in the window, itself included. So k networks rating
+    as fast as they may settle, within one window, at limit / (k + 1) each, and leave that much
+    to a newcomer (their share shrinks as it arrives); without it three networks at 240 a minute
+    fill a global 600. `limit` 0 = no limit. The same `take` / `give_back` as RateLimiter.
+    Thread-safe, in memory."""
+
+    def __init__(self, limit: int, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self._events: dict[str, collections.deque] = {}
+        self._lock = threading.Lock()
+
+    def share(self, key: str) -> int:
+        """The most `key` may hold in the window now (at least 1)."""
+        with self._lock:
+            self._expire(self.clock())
+            active = len(self._events) + (key not in self._events)
+        return max(1, self.limit // (active + 1))
+
+    def _expire(self, now: float) -> None:
+        for k in list(self._events):
+            q = self._events[k]
+            while q and q[0] <= now - self.window_s:
+                q.popleft()
+            if not q:
+                del self._events[k]
+
+    def take(self, key: str, n: int = 1) -> float | None:
+        """Record `n` events for `key` and return None, or (nothing recorded) the seconds until
+        they may fit: inf when n is over the whole limit."""
+        if not self.limit:
+            return None
+        now = self.clock()
+        with self._lock:
+            self._expire(now)
+            if n > self.limit:
+                return math.inf
+            everyone = sorted(t for q in self._events.values() for t in q)
+            own = self._events.get(key, collections.deque())
+            active = len(self._events) + (key not in self._events)
+            share = max(1, self.limit // (active + 1))
+            if len(everyone) + n > self.limit:
+                return everyone[len(everyone) + n - self.limit - 1] + self.window_s - now
+            if len(own) + n > share:   # its oldest events must leave the window (or others go idle)
+                return own[len(own) + n - share - 1] + self.window_s - now if len(own) + n - share <= len(own) \
+                    else self.window_s
+            self._events.setdefault(key, collections.deque()).extend([now] * n)
+            return None
+
+    def give_back(self, key: str, n: int = 1) -> None:
+        """Forget the last `n` events of `key` (a request refused by a later limit counts nothing)."""
+        with self._lock:
+            q = self._events.get(key)
+            for _ in range(min(n, len(q or ()))):
+                q.pop()
+            if q is not None and not q:
+                del self._events[key]
 
 
 class RateLimiter:

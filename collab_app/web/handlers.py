@@ -231,7 +231,12 @@ def rate_candidates(ctx, episode: dict, values: list, caller: Caller, comment: s
     fb = store_feedback(ctx, caller, "stars", [cands[i]["joint_sample_id"] for i, _ in chosen],
                         [v for _, v in chosen], comment)
     return "rating saved: " + ", ".join(f"#{rid} (candidate {i + 1}: {v:g}/5)"
-                                         for rid, (i, _), v in zip(fb.rating_ids, chosen, fb.values)) + f" as {fb.rater}"
+                                         for rid, (i, _), v in zip(fb.rating_ids, chosen, fb.values)) + \
+        f" as {fb.rater}" + _note(fb)
+
+
+def _note(fb) -> str:
+    return f". Note: {fb.note}" if fb.note else ""
 
 
 def rank(ctx, group_id: Any, ranks: Any, caller: Caller, comment: str = "", token: str = "") -> str:
@@ -240,7 +245,7 @@ def rank(ctx, group_id: Any, ranks: Any, caller: Caller, comment: str = "", toke
     fb = store_feedback(ctx, caller, "rank", group_id, ranks, comment, token)
     order = sorted(range(len(fb.values)), key=lambda k: -fb.values[k])
     return (f"ranking saved: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (best first: "
-            f"{' > '.join(f'candidate {k + 1}' for k in order)}) as {fb.rater}")
+            f"{' > '.join(f'candidate {k + 1}' for k in order)}) as {fb.rater}" + _note(fb))
 
 
 def pick_best(ctx, group_id: Any, best: Any, caller: Caller, comment: str = "", token: str = "") -> str:
@@ -249,7 +254,7 @@ def pick_best(ctx, group_id: Any, best: Any, caller: Caller, comment: str = "", 
     fb = store_feedback(ctx, caller, "pick_best", group_id, best, comment, token)
     b = fb.values.index(max(fb.values)) + 1
     return (f"pick saved: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (candidate {b} is the best of "
-            f"{len(fb.values)}) as {fb.rater}")
+            f"{len(fb.values)}) as {fb.rater}" + _note(fb))
 
 
 def set_custom_training(ctx, token: str, allowed: bool, caller: Caller | None = None) -> str:
@@ -349,18 +354,21 @@ def set_generation_settings(ctx, token: str, num_generations: Any, temperature: 
 
 
 def adapter_table(ctx, agent: str) -> list[list]:
-    """Rows (newest first): version, step, created, pinned, serving now, path."""
+    """Rows (newest first): version, step, created, pinned, serving now, folder. The folder's name
+    only: the table is shown to every visitor, and the server's paths (its home, its user name)
+    are nobody else's business; the admin has them on the server."""
     if not agent:
         return []
     served = ctx.engine.adapter_version(agent)
     rows = []
     for v in reversed(ctx.store.adapter_versions(agent)):
         rows.append([v.version, v.step if v.step is not None else "", v.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                     "yes" if v.pinned else "", "yes" if v.version == served else "", v.path])
+                     "yes" if v.pinned else "", "yes" if v.version == served else "",
+                     os.path.basename(str(v.path).rstrip("/"))])
     return rows
 
 
-ADAPTER_HEADERS = ["version", "step", "created (UTC)", "pinned", "serving", "path"]
+ADAPTER_HEADERS = ["version", "step", "created (UTC)", "pinned", "serving", "folder"]
 
 
 def _pin(ctx, agent: str, version: int | None) -> str:

@@ -85,7 +85,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from collab_app.web import core
-from collab_app.web.access import API, Caller, Quota, UserError, admin_token_problem, api_caller
+from collab_app.web.access import API, AdminGuard, Caller, Quota, UserError, admin_token_problem, api_caller
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +279,7 @@ class OpenAIApi:
         # the API's quota in the app's one limits policy (the global rating budget stays shared)
         ctx.limits.set_quota(API, Quota(cfg.max_rounds_per_minute, cfg.max_ratings_per_minute,
                                         cfg.max_rounds_in_flight, cfg.max_concurrent_rounds, scope="API key"))
+        self.key_guard = AdminGuard()   # wrong keys per client network: 5 free, then 2, 4, 8 ... s locked
         self._humaneval: dict[str, tuple[str, str]] | None = None
         self._humaneval_lock = threading.Lock()
         self.created = int(time.time())
@@ -295,11 +296,21 @@ class OpenAIApi:
         if scheme.lower() != "bearer" or not key.strip():
             raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", "authentication_error",
                            "missing_api_key", headers={"WWW-Authenticate": "Bearer"})
+        from collab_app.web.identity import STATE_NETWORK
+
+        network = (request.scope.get("state") or {}).get(STATE_NETWORK)
+        guard = f"net:{network}" if network else "no-network"
+        wait = self.key_guard.locked(guard)
+        if wait:   # every key from there is refused while locked, a right one too: else guessing is not slowed
+            secs = max(1, math.ceil(wait))
+            raise ApiError(429, f"too many invalid API keys from your network: try again in {secs} s",
+                           "rate_limit_error", "too_many_invalid_keys", headers={"Retry-After": str(secs)})
         kid = self._keys.get(hashlib.sha256(key.strip().encode()).hexdigest())
-        if kid is None:
+        if kid is None:   # a right key does not clear the count: a guesser holding one key could reset it
+            self.key_guard.failed(guard)
             raise ApiError(401, "invalid API key", "authentication_error", "invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
-        return api_caller(kid)
+        return api_caller(kid, network)
 
     async def json_body(self, request) -> dict:
         limit = self.cfg.max_body_bytes

@@ -48,13 +48,13 @@ def test_rounds_at_once_per_door():
 
 def test_the_global_rating_budget_counts_every_caller_of_both_doors():
     lim = Limits(Quota(ratings_per_minute=10), api=Quota(ratings_per_minute=10, scope="API key"),
-                 ratings_per_minute=5)
-    lim.take_ratings(Caller("web:a", network="192.0.2.1"), 2)
-    lim.take_ratings(api_caller("api:k"), 2)
+                 ratings_per_minute=12)
+    lim.take_ratings(Caller("web:a", network="192.0.2.1"), 6)    # alone: its fair share is 12 / 2
+    lim.take_ratings(api_caller("api:k"), 4)                     # two rating: 12 / 3
     with pytest.raises(UserError, match="every visitor together") as e:
-        lim.take_ratings(Caller("web:fresh", network="203.0.113.5"), 2)   # a fresh identity, another network
+        lim.take_ratings(Caller("web:fresh", network="203.0.113.5"), 3)   # a fresh identity, another network
     assert e.value.code == "rate_limit_exceeded"
-    lim.take_ratings(Caller("web:fresh", network="203.0.113.5"), 1)       # the refusal counted nothing
+    lim.take_ratings(Caller("web:fresh", network="203.0.113.5"), 2)       # the refusal counted nothing
     with pytest.raises(UserError, match="every visitor together"):
         lim.take_ratings(Caller("web:a", network="192.0.2.1"), 1)
 
