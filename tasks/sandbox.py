@@ -6,7 +6,13 @@ rlimits, no capabilities, its own process group (and cgroup where one may be cre
 the end, verdicts back over a MAC'd private pipe, at the strongest isolation level this host
 allows ("namespaces", "userns", or the weak "plain", Landlock-confined where the kernel has it);
 `isolation()` says which. Code or tests a person typed (`untrusted=True`) run only at a strong
-level unless COLLAB_SANDBOX_ALLOW_WEAK=1.
+level unless COLLAB_SANDBOX_ALLOW_WEAK=1, or unless the caller says the app serves this machine's
+person alone (`on_behalf_of(local_person=True)`: a loopback-only app). A visitor's runs
+(`on_behalf_of(network)`, run_tests(network=)) hold at most a share of the concurrent slots per
+client network and wait at most max_wait() for one. Without a per-run cgroup a run's memory is
+bounded by processes x address space within Limits.total_memory_mb (`_bounded`). A public app
+refuses to start where model code would run unconfined ("plain" without Landlock:
+`check_public_host`) unless COLLAB_SANDBOX_ALLOW_UNCONFINED=1.
 
 docs/SANDBOX.md is the design: what each step of a check does and why, each isolation level, the
 filesystem view, and what no level protects against.
@@ -14,6 +20,7 @@ filesystem view, and what no level protects against.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -40,6 +47,10 @@ UID_BASE, UID_SPAN = 2_000_000_000, 100_000_000  # sandbox uids; never a real ac
 ALLOW_WEAK_ENV = "COLLAB_SANDBOX_ALLOW_WEAK"  # "1": a person's code may run under weak isolation
 MAX_CONCURRENT_ENV = "COLLAB_SANDBOX_MAX_CONCURRENT"
 CGROUP_ENV = "COLLAB_SANDBOX_CGROUP"  # a delegated cgroup v2 dir to create per-run cgroups in
+ALLOW_UNCONFINED_ENV = "COLLAB_SANDBOX_ALLOW_UNCONFINED"  # "1": a public app may run model code unconfined
+WAIT_S = 60.0  # longest a visitor's run (one with a network key) waits for a slot, then "busy"
+PROCS_KEPT = 8  # without a cgroup: processes a run keeps while its address space per process gives way
+MIN_PROCESS_MB = 128  # ... but never below this per process (fewer processes instead)
 REPROBE_S = 30.0  # after a weak probe result, probe again at most this often
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -97,7 +108,8 @@ class Limits:
     max_file_mb: int = 16  # largest file it may write
     max_open_files: int = 64
     max_output_bytes: int = 64_000  # per stream (stdout, stderr); more => killed, "output"
-    total_memory_mb: int = 2048  # all processes of the run together (cgroup memory.max, if any)
+    total_memory_mb: int = 2048  # all processes of the run together: cgroup memory.max, else max_procs x
+    # memory_mb are lowered until they fit it (`_bounded`; isolation()["memory"] says what a run gets)
     cpus: float = 1.0  # CPU share of the whole run, in CPUs (cgroup cpu.max, if any)
 
     def __post_init__(self):
@@ -257,13 +269,25 @@ class _RunCgroup:
         log.warning("sandbox: could not remove cgroup %s", self.path)
 
 
+class _Busy(Exception):
+    """No sandbox slot came free for a visitor's run within the gate's wait (`_run` turns it into a result)."""
+
+
 class _Gate:
-    """The process-wide cap on concurrent sandbox runs (a semaphore whose size can change)."""
+    """The process-wide cap on concurrent sandbox runs (a semaphore whose size can change), with
+    a share per key: the runs of one key (a visitor's client network, `on_behalf_of`) hold at
+    most `share()` = max(1, limit // 2) slots at once, however many they ask for, so one network's
+    tests that sleep never hold every slot; and such a run waits at most `wait_s` for a slot,
+    then raises _Busy (a result saying so, never a hang). Runs without a key (the app's own
+    checks, the trainer's rewards, calibration) count against the cap only and wait as long as
+    it takes: they come from this process's own bounded pools."""
 
     def __init__(self):
         self._cv = threading.Condition()
         self._active = 0
+        self._held: dict[str, int] = {}  # key -> slots its runs hold now
         self._limit: int | None = None  # None: from the environment / CPU count, on first use
+        self.wait_s = WAIT_S
 
     def limit(self) -> int:
         with self._cv:
@@ -289,17 +313,38 @@ class _Gate:
             self._limit = n
             self._cv.notify_all()
 
-    @contextlib.contextmanager
-    def hold(self):
+    def share(self) -> int:
+        """The most slots the runs of one key may hold at once."""
+        return max(1, self.limit() // 2)
+
+    def acquire(self, key: str | None = None) -> None:
         with self._cv:  # (an RLock: limit() may take it again)
-            self._cv.wait_for(lambda: self._active < self.limit())
+            def free() -> bool:
+                return self._active < self.limit() and (key is None or self._held.get(key, 0) < self.share())
+
+            if not self._cv.wait_for(free, None if key is None else self.wait_s):
+                raise _Busy(f"busy: no sandbox slot came free within {self.wait_s:g} s ({self.limit()} runs at once "
+                            f"here, at most {self.share()} for one client network; yours hold {self._held.get(key, 0)})")
             self._active += 1
+            if key is not None:
+                self._held[key] = self._held.get(key, 0) + 1
+
+    def release(self, key: str | None = None) -> None:
+        with self._cv:
+            self._active -= 1
+            if key is not None:
+                self._held[key] -= 1
+                if not self._held[key]:
+                    del self._held[key]
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self, key: str | None = None):
+        self.acquire(key)
         try:
             yield
         finally:
-            with self._cv:
-                self._active -= 1
-                self._cv.notify_all()
+            self.release(key)
 
 
 _GATE = _Gate()
@@ -313,6 +358,45 @@ def set_max_concurrent(n: int | None) -> None:
 
 def max_concurrent() -> int:
     return _GATE.limit()
+
+
+def set_max_wait(seconds: float | None) -> None:
+    """A visitor's run (one counted against a client network) waits at most `seconds` for a
+    slot, then comes back as "the sandbox failed to start (busy: ...)"; None: back to WAIT_S."""
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+        raise ValueError(f"the longest wait for a sandbox slot must be seconds > 0 (or None for {WAIT_S:g}), got {seconds!r}")
+    with _GATE._cv:
+        _GATE.wait_s = WAIT_S if seconds is None else float(seconds)
+
+
+def max_wait() -> float:
+    return _GATE.wait_s
+
+
+@dataclass(frozen=True)
+class _OnBehalf:
+    network: str | None = None  # whose share of the gate (None: the app's own run)
+    local_person: bool = False  # the app serves this machine's person alone (loopback, no proxy)
+
+
+_CALLER: contextvars.ContextVar[_OnBehalf] = contextvars.ContextVar("collab_sandbox_caller", default=_OnBehalf())
+
+
+@contextlib.contextmanager
+def on_behalf_of(network: str | None = None, local_person: bool = False):
+    """The runs this block starts (in this thread; run_many hands it to its workers) are a
+    visitor's. `network`: their client network (or one key per party, e.g. an API key): their
+    runs hold at most a share of the slots (`_Gate`) and wait at most max_wait() for one.
+    `local_person=True`: the app listens on this machine only and no proxy stands in front
+    (collab_app/web/context.py `trusts_its_person`), so the one person it serves is the one who
+    started it: code and tests they typed run at the best isolation this machine has ("plain"
+    with Landlock where the kernel has it; `isolation()["summary_local"]` says so) instead of
+    being refused. A public app never passes it."""
+    token = _CALLER.set(_OnBehalf(network, bool(local_person)))
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
 
 
 def _allow_weak() -> bool:
@@ -379,13 +463,23 @@ def _check_landlock(abi: int) -> int:
 def isolation() -> dict:
     """Which isolation this process's checks get (docs/SANDBOX.md), for logs and UI.
     `strong`: "namespaces"/"userns"; `untrusted_allowed`: may code or tests a person typed run
-    (strong, or COLLAB_SANDBOX_ALLOW_WEAK=1); `summary`: one line for people."""
+    (strong with its memory bounded, or COLLAB_SANDBOX_ALLOW_WEAK=1); `summary`: one line for
+    people; `summary_local`: the same for a loopback-only app, which runs a person's code at
+    this level anyway (`on_behalf_of(local_person=True)`); `memory`: what bounds a run's memory
+    in all (`_bounded`); `unconfined`: model code runs as this process's user with nothing
+    confining it ("plain" without Landlock), which a public app accepts only with
+    COLLAB_SANDBOX_ALLOW_UNCONFINED=1 (`unconfined_accepted`; `check_public_host`)."""
     m = _mode()
     cg = _cgroups()
     weak_ok = _allow_weak()
     ll = _landlock() if m.name == "plain" else 0
-    return {"mode": m.name, "strong": m.strong, "untrusted_allowed": m.strong or weak_ok,
+    bound, lim = _memory_bound(m, cg), _bounded(Limits(), cg)
+    return {"mode": m.name, "strong": m.strong, "untrusted_allowed": (m.strong and bound is not None) or weak_ok,
             "summary": _summary(m, cg, weak_ok, ll),
+            "summary_local": _summary(m, cg, weak_ok, ll, local=True),
+            "memory": {"bounded_by": bound, "per_process_mb": lim.memory_mb, "processes": lim.max_procs,
+                       "total_mb": lim.total_memory_mb},
+            "unconfined": m.name == "plain" and not ll, "unconfined_accepted": _allow_unconfined(),
             "landlock": {"abi": ll, "files": ll >= 1, "tcp_blocked": ll >= 4, "signals_scoped": ll >= 6} if ll else None,
             "network_blocked": m.namespaces, "pid_namespace": m.namespaces,
             "read_only_filesystem": m.confine, "minimal_filesystem": m.confine,
@@ -400,14 +494,24 @@ def isolation() -> dict:
             "probe_notes": list(_probe_notes)}
 
 
-def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool, landlock: int = 0) -> str:
-    limits = ("per-run cgroup limits (" + ", ".join(cg.controllers) + ")" if cg.base
-              else "per-process limits only (no cgroup)")
+def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool, landlock: int = 0, local: bool = False) -> str:
+    bound, lim = _memory_bound(m, cg), _bounded(Limits(), cg)
+    limits = ("per-run cgroup limits (" + ", ".join(cg.controllers) + ")" if bound == "cgroup"
+              else f"no cgroup, so memory is bounded by rlimits ({lim.max_procs} processes x {lim.memory_mb} MB"
+                   f" = {lim.total_memory_mb} MB a run at most)" if bound
+              else "no cgroup and no process limit (kernel uid 0 is exempt): memory NOT bounded")
+    local_line = (" This app is reachable from this machine only, so it trusts its person: your own coding "
+                  "problem runs in this sandbox anyway (a public app refuses it).")
     if m.strong:
         who = "a throwaway uid" if m.separate_uid else "a nested user namespace"
-        return (f"Strong sandbox ({m.name}): no network, own processes only, only Python and system "
+        line = (f"Strong sandbox ({m.name}): no network, own processes only, only Python and system "
                 f"libraries visible (read-only), {who} without privileges, {limits}; "
                 "not covered: kernel exploits and using the limits in full.")
+        if bound or weak_ok:
+            return line
+        return line + (local_line if local else " Code and tests typed by people are refused: give the app a "
+                       f"delegated cgroup ({CGROUP_ENV}) or run it as another user, or set {ALLOW_WEAK_ENV}=1 "
+                       "knowing the risks.")
     line = ("WEAK sandbox (plain): the code can use the network, read the app user's files and "
             "environment, and signal its processes; only rlimits apply.")
     if landlock:
@@ -417,10 +521,90 @@ def _summary(m: _Mode, cg: _Cgroups, weak_ok: bool, landlock: int = 0) -> str:
                 + (" or signal the app's processes" if landlock >= 6 else "")
                 + "; it shares the app's uid and processes otherwise" + ("" if landlock >= 4 else ", and the network")
                 + "; rlimits apply.")
+    else:
+        line += (" Model-written code runs like this too: a public app starts here only with "
+                 f"{ALLOW_UNCONFINED_ENV}=1" + (" (set: the operator accepts it)." if _allow_unconfined() else "."))
     if weak_ok:
         return line + f" Code and tests typed by people run anyway: {ALLOW_WEAK_ENV}=1 is set."
+    if local:
+        return line + local_line
     return line + (" Code and tests typed by people are refused: run as root or allow user namespaces, "
                    f"or set {ALLOW_WEAK_ENV}=1 knowing the risks.")
+
+
+def _allow_unconfined() -> bool:
+    return os.environ.get(ALLOW_UNCONFINED_ENV, "") == "1"
+
+
+class UnconfinedSandboxError(ValueError):
+    """A public app would run model-written code unconfined here ("plain" without Landlock)."""
+
+
+def check_public_host(where: str) -> None:
+    """For an app that others can reach (`where` says how, e.g. "SPACE_ID is set"): raises
+    UnconfinedSandboxError where model-written code would run unconfined, i.e. "plain" mode
+    without Landlock (a Space: Docker's default seccomp blocks user namespaces; a kernel without
+    Landlock), as this process's user, able to read and write the store, read exports and
+    signal the app, unless COLLAB_SANDBOX_ALLOW_UNCONFINED=1 says the operator accepts that (a
+    warning then). Probes the isolation now. `collab serve` calls it before anything is
+    created and exits 2 with the message (collab_app/web/serve.py)."""
+    m = _mode()
+    if m.name != "plain" or _landlock():
+        return
+    risk = (f"this app is public ({where}) and its sandbox is weak (\"plain\": no user namespaces and no "
+            "Landlock here; " + ("; ".join(_probe_notes)[:300] or "no stronger mode was found") + "), so "
+            "model-written code (every coding round's candidates) would run unconfined as this server's user: "
+            "it could read and write the store, read exports and adapters, and signal or kill the server")
+    if _allow_unconfined():
+        log.warning("sandbox: %s; %s=1 says the operator accepts that", risk, ALLOW_UNCONFINED_ENV)
+        return
+    raw = os.environ.get(ALLOW_UNCONFINED_ENV)
+    note = f" ({ALLOW_UNCONFINED_ENV} is set to {raw!r}; only '1' counts)" if raw not in (None, "") else ""
+    raise UnconfinedSandboxError(
+        f"{risk}. Run it where the sandbox is strong (as root, or where unprivileged user namespaces are "
+        "allowed), on a kernel with Landlock (Linux 5.13+), serve on 127.0.0.1 for yourself alone, or set "
+        f"{ALLOW_UNCONFINED_ENV}=1 to accept that risk{note}")
+
+
+def _memory_bound(m: _Mode, cg: _Cgroups) -> str | None:
+    """What bounds a run's memory in all: "cgroup" (memory.max), "rlimits" (RLIMIT_NPROC x
+    RLIMIT_AS within Limits.total_memory_mb, `_bounded`), or None where neither holds: no cgroup
+    and code running as kernel uid 0 ("userns" or "plain" of a root app without a separate uid),
+    which the kernel exempts from RLIMIT_NPROC."""
+    if cg.base is not None:
+        return "cgroup"
+    return "rlimits" if m.separate_uid or os.geteuid() != 0 else None
+
+
+def _bounded(limits: Limits, cg: _Cgroups) -> Limits:
+    """The limits a run gets. With a per-run cgroup, as given (memory.max = total_memory_mb).
+    Without one nothing else bounds the run's memory in all but max_procs x memory_mb (32 x 1 GB
+    by default), so both are lowered until the product fits total_memory_mb: the address space
+    per process gives way first, down to total_memory_mb / PROCS_KEPT (256 MB by default: 8
+    processes), never below MIN_PROCESS_MB (then fewer processes)."""
+    total = limits.total_memory_mb
+    if cg.base is not None or limits.max_procs * limits.memory_mb <= total:
+        return limits
+    procs = min(limits.max_procs, max(PROCS_KEPT, total // limits.memory_mb))
+    if total // procs < MIN_PROCESS_MB:
+        procs = max(1, min(procs, total // MIN_PROCESS_MB))
+    return dataclasses.replace(limits, max_procs=procs, memory_mb=max(1, min(limits.memory_mb, total // procs)))
+
+
+def _untrusted_refusal(m: _Mode) -> WeakSandboxError | None:
+    """Why code or tests a person typed may not run now, or None: they run at a strong level whose
+    memory is bounded, under COLLAB_SANDBOX_ALLOW_WEAK=1, or for a loopback-only app's own person."""
+    if _allow_weak() or _CALLER.get().local_person:
+        return None
+    if not m.strong:
+        return _weak_error(m)
+    if _memory_bound(m, _cgroups()) is None:
+        return WeakSandboxError(
+            f"refusing to run code or tests typed by a person: the sandbox is strong ({m.name}) but nothing bounds "
+            "a run's memory: no per-run cgroup, and the code runs as kernel uid 0, which RLIMIT_NPROC does not "
+            f"limit. Fix: give the app a delegated cgroup v2 dir ({CGROUP_ENV}), or run it as a non-root user; or "
+            f"set {ALLOW_WEAK_ENV}=1 to run it anyway, knowing that risk (tasks/sandbox.py).")
+    return None
 
 
 def _weak_error(m: _Mode) -> WeakSandboxError:
@@ -559,14 +743,20 @@ def _probe() -> tuple[_Mode, list[str]]:
 # ------------------------------------------------------------------------------------ running
 
 def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str = "",
-              probe: dict | None = None, untrusted: bool = False) -> SandboxResult:
+              probe: dict | None = None, untrusted: bool = False, *, network: str | None = None) -> SandboxResult:
     """exec `setup` (e.g. imports the problem needs), then `code`, then each test snippet (e.g.
     "assert f(1) == 2", or a multi-line block) in one namespace, in a sandboxed subprocess. Each
     test runs separately: a failing test doesn't stop the rest.
 
     `untrusted=True`: code or tests a PERSON typed (not model-written code against the project's
-    own tests). Runs only under strong isolation or with COLLAB_SANDBOX_ALLOW_WEAK=1, else
+    own tests). Runs only under strong isolation whose memory is bounded, with
+    COLLAB_SANDBOX_ALLOW_WEAK=1, or for a loopback-only app's person (`on_behalf_of`), else
     raises WeakSandboxError (a ValueError) saying why and how to fix it.
+
+    `network`: the run is a visitor's, counted against that client network's share of the
+    concurrent slots (default: the one `on_behalf_of` set; None there too: the app's own run).
+    Such a run waits at most max_wait() for a slot; after that its result says "the sandbox
+    failed to start (busy: ...)" (tasks/coding.py: SandboxFailure, not the candidate's fault).
 
     `probe` = {"entry": name, "aux": name, "budget_s": seconds}: after every verdict is
     reported, the same process checks at run time whether the function `entry` calls `aux`
@@ -583,18 +773,22 @@ def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str
                                   and isinstance(probe["budget_s"], (int, float)) and probe["budget_s"] > 0):
         raise ValueError(f"probe must be {{'entry': name, 'aux': name, 'budget_s': seconds > 0}}, got {probe!r}")
     mode = _mode()
-    if untrusted and not (mode.strong or _allow_weak()):
-        raise _weak_error(mode)
-    return _run(mode, code, list(tests), limits, setup, probe)
+    if untrusted and (why := _untrusted_refusal(mode)):
+        raise why
+    return _run(mode, code, list(tests), limits, setup, probe, network=network)
 
 
 def run_many(jobs: list[tuple[str, list[str]]], limits: Limits = Limits(),
-             max_workers: int | None = None, setup: str = "", untrusted: bool = False) -> list[SandboxResult]:
+             max_workers: int | None = None, setup: str = "", untrusted: bool = False, *,
+             network: str | None = None) -> list[SandboxResult]:
     """run_tests for each (code, tests) job, at most `max_workers` (default: CPU count) at a
-    time from here (and never more than max_concurrent() in the process); results in job order."""
+    time from here (and never more than max_concurrent() in the process); results in job order.
+    The workers run on behalf of whoever this thread runs for (`on_behalf_of`)."""
     workers = max(1, max_workers or os.cpu_count() or 1)
+    here = contextvars.copy_context()
     with ThreadPoolExecutor(workers, thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda job: run_tests(job[0], job[1], limits, setup, untrusted=untrusted), jobs))
+        return list(pool.map(lambda job: here.copy().run(run_tests, job[0], job[1], limits, setup,
+                                                           untrusted=untrusted, network=network), jobs))
 
 
 def _env(workdir: str) -> dict[str, str]:
@@ -633,12 +827,22 @@ def _kill_uid(uid: int) -> None:
 
 
 def _run(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,
-         probe: dict | None = None, cgroups: _Cgroups | None = None) -> SandboxResult:
+         probe: dict | None = None, cgroups: _Cgroups | None = None, network: str | None = None) -> SandboxResult:
     """One sandboxed run in `mode` (no untrusted check: run_tests does that). `cgroups`:
-    where per-run cgroups go (default: `_cgroups()`; tests pass their own)."""
+    where per-run cgroups go (default: `_cgroups()`; tests pass their own). Without a cgroup
+    the limits are `_bounded`. `network` (default: `on_behalf_of`'s): whose share of the gate."""
     cgroups = _cgroups() if cgroups is None else cgroups
-    with _GATE.hold():
+    limits = _bounded(limits, cgroups)
+    key = _CALLER.get().network if network is None else network
+    t0 = time.monotonic()
+    try:
+        _GATE.acquire(key)
+    except _Busy as e:
+        return _failed_to_start(tests, str(e), time.monotonic() - t0, probe)
+    try:
         return _run_now(mode, code, tests, limits, setup, probe, cgroups)
+    finally:
+        _GATE.release(key)
 
 
 def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: str,

@@ -12,7 +12,9 @@ Hosting in public, what lives here:
 - `isolation`: the sandbox's isolation (tasks.sandbox.isolation()), asked per request (the sandbox
   keeps a strong result and re-probes a weak one at most every 30 s, so a transient failure at
   start-up does not switch the feature off until a restart); a person's own coding problem (their
-  tests are code) runs only where it allows untrusted code (`untrusted_allowed`).
+  tests are code) runs only where it allows untrusted code (`untrusted_allowed`), or on an app
+  that trusts its person (`trusts_its_person`: loopback only, no proxy in front), at the best
+  isolation this machine has, which the page says (`isolation_summary`).
 - `admin_token` (must pass access.admin_token_problem, checked here), `admin_guard` (wrong
   guesses), `loopback_admin` (serve `--loopback-admin`): read by access.check_admin.
 - `limits`: access.Limits built from the `max_*` fields (the page's quota; /v1 sets its own);
@@ -253,16 +255,31 @@ class AppContext:
         return isolation()
 
     @property
+    def trusts_its_person(self) -> bool:
+        """A local app trusts its person (issue 82, item 7): reachable from this machine only (not
+        `public`) and no proxy in front (identity.trusted_proxy_hops 0: a proxy on this machine
+        would bring others in from loopback), so the only person is the one who started it, and
+        their own coding problem runs at the best isolation this machine has instead of being
+        refused (tasks.sandbox.on_behalf_of(local_person=True), core._score)."""
+        return not self.public and not self.identity.proxy_hops
+
+    @property
     def untrusted_allowed(self) -> bool:
         """May code and tests a person typed run here? The sandbox says ("untrusted_allowed");
-        a sandbox that does not say yet: anything but the "plain" mode."""
+        a sandbox that does not say yet: anything but the "plain" mode. An app that trusts its
+        person (`trusts_its_person`) runs them at whatever level the sandbox has."""
+        if self.trusts_its_person:
+            return True
         iso = self._isolation()
         return bool(iso.get("untrusted_allowed", iso.get("mode", "plain") != "plain"))
 
     @property
     def isolation_summary(self) -> str:
-        """One line for the page: the sandbox's own summary, else one made from its fields."""
+        """One line for the page: the sandbox's own summary (on an app that trusts its person, the
+        one saying the person's own problem runs at that level anyway), else one made from its fields."""
         iso = self._isolation()
+        if self.trusts_its_person and iso.get("summary_local"):
+            return str(iso["summary_local"])
         if iso.get("summary"):
             return str(iso["summary"])
         parts = [label for key, label in (("network_blocked", "network blocked"),

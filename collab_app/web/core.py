@@ -27,7 +27,11 @@ Safe in public:
 - A caller is server-issued (access.Caller): groups are stored under its session, and only that
   session (or the admin token) may rate them; a caller without a session can do neither.
 - A person's own coding problem (their tests are code) is refused unless the sandbox allows
-  untrusted code (`ctx.untrusted_allowed`), in `start_coding` and again in `play_round`.
+  untrusted code (`ctx.untrusted_allowed`), in `start_coding` and again in `play_round`; an app
+  reachable from this machine only runs it at the best isolation there is (`ctx.trusts_its_person`).
+- A round's checks run on behalf of its caller's client network (tasks.sandbox.on_behalf_of):
+  one network's checks hold at most a share of the sandbox's slots and wait for one at most
+  max_wait(), then the check says the sandbox was busy.
 - `play_round` counts each agent's prompt in tokens (the engine's tokenizer, chat template and
   role prompt included) against `max_model_len - max_new_tokens` before anything reaches the
   batcher, so an over-long prompt fails alone with a message and never breaks a merged batch of
@@ -81,16 +85,18 @@ def clean_text(value: Any, what: str, limit: int, required: bool = True) -> str:
 
 
 OWN_PROBLEM_OFF = (
-    "**My own coding problem is off on this server.** Your tests are code, and this server's sandbox "
-    "cannot isolate code a person typed ({summary}): it would run with the app's own rights. To turn it "
-    "on, run the app where unprivileged user namespaces are allowed (e.g. `sysctl -w "
+    "**My own coding problem is off on this server.** Your tests are code, and this public server's "
+    "sandbox cannot isolate code a person typed ({summary}): it would run with the app's own rights. To "
+    "turn it on, run the app where unprivileged user namespaces are allowed (e.g. `sysctl -w "
     "kernel.unprivileged_userns_clone=1`, `kernel.apparmor_restrict_unprivileged_userns=0`, or a "
-    "container started with user namespaces), or, if only you and people you trust use it, set "
-    "`COLLAB_SANDBOX_ALLOW_WEAK=1` and restart.")
+    "container started with user namespaces); or run your own copy on 127.0.0.1, which runs your problem "
+    "in the best sandbox your machine has; or, if only people you trust reach this one, set "
+    "`COLLAB_SANDBOX_ALLOW_WEAK=1` (with `COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC=1` on a public host) and restart.")
 
 
 def own_problem_off_message(ctx) -> str | None:
-    """Why a person's own coding problem is refused here (markdown), or None when it is allowed."""
+    """Why a person's own coding problem is refused here (markdown), or None when it is allowed
+    (a strong sandbox, COLLAB_SANDBOX_ALLOW_WEAK=1, or an app that trusts its person)."""
     return None if ctx.untrusted_allowed else OWN_PROBLEM_OFF.format(summary=ctx.isolation_summary)
 
 
@@ -175,11 +181,16 @@ def start_writing(ctx, task_name: str, text: str) -> dict:
     return ep
 
 
-def _score(task, example, outputs) -> tuple[Any, str | None]:
+def _score(task, example, outputs, network: str | None = None, local_person: bool = False) -> tuple[Any, str | None]:
     """(Reward, None), or (None, why) when the automatic check itself failed (e.g. the sandbox
-    could not start): the candidate is still stored and shown, a person's rating is its return."""
+    could not start, or stayed busy): the candidate is still stored and shown, a person's rating
+    is its return. Sandboxed checks run on behalf of `network` (its share of the slots) and, with
+    `local_person`, for an app that trusts its person (tasks.sandbox.on_behalf_of)."""
+    from tasks.sandbox import on_behalf_of
+
     try:
-        return check_reward(task, task.reward(example, outputs)), None
+        with on_behalf_of(network, local_person=local_person):
+            return check_reward(task, task.reward(example, outputs)), None
     except Exception as e:  # noqa: BLE001 - a broken checker must not lose the generation
         log.exception("automatic check failed")
         return None, f"{type(e).__name__}: {e}"[:500]
@@ -315,12 +326,13 @@ def _round(ctx, episode, caller, task, example, history, prompts, team, G, sampl
     checks: dict[int, tuple[Any, str | None]] = {}
     started: set[int] = set()
     check = "running tests" if "tests" in task.level_names else "scoring"
+    network = f"net:{caller.network}" if caller.network else caller.key   # whose share of the sandbox's slots
     pool = ThreadPoolExecutor(G, thread_name_prefix="collab-check")   # one per candidate: checks are
     # sandboxed subprocesses (coding) or light Python (writing), G <= ctx.max_generations
 
     def start_check(g: int) -> None:
         outs = [done[a][g].text for a in range(len(names))]
-        fut = pool.submit(_score, task, example, outs)
+        fut = pool.submit(_score, task, example, outs, network, ctx.trusts_its_person)
         fut.add_done_callback(lambda f, g=g: None if f.cancelled() else ticket.events.put(("checked", g, f.result())))
         started.add(g)
 

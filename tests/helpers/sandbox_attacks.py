@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tasks.sandbox import Limits, SandboxResult, _cgroups, _landlock_abi
+from tasks.sandbox import Limits, SandboxResult, _cgroups, _landlock_abi, _modes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 C, X, NA = "contained", "exposed", "n/a"
@@ -272,9 +272,14 @@ def confined(expect: dict, abi: int) -> dict:
 
 STRONG_ONLY = both(C, C, X, X)
 CAPS_GUARD = both(C, C, C, X)  # ptrace-checked /proc files of processes that hold capabilities
-# with a cgroup memory controller (memory.max = total_memory_mb) the run's total is capped
-MEMORY_TOTAL = C if "memory" in _cgroups().controllers else X
 ALL_C = both(C, C, C, C)
+# with a cgroup memory controller (memory.max = total_memory_mb) the run's total is capped; without
+# one, max_procs x memory_mb are lowered to fit total_memory_mb (tasks/sandbox.py _bounded), which
+# holds wherever RLIMIT_NPROC does: not for kernel uid 0 without a separate uid (a root app's
+# "userns" and "plain")
+_NPROC = os.geteuid() != 0
+MEMORY_TOTAL = ALL_C if "memory" in _cgroups().controllers else both(
+    C, C if _NPROC else X, C if _NPROC or _modes()["plain"].separate_uid else X, C)
 
 ATTACKS = [
     # ---- reading host files
@@ -340,8 +345,8 @@ ATTACKS = [
            "        try:\n            data = b'x' * (100 * 1024**2)\n            os.write(w, b'1')\n"
            "        except MemoryError:\n            os.write(w, b'0')\n        os.read(r2, 1)\n        os._exit(0)\n"
            "got = b''.join(os.read(r, 1) for _ in range(4))\nprint('HELD', got.count(b'1'))\nos.close(w2)",
-           count_below("HELD", 4), both(*[MEMORY_TOTAL] * 4), limits=Limits(timeout_s=20, memory_mb=160, total_memory_mb=256),
-           note="without a cgroup memory controller the total is max_procs x memory_mb"),
+           count_below("HELD", 4), MEMORY_TOTAL, limits=Limits(timeout_s=20, memory_mb=160, total_memory_mb=256),
+           note="without a cgroup: processes x address space within total_memory_mb, except for kernel uid 0"),
     Attack("disk flood: 12 files of 1 MB (max_file_mb=1)", "resources", "code",
            "n = 0\nfor i in range(12):\n    try:\n        with open(f'f{i}', 'wb') as f:\n"
            "            f.write(b'x' * (1 << 20))\n        n += 1\n    except OSError:\n        break\nprint('FILES', n)",

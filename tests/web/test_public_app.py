@@ -54,7 +54,7 @@ def drain(events):
 ])
 def test_own_problem_only_where_the_sandbox_allows_it(tmp_path, iso, allowed):
     eng = ScriptedStreamEngine()
-    ctx = make_ctx(tmp_path, eng, isolation=iso)
+    ctx = make_ctx(tmp_path, eng, isolation=iso, public=True)   # (a loopback app trusts its person: test_own_problem_local)
     assert ctx.untrusted_allowed is allowed
     if allowed:
         H.start_coding(ctx, H.SOURCES[1], "eval", "", *OWN, "")
@@ -77,7 +77,7 @@ def test_page_shows_isolation_and_hides_own_problem(tmp_path):
     def by_id(demo, elem_id):
         return next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id)
 
-    weak = make_ctx(tmp_path, ScriptedStreamEngine(), isolation={**PLAIN, "summary": "plain: no namespaces"})
+    weak = make_ctx(tmp_path, ScriptedStreamEngine(), isolation={**PLAIN, "summary": "plain: no namespaces"}, public=True)
     demo = build_app(weak)
     assert "plain: no namespaces" in by_id(demo, "code-isolation").value
     assert "COLLAB_SANDBOX_ALLOW_WEAK=1" in by_id(demo, "code-own-off").value
@@ -97,7 +97,7 @@ def test_own_problem_offered_again_when_the_sandbox_recovers(tmp_path, monkeypat
 
     now = {"iso": {**PLAIN, "strong": False, "untrusted_allowed": False, "summary": "plain: probe failed"}}
     monkeypatch.setattr(sandbox, "isolation", lambda: now["iso"])
-    ctx = make_ctx(tmp_path, ScriptedStreamEngine())          # isolation=None: asked live
+    ctx = make_ctx(tmp_path, ScriptedStreamEngine(), public=True)   # isolation=None: asked live
     refresh, _ = _built_code_tab(ctx)
     assert not ctx.untrusted_allowed
     assert list(refresh()[2]["choices"]) == [H.SOURCES[0]]
