@@ -183,6 +183,9 @@ class AppContext:
     max_rounds_in_flight: int = 1
     """rounds one session or login may have generating at once (0 = no limit): one client cannot
     hold every generate slot."""
+    max_rounds_in_flight_per_network: int = 2
+    """rounds one client network may have generating at once over all its sessions (0 = no limit):
+    a network with many sessions cannot hold every one of the generate_concurrency slots."""
     max_new_sessions_per_minute: int = 20
     """server-issued sessions (identity.IdentityMiddleware) one client network may start per minute (0 = no limit)."""
     max_rounds_per_minute_per_network: int = 30
@@ -191,6 +194,8 @@ class AppContext:
     """ratings one client network may store per minute over all its sessions (0 = no limit)."""
     max_ratings_per_minute_global: int = 600
     """ratings every caller together (page and /v1) may store per minute: no crowd of identities outvotes it (0 = no limit)."""
+    anonymous_share: float = 1.0
+    """the trainer's max_anonymous_share, told to raters who did not sign in (serve sets it where Hugging Face sign-in is available; 1 = no cap)."""
     require_login_to_rate: bool = False
     """ratings from the page need a Hugging Face login (a Space with `hf_oauth: true`); API keys and the admin token still rate."""
     session_secret: bytes | None = field(default=None, repr=False)
@@ -225,8 +230,8 @@ class AppContext:
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO needs a group of siblings")
         for name in ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight",
-                     "max_new_sessions_per_minute", "max_rounds_per_minute_per_network",
-                     "max_ratings_per_minute_per_network", "max_ratings_per_minute_global"):
+                     "max_rounds_in_flight_per_network", "max_new_sessions_per_minute",
+                     "max_rounds_per_minute_per_network", "max_ratings_per_minute_per_network", "max_ratings_per_minute_global"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0 = no limit), got {v!r}")
@@ -239,7 +244,8 @@ class AppContext:
         self.limits = Limits(Quota(self.max_rounds_per_minute, self.max_ratings_per_minute, self.max_rounds_in_flight),
                              rounds_per_minute_per_network=self.max_rounds_per_minute_per_network,
                              ratings_per_minute_per_network=self.max_ratings_per_minute_per_network,
-                             ratings_per_minute=self.max_ratings_per_minute_global)
+                             ratings_per_minute=self.max_ratings_per_minute_global,
+                             rounds_in_flight_per_network=self.max_rounds_in_flight_per_network)
         from collab_app.web.identity import SessionIdentity
         self.identity = SessionIdentity(self.session_secret, self.max_new_sessions_per_minute,
                                         self.trusted_proxy_hops)

@@ -450,6 +450,8 @@ class Feedback:
     """the stored 1..5 values (a reward r is stored as 1 + 4r)."""
     group_id: int | None = None
     """the group, for the forms that name one (rank, pick_best)."""
+    note: str = ""
+    """what the rating will do when that is less than a person expects (anonymous on a Space with sign-in)."""
 
 
 def parse_rating(value: Any) -> int:
@@ -582,16 +584,22 @@ def store_feedback(ctx, caller: Caller, form: str, target: Any, answer: Any, com
     rater = caller.rater or "admin"        # no session only with the admin token
     ctx.limits.take_ratings(caller, len(ids))
     kind = "stars" if form == "reward" else form
+    signed_in = caller.signed_in or session is None      # a login, an API key, or the admin token
     try:
         rating_ids = ctx.store.add_ratings(list(zip(ids, values)), rater, comment, kind=kind, details=details,
-                                           session_id=session)
+                                           session_id=session, network=caller.network, signed_in=signed_in)
     except NotEntitled as e:
         raise UserError(f"rating not saved: {e}", "not_entitled") from None
     except NotFound as e:
         raise UserError(f"rating not saved: {e}", "not_found") from None
     except (StoreError, ValueError, LookupError) as e:
         raise UserError(f"rating not saved: {e}") from None
-    return Feedback(form, rater, list(rating_ids), ids, values, group_id)
+    note = ""
+    if not signed_in and getattr(ctx, "anonymous_share", 1.0) < 1.0:
+        note = (f"you are not signed in: your rating is kept and shown, but ratings of everyone who did not sign in "
+                f"together decide at most {ctx.anonymous_share:.0%} of each training step; sign in with Hugging "
+                "Face to count in full")
+    return Feedback(form, rater, list(rating_ids), ids, values, group_id, note)
 
 
 def custom_training_allowed(ctx) -> bool:

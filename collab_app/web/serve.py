@@ -34,6 +34,10 @@ Secrets apart (collab_app/secret_env.py says why):
   there, code and tests typed by visitors would run with this process's uid and could read its
   store, adapters and served files. COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC=1 as well says the operator
   accepts that (a warning is logged and the start goes on).
+- A public app whose sandbox is "plain" without Landlock (a Space: Docker's default seccomp blocks
+  user namespaces) would run model-written code unconfined, as this process's user: the start
+  stops with exit 2 unless COLLAB_SANDBOX_ALLOW_UNCONFINED=1 accepts it (`check_unconfined_sandbox`;
+  the rule is tasks.sandbox.check_public_host, and the page's isolation line says which holds).
 - After the start-up checks, before the model, the engine or the trainer child start:
   COLLAB_ADMIN_TOKEN, COLLAB_API_KEYS, HF_TOKEN / HUGGING_FACE_HUB_TOKEN and COLLAB_DB are read
   once and dropped from os.environ (COLLAB_SESSION_SECRET already is, by identity.session_secret),
@@ -67,6 +71,9 @@ import collab_app
 collab_app.huge_pages_for_serving()   # before anything here imports torch (engines/huge_pages.py)
 
 from tasks import SERVED_BY_DEFAULT  # noqa: E402 - after the line above (it imports no torch, but keep the rule simple)
+
+ANONYMOUS_SHARE = 0.25
+"""the trainer child's max_anonymous_share where Hugging Face sign-in is available (`--anonymous-share`)."""
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +124,8 @@ class ServeConfig:
     """ratings one session may submit per minute (a ranking of G counts G; 0 = no limit)."""
     max_rounds_in_flight: int = 1
     """rounds one session (or login) may have generating at once (0 = no limit)."""
+    max_rounds_in_flight_per_network: int = 2
+    """rounds one client network may have generating at once over all its sessions (0 = no limit; a classroom behind one NAT may need more)."""
     max_new_sessions_per_minute: int = 20
     """sessions one client network may start per minute (a classroom behind one NAT may need more; 0 = no limit)."""
     max_rounds_per_minute_per_network: int = 30
@@ -127,8 +136,10 @@ class ServeConfig:
     """ratings all visitors and API keys together may store per minute (0 = no limit): a crowd of fresh identities cannot outvote the rest."""
     require_login_to_rate: bool = False
     """ratings from the page need a Hugging Face login (a Space with `hf_oauth: true` in its README); API keys still rate."""
+    anonymous_share: float = ANONYMOUS_SHARE
+    """where Hugging Face sign-in is available (a Space with `hf_oauth: true`): most of a trainer step's groups that ratings of visitors who did not sign in may decide, all together (1 = no cap)."""
     loopback_admin: bool = False
-    """clients on this machine are admin without a token (not behind a reverse proxy on this machine: everyone looks local there)."""
+    """clients on this machine are admin without a token (refused on a public app: behind a proxy everyone looks local)."""
     api_keys_file: str = ""
     """keys for the OpenAI-compatible /v1 API, one per line (also $COLLAB_API_KEYS, comma-separated); no keys = /v1 off."""
     api_max_rounds_per_minute: int = 10
@@ -151,12 +162,15 @@ class ServeConfig:
             raise ValueError(f"port must be 1..65535, got {self.port}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: MAGRPO compares siblings")
-        limits = ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight", "max_new_sessions_per_minute",
+        limits = ("max_rounds_per_minute", "max_ratings_per_minute", "max_rounds_in_flight",
+                  "max_rounds_in_flight_per_network", "max_new_sessions_per_minute",
                   "max_rounds_per_minute_per_network", "max_ratings_per_minute_per_network",
                   "max_ratings_per_minute_global")
         for name in limits:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        if not 0.0 < self.anonymous_share <= 1.0:
+            raise ValueError(f"anonymous_share must be in (0, 1] (1 = no cap), got {self.anonymous_share}")
         if self.swap_interval_s <= 0 or self.min_groups < 1:
             raise ValueError("swap_interval_s must be > 0 and min_groups >= 1")
         if not self.page_update_s > 0:
@@ -205,6 +219,29 @@ def check_weak_sandbox(cfg: ServeConfig) -> None:
     raise ValueError(f"{risk}. Unset {ALLOW_WEAK_ENV} (people's own coding problems are then offered only "
                      f"where the sandbox is strong), serve on 127.0.0.1, or also set {ALLOW_WEAK_PUBLIC_ENV}=1 "
                      "to accept that risk")
+
+
+def check_unconfined_sandbox(cfg: ServeConfig) -> None:
+    """ValueError (tasks.sandbox.UnconfinedSandboxError) on a public app where model-written code would
+    run unconfined ("plain" without Landlock), unless COLLAB_SANDBOX_ALLOW_UNCONFINED=1 accepts it
+    (then a warning). Probes the sandbox now (cached for the engine's checks). Module doc."""
+    from collab_app.web.context import is_public
+    from tasks.sandbox import check_public_host
+
+    if is_public(cfg.host, cfg.share):
+        check_public_host("SPACE_ID is set (a Hugging Face Space)" if os.environ.get("SPACE_ID")
+                          else "--share opens a public link" if cfg.share else f"--host {cfg.host}")
+
+
+def check_loopback_admin(cfg: ServeConfig) -> None:
+    """ValueError when --loopback-admin meets a public app: a Space, a share link or a reverse proxy
+    on this machine makes visitors' requests arrive from 127.0.0.1, and every one of them would be admin."""
+    from collab_app.web.context import is_public
+
+    if cfg.loopback_admin and is_public(cfg.host, cfg.share):
+        raise ValueError("--loopback-admin on a public app (a Space, --share, or a host other than 127.0.0.1): "
+                         "a proxy or share link makes visitors arrive from this machine, and each would be admin. "
+                         "Drop the flag and set a strong COLLAB_ADMIN_TOKEN instead")
 
 
 def check_login(cfg: ServeConfig, environ=None) -> None:
@@ -286,16 +323,21 @@ def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str,
     of the machine (/proc/<pid>/cmdline), and a store URL may hold a password; it goes in the
     child's environment (`trainer_env(db)`), which the trainer reads once and drops."""
     from collab_app.online.service import PUBLIC_RATER_SHARE
+    from collab_app.web.access import hf_login_available
     from collab_app.web.context import is_public
+    from collab_app.web.identity import trusted_proxy_hops
 
     argv = ["--adapters-dir", adapters_dir, "--model", model_path,
             "--min-groups", str(cfg.min_groups), "--engine", "transformers",
             "--num-generations", str(cfg.num_generations),
             "--self-play" if cfg.self_play else "--no-self-play"]
-    # a public app: no single rater decides more than a share of a step; a local app
-    # has one person rating everything, whose groups would otherwise train one per step
-    if is_public(cfg.host, cfg.share):
-        argv += ["--max-rater-share", str(PUBLIC_RATER_SHARE)]
+    # a public app (or one behind a trusted proxy, which forwards other people's requests): no
+    # single rater, and no client network, decides more than a share of a step; a local app has
+    # one person rating everything, whose groups would otherwise train one per step
+    if is_public(cfg.host, cfg.share) or trusted_proxy_hops() > 0:
+        argv += ["--max-rater-share", str(PUBLIC_RATER_SHARE), "--max-network-share", str(PUBLIC_RATER_SHARE)]
+    if hf_login_available():   # where people can sign in, anonymous raters together get one share
+        argv += ["--max-anonymous-share", str(cfg.anonymous_share)]
     if agent_models:   # role -> its base's folder: the child trains each agent on the base it is served on
         argv += ["--agent-models", *(f"{role}={path}" for role, path in agent_models.items())]
     return argv + shlex.split(cfg.trainer_args)   # later flags win (argparse)
@@ -373,11 +415,13 @@ PRIVATE_UMASK = 0o077
 def serve(cfg: ServeConfig) -> None:
     # first: everything this process and its children create is private (store, adapters, caches)
     os.umask(PRIVATE_UMASK)
-    from collab_app.web.access import check_admin_token
+    from collab_app.web.access import check_admin_token, hf_login_available
     from collab_app.web.context import build_context, is_public
 
     check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)   # before the model loads
     check_weak_sandbox(cfg)                                              # and before anything is created
+    check_unconfined_sandbox(cfg)
+    check_loopback_admin(cfg)
     check_login(cfg)
     from collab_app.web.identity import session_secret
     # read once and dropped from the environment before any child starts (the trainer never needs it)
@@ -389,8 +433,7 @@ def serve(cfg: ServeConfig) -> None:
     held = seal()
     admin_token = held.get("COLLAB_ADMIN_TOKEN") or None
     if cfg.loopback_admin:
-        log.warning("--loopback-admin: clients on this machine are admin without a token; behind a "
-                    "reverse proxy on this machine that is every visitor")
+        log.warning("--loopback-admin: clients on this machine are admin without a token")
     from collab_app.engines.model import ensure_model
     from collab_app import paths
     from collab_app.web.ui import launch
@@ -434,12 +477,14 @@ def serve(cfg: ServeConfig) -> None:
                             limits={"max_rounds_per_minute": cfg.max_rounds_per_minute,
                                     "max_ratings_per_minute": cfg.max_ratings_per_minute,
                                     "max_rounds_in_flight": cfg.max_rounds_in_flight,
+                                    "max_rounds_in_flight_per_network": cfg.max_rounds_in_flight_per_network,
                                     "loopback_admin": cfg.loopback_admin,
                                     "max_new_sessions_per_minute": cfg.max_new_sessions_per_minute,
                                     "max_rounds_per_minute_per_network": cfg.max_rounds_per_minute_per_network,
                                     "max_ratings_per_minute_per_network": cfg.max_ratings_per_minute_per_network,
                                     "max_ratings_per_minute_global": cfg.max_ratings_per_minute_global,
                                     "require_login_to_rate": cfg.require_login_to_rate,
+                                    "anonymous_share": cfg.anonymous_share if hf_login_available() else 1.0,
                                     "page_update_s": cfg.page_update_s,
                                     "session_secret": signing_key},
                             admin_token=admin_token, agent_models=agent_models, **engine_kwargs(cfg))
@@ -500,6 +545,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     try:
         check_admin_token(os.environ.get("COLLAB_ADMIN_TOKEN") or None)
         check_weak_sandbox(cfg)
+        check_unconfined_sandbox(cfg)
+        check_loopback_admin(cfg)
         check_login(cfg)
         api_config(cfg)
     except ValueError as e:   # a weak admin token or API key, weak isolation in public: say why, no traceback
