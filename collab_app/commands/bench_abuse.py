@@ -567,14 +567,14 @@ def run(cfg: BenchAbuseConfig) -> dict:
                 threads.append(th)
         launch(honest)
         cpu0 = time.process_time()
-        _sleep_watching(proc, 60 * cfg.quiet_minutes)
+        _sleep_watching(proc, 60 * cfg.quiet_minutes, honest)
         t_attack = time.time() - t_origin
         cpu["quiet"] = time.process_time() - cpu0
         log.info("attack phase: %d identities on %s beside the honest raters for %.1f min", cfg.attackers,
                  ATTACKER_NETWORK, cfg.minutes)
         cpu0 = time.process_time()
         launch(attackers)
-        _sleep_watching(proc, 60 * cfg.minutes)
+        _sleep_watching(proc, 60 * cfg.minutes, honest + attackers)
         cpu["attack"] = time.process_time() - cpu0
     except Exception as e:  # noqa: BLE001 - a dead server is a result too: report what came before
         error = f"{type(e).__name__}: {e}"
@@ -611,12 +611,24 @@ def run(cfg: BenchAbuseConfig) -> dict:
     return result
 
 
-def _sleep_watching(proc: subprocess.Popen, seconds: float) -> None:
+PROGRESS_S = 30.0   # a progress line this often while a phase runs
+
+
+def _sleep_watching(proc: subprocess.Popen, seconds: float, idents: list[Identity] = ()) -> None:
+    """Sleep `seconds`, raising if the server exits; a progress line per side every PROGRESS_S."""
     end = time.monotonic() + seconds
+    shown = time.monotonic()
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise RuntimeError(f"collab serve exited with code {proc.returncode}; see its log")
         time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+        if idents and time.monotonic() - shown >= PROGRESS_S:
+            shown = time.monotonic()
+            log.info("so far: %s", "; ".join(
+                f"{side} {sum(len(i.rounds) for i in idents if i.side == side)} rounds, "
+                f"{sum(len(i.accepted) for i in idents if i.side == side)} ratings, "
+                f"{sum(sum(i.refused.values()) for i in idents if i.side == side)} refused"
+                for side in SIDES))
 
 
 def _clients_cpu(res: dict) -> str:

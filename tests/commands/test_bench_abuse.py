@@ -176,6 +176,7 @@ def test_report_from_a_real_store(tmp_path):
     assert res["attacker_share"]["total"] == 0   # the one trained group was generated before the attack phase
     assert res["by_step_window"]["honest"] == 1 and res["by_step_window"]["attacker_share"] == 0.0
     assert res["honest_latency"]["ratio"] == pytest.approx(1.5)
+    assert res["honest_latency"]["served"]["ratio"] is None   # no round here says when its last try began
     assert res["ratings"] == {"accepted": len(rating_ids) + 1, "stored": len(rating_ids), "lost": 1}
     assert res["targets"]["accepted_ratings_lost"]["pass"] is False
     assert res["sides"]["attacker"]["refused_total"] == 3 and res["sides"]["attacker"]["with_session"] == 0
