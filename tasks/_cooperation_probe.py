@@ -1,12 +1,17 @@
-"""The cooperation probe: runs in the sandbox's runner process (tasks/_sandbox_harness.py), after
-every verdict of a check that asked for it; never imported by the app.
+"""The cooperation probe: runs in the sandbox's judge (tasks/_sandbox_harness.py), after every
+verdict of a check that asked for it; never imported by the app.
 
-The harness's supervisor loads this file by path (load_make_probe) before it unshares namespaces or
-pivots into the minimal filesystem view, where this file no longer exists; the runner calls
-make_probe after its rlimits, privilege drop and Landlock domain are in force and before any
-candidate code runs. So the probe, and every candidate function it calls, runs in exactly the
-isolation the tests ran in. It reports through the runner's `report` (MAC'd "C" and "P" lines on
-the private result fd; the harness's docstring lists them).
+The harness's supervisor loads this file by path before it isolates itself; the judge calls
+make_probe after "D". Like the verdicts, the probe is decided where the candidate cannot reach:
+every trial runs the test in the judge, the entry function (main) in one worker process and the
+helper `aux` in another (tasks/_sandbox_rpc.py), so each call of aux that main makes crosses the
+judge: the judge sees it, sees what aux returned, replaces that result itself, and sees what main
+returns, all as plain data. Main's process can call aux as often as it likes and return what it
+likes, but it cannot make the judge believe a call it did not make, a result aux did not give,
+or an outcome main did not return. What it does say is the call site of each call (its own
+frames): a main that lies about sites can only regroup its calls (see the rules below), as
+the same code could by calling aux from one place. It reports through the judge's `report`
+(MAC'd "C" and "P" lines on the private result fd; the harness's docstring lists them).
 """
 import builtins
 import os
@@ -20,16 +25,17 @@ import sys
 # after every test verdict was reported ("D"), so nothing here can change a verdict, and a
 # probe that hangs or crashes loses only the probe.
 #
-# Per test that passed, each trial in a FRESH namespace (setup + code exec'd again, so state a
-# previous test left, e.g. a memo cache, cannot hide calls), with the helper's aux and the
-# entry function replaced by recording wrappers:
+# Per test that passed, each trial in FRESH namespaces (setup + code exec'd again in both
+# workers, so state a previous test left, e.g. a memo cache, cannot hide calls), with main's
+# `aux` replaced by a stub that asks the judge, which calls the real aux in the other worker:
 #   baseline  the test as is: which call sites of aux ran and returned while the entry function
 #             ran (outermost calls: aux's own recursion does not count), the entry function's
 #             outcome per outermost call, and a copy of each aux result taken as it was returned
-#             (builtin containers copied all the way down, so that main changing the result in
-#             place afterwards shows).
-#   control   the baseline again: a different outcome means the code is nondeterministic and
-#             the test proves nothing (no credit from it).
+#             (what main got is its own copy, decoded in its process: main changing the result
+#             in place afterwards does not change what the judge recorded).
+#   control   the baseline again, after the perturbed trials: a different outcome means the
+#             code is nondeterministic, or counts its runs (a file, a module's state) and
+#             answers differently after the first ones; the test proves nothing (no credit).
 #   (every trial starts with random.seed(0), so tests that draw random inputs draw the same)
 #   perturbed some of aux's results replaced by different values ("shift": ~n, -x-1.5, s+"\0",
 #             elementwise for containers; then "flip": falsy <-> truthy; then "grow": numbers
@@ -39,6 +45,9 @@ import sys
 #             outcome if the entry function's outcomes change (floats within a relative 1e-9
 #             count as equal: `s + p - p` differs from s by rounding only), or if it no longer
 #             returns within max(0.25 s, 5 x the baseline's time).
+# Trials after the baseline get aux's result for arguments aux already ran on from the judge's
+# record (the exact arguments main sent), so that most trials need one worker, not two; aux
+# runs again for arguments it has not seen.
 # Per call site two sets are replaced: ALONE, the results of that site; TOGETHER, those and the
 # result of every call, at any site, that returned a value equal to one returned at this site
 # (as a different aux would: it cannot answer two equal results differently). TOGETHER is the
@@ -60,14 +69,14 @@ import sys
 # Counterfactual dependence, not syntax: `_ = aux(x)`, `r = aux(x); r = r*0 + g(x)`,
 # `if False: aux(x)` show no dependence whatever the code looks like.
 
-def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
-    """Built BEFORE any candidate code runs: every builtin it uses is captured here, so that
-    patching builtins later cannot change how the probe judges."""
-    type_, len_, str_, repr_, callable_, builtins_ = type, len, str, repr, callable, builtins
+def make_probe(pcfg, tests, setup, code, session, report, Base):
+    """Runs in the judge (no candidate code ever runs here). `session.live(role)`: the live
+    connection ("main" or "aux") to a worker, a fresh one if the last one died."""
+    type_, len_, str_, repr_, builtins_ = type, len, str, repr, builtins
     sum_, zip_, any_, all_, abs_, min_, max_ = sum, zip, any, all, abs, min, max
     bool_, int_, float_, complex_, bytes_ = bool, int, float, complex, bytes
-    list_, tuple_, dict_, set_, frozenset_, getframe = list, tuple, dict, set, frozenset, sys._getframe
-    none_, getattr_ = type(None), getattr
+    list_, tuple_, dict_, set_, frozenset_ = list, tuple, dict, set, frozenset
+    none_, exec_, compile_ = type(None), exec, compile
     setitimer, set_signal = signal.setitimer, signal.signal
     import math
     import random  # tests that draw random inputs (HumanEval/38) must draw the same ones per trial
@@ -75,12 +84,13 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
     seed, monotonic, isclose = random.seed, time.monotonic, math.isclose
     ITIMER_REAL, SIGALRM, open_, devnull, sys_ = signal.ITIMER_REAL, signal.SIGALRM, open, os.devnull, sys
     bytes_hex = bytes.hex
+    rpc = session.rpc
+    Stop, Poison, Remote, poison, plain_copy = rpc.Stop, rpc.Poison, rpc.Remote, rpc.POISON, rpc.plain_copy
     entry, aux_name, budget = pcfg["entry"], pcfg["aux"], float(pcfg["budget_s"])
-    max_sites, max_items = 8, 10_000  # call sites probed per test; container items perturbed or copied
+    max_sites, max_items = 8, 10_000  # call sites probed per test; container items perturbed
     max_group = 64  # distinct container values per site a TOGETHER set matches (numbers, strings: all)
     trial_floor_s, trial_factor = 0.25, 5.0  # a perturbed run may take max(0.25 s, 5 x the baseline's)
-    # types are compared with `is`, never `==` (a candidate's metaclass could define __eq__)
-    atoms = (bool_, int_, float_, complex_, str_, bytes_, none_)  # hashable without candidate code
+    atoms = (bool_, int_, float_, complex_, str_, bytes_, none_)
     numbers = (bool_, int_, float_, complex_)
     conversions = (int_, float_, complex_, str_, list_, tuple_, set_, frozenset_)
     builtin_values = atoms + (list_, tuple_, set_, frozenset_, dict_)
@@ -91,37 +101,12 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
                 return True
         return False
 
-    class Stop(BaseException):
-        """A trial's deadline passed (raised into candidate code by SIGALRM)."""
-
-    class Poisoned(BaseException):  # not an Exception: `except Exception` in the code cannot eat it
-        pass
-
-    class TooBig(Exception):
-        pass
-
-    class Poison:
-        __slots__ = ()
-
-    def _raise(*a, **k):
-        raise Poisoned("aux's result was replaced by the cooperation probe")
-
-    for _n in ("__bool__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__",
-               "__iter__", "__len__", "__getitem__", "__setitem__", "__contains__", "__getattr__",
-               "__call__", "__index__", "__int__", "__float__", "__complex__", "__str__", "__repr__",
-               "__format__", "__bytes__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__",
-               "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
-               "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__", "__and__",
-               "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rshift__",
-               "__invert__", "__round__", "__enter__", "__reversed__"):
-        setattr(Poison, _n, _raise)
-    poison = Poison()
-    # in: candidate code is running (only then may Stop be raised); deadline: of this trial;
+    # in: a trial is running (only then may Stop be raised); deadline: of this trial;
     # end: of the whole probe phase; expired: the phase is over
     st = {"in": False, "expired": False, "deadline": 0.0, "end": 0.0}
     compiled = {}
 
-    def on_alarm(signum, frame):  # every 50 ms: a swallowed Stop comes back
+    def on_alarm(signum, frame):  # every 50 ms, in the judge: a worker that hangs is cut off here
         now = monotonic()
         if now >= st["end"]:
             st["expired"] = True
@@ -129,7 +114,7 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             raise Stop()
 
     def perturb(v, mode, depth=0):
-        """A different value of the same builtin type (never runs candidate code); else poison."""
+        """A different value of the same builtin type; else poison (raises on any use in main)."""
         t = type_(v)
         if depth > 3:
             return v
@@ -168,35 +153,14 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             return poison
         return poison if (type_(p) is float_ and p != p) else p  # nan compares unequal anyway
 
-    def copy_of(v):
-        """v as it is now, for comparing with what main returns later: builtin containers copied
-        all the way down (at most max_items items in all); anything else, or a result too big to
-        copy, kept as the object itself."""
-        left = [max_items]
-
-        def cp(x, depth):
-            t = type_(x)
-            if t is list_ or t is tuple_ or t is dict_ or t is set_:
-                left[0] -= len_(x) + 1
-                if left[0] < 0 or depth > 20:
-                    raise TooBig()
-                if t is set_:  # members are hashable, so immutable or compared by identity
-                    return set_(x)
-                if t is dict_:
-                    return {k: cp(y, depth + 1) for k, y in x.items()}
-                return t([cp(y, depth + 1) for y in x])
-            return x
-        try:
-            return cp(v, 0)
-        except TooBig:
-            return v
-
     def same(a, b, strict_type=True):
-        """a and b are the same result (the same object, or equal values of the same type; repr
-        equality catches nan). Anything that raises counts as different."""
+        """a and b are the same result (the same object, or equal plain values of the same type;
+        repr equality catches nan). A handle to an object in a worker is only ever itself: its
+        repr would be the candidate's to say. Anything that raises counts as different."""
         if a is b:
             return True
-        if type_(a) is Poison or type_(b) is Poison or (strict_type and type_(a) is not type_(b)):
+        if type_(a) is Poison or type_(b) is Poison or type_(a) is Remote or type_(b) is Remote \
+                or (strict_type and type_(a) is not type_(b)):
             return False
         try:
             if (a == b) is True:
@@ -204,7 +168,6 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             return type_(a) is type_(b) and repr_(a) == repr_(b)
         except Base:
             return False
-
     def close(a, b, depth=0):
         """Outcomes a and b agree: `same`, with floats (also inside lists and tuples) equal
         within a relative 1e-9 (absolute 1e-12 near zero)."""
@@ -254,39 +217,69 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             return (t, r) in vs[0]
         return any_(same(r, o) for o in vs[1])
 
-    def site_label(f):
-        """Function name, line within that function (its def line = 1), offset, and (3.11+) the
-        call's line.column in the program: two identical generator expressions in one function
-        have the same name, relative line and offset, and must still be two sites."""
-        code = f.f_code
-        label = f"{code.co_name}:{f.f_lineno - code.co_firstlineno + 1}:{f.f_lasti}"
-        positions = getattr_(code, "co_positions", None)
-        if positions is not None:
-            pos = list_(positions())  # one entry per 2-byte code unit
-            if f.f_lasti // 2 < len_(pos):
-                label += f":{pos[f.f_lasti // 2][0]}.{pos[f.f_lasti // 2][2]}"
-        return label
-
     def compiled_src(key, src, name):
         if key not in compiled:
             compiled[key] = compile_(src, name, "exec", dont_inherit=True)
         return compiled[key]
 
+    cache = {}  # aux's results by the exact arguments main sent: aux ran on them once, for real
+
     def trial(i, site, together, mode, limit_s, keep=False):
-        """One run of test i in a fresh namespace, at most limit_s seconds, replacing (mode) the
+        """One run of test i in fresh namespaces, at most limit_s seconds, replacing (mode) the
         results of call site `site` and, with `together` (a value_set), every result equal to
         one of those values: a dict of findings; "timeout" if it ran past limit_s; None if
-        setup/code failed or the phase is over. keep: record a copy of every aux result."""
-        rec = {"sites": {}, "order": [], "calls": [], "cur": None, "main_depth": 0, "aux_depth": 0}
+        setup/code failed or the phase is over; "broken" if no worker could be started. keep:
+        record every aux result."""
+        rec = {"sites": {}, "order": [], "calls": [], "cur": None, "main_depth": 0}
+        st["deadline"], st["in"] = st["end"], True  # a worker that must be replaced: the phase's time
+        try:
+            main = session.live("main")
+        except Stop:
+            st["in"] = False
+            return None
+        except Base:  # a replacement worker did not start: the sandbox's failure, never a finding
+            st["in"] = False
+            return "broken"
+        st["in"] = False
         ns = {"__name__": "__candidate__", "__builtins__": builtins_}
         t0 = monotonic()
         st["deadline"] = min_(t0 + limit_s, st["end"])
         seed(0)
+        helper_fresh = []  # the aux worker got a fresh namespace in this trial
+
+        def call_aux(a, k, raw):
+            hit = cache.get(raw)
+            if hit is not None:
+                return hit[0]
+            helper = session.live("aux")
+            if not helper_fresh:
+                helper.init(setup, code, seed=0, quiet=True)
+                helper_fresh.append(True)
+            r = Remote(helper, aux_name, "function")(*a, **k)
+            cache[raw] = (r,)
+            return r
+
+        def aux_w(label, a, k, raw):  # the helper's calls, as main's worker asks for them
+            if rec["main_depth"] == 0:  # not from main (a test calling aux itself, top-level code)
+                return call_aux(a, k, raw)
+            r = call_aux(a, k, raw)  # what aux raised goes back to main as that exception
+            if label not in rec["sites"]:
+                rec["sites"][label] = label
+                rec["order"].append(label)
+            if rec["cur"] is not None:
+                rec["cur"].append((label, r if keep else None))
+            if site is not None and (label == site or (together is not None and member(together, r))):
+                return safe_perturb(r, mode)
+            return r
+
         st["in"] = True
-        try:
+        try:  # main's fresh namespace is read with its first answer; its names are bound by name
+            main.on_aux = aux_w
+            main.init_later(setup, code, seed=0, quiet=True, stub=aux_name)
             if setup:
                 exec_(compiled_src("setup", setup + "\n", "<setup>"), ns)
-            exec_(compiled_src("code", code, "<candidate>"), ns)
+            for name, (kind, v) in session.names.items():
+                ns[name] = Remote(main, name, v) if kind == "R" else plain_copy(v)
         except Stop:
             st["in"] = False
             return None
@@ -294,42 +287,15 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             st["in"] = False
             return None
         st["in"] = False
-        set_signal(SIGALRM, on_alarm)  # again: the code's top level may have taken the alarm
+        set_signal(SIGALRM, on_alarm)  # again: a test's own setup may have taken the alarm
         setitimer(ITIMER_REAL, 0.05, 0.05)
-        orig_main, orig_aux = ns.get(entry), ns.get(aux_name)
-        if not (callable_(orig_main) and callable_(orig_aux)):
+        orig_main = ns.get(entry)
+        if not (type_(orig_main) is Remote and session.names.get(aux_name, ("V",))[0] == "R"):
             return None
 
-        def aux_w(*a, **k):
-            if rec["main_depth"] == 0 or rec["aux_depth"]:  # not from main, or aux's recursion
-                rec["aux_depth"] += 1
-                try:
-                    return orig_aux(*a, **k)
-                finally:
-                    rec["aux_depth"] -= 1
-            f = getframe(1)
-            key = (f.f_code, f.f_lasti)
-            rec["aux_depth"] += 1
-            try:
-                r = orig_aux(*a, **k)
-            finally:
-                rec["aux_depth"] -= 1
-            if key not in rec["sites"]:
-                rec["sites"][key] = site_label(f)
-                rec["order"].append(key)
-            if rec["cur"] is not None:
-                rec["cur"].append((key, copy_of(r) if keep else None))
-            if site is not None and (key == site or (together is not None and member(together, r))):
-                return safe_perturb(r, mode)
-            return r
-
         def main_w(*a, **k):
-            if rec["main_depth"]:  # main's own recursion: part of the outer call
-                rec["main_depth"] += 1
-                try:
-                    return orig_main(*a, **k)
-                finally:
-                    rec["main_depth"] -= 1
+            if rec["main_depth"]:  # main again while main runs (a test's callback): the outer call's
+                return orig_main(*a, **k)
             rec["main_depth"], rec["cur"] = 1, []
             try:
                 r = orig_main(*a, **k)
@@ -342,10 +308,11 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
             rec["cur"] = None
             return r
 
-        ns[entry], ns[aux_name] = main_w, aux_w
+        ns[entry] = main_w
         st["in"] = True
         try:
             exec_(compiled_src(i, tests[i], f"<test {i}>"), ns)
+            main.settle()  # (a test that never called main: did the code load at all?)
             passed = True
         except Stop:
             st["in"] = False
@@ -355,8 +322,8 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
         st["in"] = False
         if st["expired"]:
             return None
-        return {"passed": passed, "sites": rec["sites"], "order": rec["order"], "calls": rec["calls"],
-                "seconds": monotonic() - t0}
+        return {"passed": passed and main.dead is None, "sites": rec["sites"], "order": rec["order"],
+                "calls": rec["calls"], "seconds": monotonic() - t0}
 
     def same_outcomes(x, y):
         cx, cy = x["calls"], y["calls"]
@@ -368,11 +335,14 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
         return True
 
     def changes(base, i, site, together, limit):
-        """Replacing these results changes the outcome in some mode; None: the budget ran out."""
+        """Replacing these results changes the outcome in some mode; None: the budget ran out;
+        "broken": no worker could be started."""
         for mode in ("shift", "flip", "grow"):
             t = trial(i, site, together, mode, limit)
             if t is None and st["expired"]:
                 return None
+            if t == "broken":
+                return t
             # None: the code itself failed to load this time; "timeout": main no longer
             # returns in time (e.g. a loop bound by aux's result): both are a change
             if t is None or t == "timeout" or not same_outcomes(base, t):
@@ -397,7 +367,7 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
     def probe_test(i):
         """(status, aux calls, thin wrapper, [(site label, used)])"""
         base = trial(i, None, None, None, st["end"], keep=True)
-        if base is None or base == "timeout":
+        if base is None or base == "timeout" or base == "broken":
             return ("budget" if st["expired"] else "error"), 0, False, []
         n_calls = sum_(len_(rs) for _, rs in base["calls"])
         if not base["passed"]:
@@ -405,11 +375,6 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
         if not base["order"]:
             return "ok", n_calls, False, []
         limit = max_(trial_floor_s, trial_factor * base["seconds"])
-        ctrl = trial(i, None, None, None, limit)
-        if ctrl is None or ctrl == "timeout":
-            return ("budget" if st["expired"] else "nondeterministic"), n_calls, False, []
-        if not same_outcomes(base, ctrl):
-            return "nondeterministic", n_calls, False, []
         sites, used = [], []
         for key in base["order"][:max_sites]:
             together = together_with(base, key)
@@ -418,9 +383,21 @@ def make_probe(pcfg, tests, setup, code, exec_, compile_, report, Base):
                 hit = changes(base, i, key, together, limit)
             if hit is None:
                 return "budget", n_calls, False, sites
+            if hit == "broken":
+                return "error", n_calls, False, []
             sites.append((base["sites"][key], hit))
             if hit:
                 used.append(key)
+        # the control, after the perturbed trials: the baseline again must give the same outcome,
+        # else the code is nondeterministic, or counts its runs (a file, module state) and
+        # answers differently after the first ones, and the test proves nothing
+        ctrl = trial(i, None, None, None, limit)
+        if ctrl == "broken":
+            return "error", n_calls, False, []
+        if ctrl is None or ctrl == "timeout":
+            return ("budget" if st["expired"] else "nondeterministic"), n_calls, False, []
+        if not same_outcomes(base, ctrl):
+            return "nondeterministic", n_calls, False, []
         return "ok", n_calls, thin_wrapper(base, used), sites
 
     def run(passed):

@@ -1,53 +1,71 @@
 """The child side of tasks/sandbox.py: runs in a fresh `python -I -B -u` process, never imported
 by the app. Read sandbox.py's docstring first; this file only does what it describes.
 
-Three processes; only the last one runs candidate code. All run at nice 19 (set first thing,
-inherited by everything the candidate starts).
-- The supervisor (this process): reads the request (JSON on stdin, incl. the nonce that keys
-  the result MAC); when it asks for the cooperation probe, loads _cooperation_probe.py (beside
-  this file, out of view once the runner starts); in "namespaces"/"userns" mode unshares mount,
+No process that runs candidate code can produce a verdict: the verdicts are decided by a judge
+that never runs candidate code and holds the result fd and the MAC key; the candidate's code runs
+in workers that hold neither, and never saw a test (tasks/_sandbox_rpc.py: the wire between them).
+
+Processes (all at nice 19, set first thing, inherited by everything the candidate starts):
+- The supervisor (this process; its code comes compiled on stdin ahead of the request, see
+  sandbox.py's _BOOT): non-dumpable; reads the request (JSON on stdin: code, setup,
+  limits, view; NOT the tests or the MAC key, which wait in a sealed-off memfd, `secrets_fd`, for
+  the judge alone); loads _sandbox_rpc.py and, when asked for the probe, _cooperation_probe.py
+  (beside this file, out of view once isolated); in "namespaces"/"userns" mode unshares mount,
   network, PID, IPC, UTS and cgroup namespaces (the new PID namespace applies to its children);
-  forks the init and waits.
+  forks the init, closes its copies of the result and secrets fds, and waits.
 - The init (pid 1 of the new PID namespace when there is one; when it exits the kernel kills
-  every process left in it, setsid() or not): makes itself non-dumpable (no ptrace, no
-  /proc/1/mem or /proc/1/root for the candidate), still (namespace) root; with `confine` it
-  builds the minimal filesystem view (build_root: a fresh tmpfs with only the dirs in
-  cfg["view"] bound read-only, a minimal /dev, a /proc of this PID namespace, the work dir)
-  and pivot_roots into it, detaching the host's root; forks the runner, reaps orphans, and
-  when the runner ends reports how ("X" line: exact wait status and CPU seconds), then exits.
-  The candidate is not pid 1 itself so that signals (SIGXCPU, SIGABRT, kill) behave normally.
-- The runner: rlimits, no_new_privs, then drop_privileges, then (where sandbox.py asks for it,
-  the "plain" mode on a kernel with Landlock) restrict_with_landlock: "userns" enters a nested user +
-  mount namespace (every mount becomes MNT_LOCKED: it cannot be unmounted or made writable
-  again), maps a non-root uid there, makes /proc read-only; every mode drops all capabilities
-  (bounding, ambient, effective, permitted, inheritable) and, with a separate uid, switches to
-  it; the result is checked in /proc/self/status before anything else runs. It asks for
-  SIGKILL when the init dies; captures every object the verdicts depend on (exec, compile,
-  os.write, the keyed MAC, BaseException, ...) BEFORE any candidate code runs, so
-  monkeypatching builtins or modules afterwards cannot change how a verdict is computed or
-  reported; execs setup + code, then each test, each in its own try; reports each verdict on
-  the private result fd as one MAC'd line; os._exit (no atexit hooks, no threads joined).
+  every process left in it): non-dumpable, still (namespace) root; with `confine` it builds the
+  minimal filesystem view (build_root) and pivot_roots into it; makes two pipes per worker, forks
+  the judge, then the workers (the main one, and with the probe one for the helper `aux`), and
+  only then reads the key; reaps orphans until the judge ends, then reports how the main worker
+  ended ("W") and how the judge ended ("X"), and exits. Signals from its namespace cannot kill
+  it, so a worker's os.kill(os.getppid(), ...) changes nothing.
+- The judge: rlimits, no_new_privs, drop_privileges, Landlock where asked (restrict_with_landlock),
+  non-dumpable (no ptrace, no /proc/<judge>/mem or /fd for the workers, same uid or not); reads
+  the tests and the key from the memfd and closes it; waits for each worker's "ready"; runs setup
+  in its own namespace, asks the main worker to run setup + code in a fresh one, binds every name
+  the code defined to a handle (`Remote`), then runs each test in its own try, itself: calls of
+  the candidate's functions go to the worker and come back as plain data. A test passes only if
+  it ran to its end in the judge and the worker is still alive and sane afterwards. Reports each
+  verdict on the private result fd as one MAC'd line; then the probe (its own processes: see
+  _cooperation_probe.py); then os._exit (no atexit hooks, no threads joined). Visitors' tests run
+  here: the judge is confined exactly like the workers.
+- A worker (forked by the init before the key was read, so it never had it; or, to replace one
+  the probe had to kill, forked by the judge and exec'd as a fresh interpreter, so it keeps none
+  of the judge's memory): closes every fd but its pipes and 0-2; rlimits, no_new_privs,
+  drop_privileges, Landlock like the judge, and a Landlock domain of its own scoped for signals
+  where the kernel has ABI 6 (scope_signals: it cannot signal the judge); then serves the judge (_sandbox_rpc.Worker): setup +
+  code, calls, attribute reads. Whatever it does to itself, its frames, gc, ctypes, builtins,
+  signals it sends or fds it writes, it has no key and no result fd, and the judge never runs
+  its code.
 
 Result lines: "<mac hex> <message>" with messages
   "S <ok 0|1> <error hex>"   setup + candidate code ran (or failed)
   "T <index> <ok 0|1> <error hex>"
-  "F memory"                  a MemoryError: the interpreter is no longer trustworthy, stop
-  "D"                         the runner reported every test
+  "F memory"                  a MemoryError: stop
+  "E"                         the main worker ended (or broke the protocol) while the judge
+                              needed it: the run stops here, "W" says how it ended
+  "D"                         the judge reported every test
   "C <index> <status> <aux calls> <wrapper 0|1> <site hex>=<0|1>,...|-"
                               cooperation probe of one passed test (only when asked; see
                               _cooperation_probe.py), after "D"
   "P"                         the probe finished
-  "X <wait status> <cpu s>"   the init: how the runner ended (last line)
+  "W <wait status> <cpu s>"   the init: how the main worker ended (before "X")
+  "X <wait status> <cpu s>"   the init: how the judge ended (last line)
 """
+import binascii
 import builtins
+import contextlib
 import ctypes
 import errno
 import hashlib
 import json
+import marshal
 import os
 import resource
 import signal
 import sys
+import types
 
 _ERR_CHARS = 300  # per-test error text kept; a line must stay below PIPE_BUF (4096) to be atomic
 NICE = 19  # the lowest normal priority (why not SCHED_IDLE: docs/SANDBOX.md)
@@ -308,18 +326,41 @@ def restrict_with_landlock(ll):
     os.close(fd)
 
 
-def load_make_probe():
-    """Supervisor: make_probe from _cooperation_probe.py, the file beside this one."""
-    import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cooperation_probe.py")
-    spec = importlib.util.spec_from_file_location("_cooperation_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_probe
+def scope_signals(abi):
+    """A worker, after _confine: a Landlock domain of its own that handles no file or network access
+    but is scoped (ABI 6+): no signal and no abstract unix socket reaches a process outside it. So
+    the candidate cannot signal the judge, which shares its uid (kill(-1), SIGSTOP), in any mode;
+    without ABI 6 it can, which only ends its own check (so a failure here is not fatal either)."""
+    if abi < 6:
+        return
+    attr = _RulesetAttr(0, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+    fd = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24), 0)
+    if fd >= 0:
+        _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, 0)
+        os.close(fd)
+
+
+def load_module(name, compiled=None):
+    """Supervisor: a module from the file beside this one (read now: later the view hides it), or
+    from its code as sandbox.py compiled it (marshal, base64): compiling each time costs more
+    than a check's tests."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    if compiled:
+        code = marshal.loads(binascii.a2b_base64(compiled))
+    else:
+        with open(path) as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+    module = types.ModuleType(name)
+    module.__file__ = path
+    exec(code, module.__dict__)
+    return module
 
 
 def main():
     os.setpriority(os.PRIO_PROCESS, 0, NICE)  # visitor code never competes with serving
+    # Not dumpable: in "plain" mode (no PID namespace) a worker of the same uid could otherwise
+    # read this process's fds (the result pipe, the secrets memfd) through /proc.
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     chunks = []
     while True:
         b = os.read(0, 1 << 20)
@@ -328,27 +369,67 @@ def main():
         chunks.append(b)
     cfg = json.loads(b"".join(chunks))
     del chunks
-    # Loaded now: the runner (new root, Landlock domain, another uid) may no longer read the file.
-    cfg["make_probe"] = load_make_probe() if cfg.get("probe") else None
+    # Loaded now: the judge (new root, Landlock domain, another uid) may no longer read the files.
+    compiled = cfg.pop("compiled", None) or {}
+    cfg["rpc"] = load_module("_sandbox_rpc", compiled.get("_sandbox_rpc"))
+    cfg["make_probe"] = None
+    if cfg.get("probe"):
+        cfg["make_probe"] = load_module("_cooperation_probe", compiled.get("_cooperation_probe")).make_probe
+        with open(cfg["rpc"].__file__) as f:  # what a restarted worker execs
+            cfg["rpc"].SOURCE = f.read()
+    cfg["python"] = os.path.realpath(sys.executable)  # what a restarted worker execs (in the view)
+    cfg["sys_path"] = list(sys.path)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # input() gets EOF, never the request
     os.close(devnull)
     if cfg["namespaces"]:
         unshare_namespaces()
-    _, status, _ = os.wait4(_fork(init, cfg), 0)
+    pid = _fork(init, cfg)
+    os.close(cfg["results_fd"])
+    os.close(cfg["secrets_fd"])
+    _, status, _ = os.wait4(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def _fork(fn, cfg) -> int:
+def _fork(fn, *args) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            fn(cfg)  # ends in os._exit
+            fn(*args)  # ends in os._exit
         except BaseException:  # setting up the sandbox itself failed: say why on stderr
             import traceback
             traceback.print_exc()
         os._exit(70)
     return pid
+
+
+def _close_all_but(keep):
+    """Close every fd of this process except `keep` (close_range(2) where the kernel has it)."""
+    low = 0
+    for fd in sorted(keep) + [1 << 30]:
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+
+
+def _confine(cfg):
+    """Judge and workers alike: rlimits, no_new_privs, no capabilities (another uid or a nested user
+    namespace), Landlock where sandbox.py asked for it; SIGKILL when the init dies."""
+    os.chdir(cfg["workdir"])  # again: in the new root this is the fresh work tmpfs
+    apply_limits(cfg)
+    drop_privileges(cfg)
+    if cfg.get("landlock"):
+        restrict_with_landlock(cfg["landlock"])
+
+
+def _read_secrets(fd):
+    chunks, off = [], 0
+    while True:
+        b = os.pread(fd, 1 << 20, off)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+        off += len(b)
 
 
 def init(cfg):
@@ -357,42 +438,120 @@ def init(cfg):
     _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     if cfg["confine"]:
         build_root(cfg)
-    pid = _fork(runner, cfg)
-    while True:  # reap orphans (we are their init) until the runner itself ends
+    # per worker: (judge reads, worker writes), (worker reads, judge writes)
+    pipes = [(os.pipe(), os.pipe()) for _ in range(2 if cfg.get("probe") else 1)]
+    every = [fd for (a, b) in pipes for fd in (*a, *b)]
+    judge_pid = _fork(judge, cfg, [(up[0], down[1]) for up, down in pipes])
+    workers = [_fork(worker, cfg, down[0], up[1]) for up, down in pipes]
+    for fd in every:
+        os.close(fd)
+    ended = {}
+    while judge_pid not in ended:  # reap orphans (we are their init) until the judge ends
         reaped, status, ru = os.wait4(-1, 0)
-        if reaped == pid:
-            break
-    mac = hashlib.blake2b(key=bytes.fromhex(cfg["nonce"]), digest_size=16)
-    msg = f"X {status} {ru.ru_utime + ru.ru_stime:.3f}"
-    mac.update(msg.encode())
-    os.write(cfg["results_fd"], f"{mac.hexdigest()} {msg}\n".encode())
+        if reaped in (judge_pid, workers[0]):
+            ended[reaped] = (status, ru.ru_utime + ru.ru_stime)
+    if workers[0] not in ended:  # still there: how it ends now is ours, and never read (no "E")
+        with contextlib.suppress(OSError):
+            os.kill(workers[0], signal.SIGKILL)
+        _, status, ru = os.wait4(workers[0], 0)
+        ended[workers[0]] = (status, ru.ru_utime + ru.ru_stime)
+    # The key only now: every process that runs candidate code was forked before this.
+    key = bytes.fromhex(json.loads(_read_secrets(cfg["secrets_fd"]))["key"])
+    for kind, pid in (("W", workers[0]), ("X", judge_pid)):
+        mac = hashlib.blake2b(key=key, digest_size=16)
+        msg = f"{kind} {ended[pid][0]} {ended[pid][1]:.3f}"
+        mac.update(msg.encode())
+        os.write(cfg["results_fd"], f"{mac.hexdigest()} {msg}\n".encode())
     os._exit(0)
 
 
-def runner(cfg):
-    os.chdir(cfg["workdir"])  # again: in the new root this is the fresh work tmpfs
-    apply_limits(cfg)
-    drop_privileges(cfg)
-    if cfg.get("landlock"):
-        restrict_with_landlock(cfg["landlock"])
+def worker(cfg, rfd, wfd):
+    """Forked by the init before it read anything secret: no key, no test in this memory."""
+    _close_all_but({0, 1, 2, rfd, wfd})  # the result fd and the secrets memfd above all
+    _confine(cfg)
+    scope_signals(cfg.get("kernel_landlock", 0))
+    cfg["rpc"].Worker(rfd, wfd, seeded=bool(cfg.get("probe"))).serve()  # ends in os._exit
 
-    # Capture. Locals of this frame, not module attributes or builtins, so that
-    # `builtins.exec = ...`, `os.write = ...`, `hashlib.blake2b = ...`, redefining __import__ or
-    # AssertionError afterwards change nothing below. blake2b/str/bytes are C types: their
-    # methods cannot be monkeypatched.
-    mac = hashlib.blake2b(key=bytes.fromhex(cfg.pop("nonce")), digest_size=16)
+
+def spawn_exec(cfg):
+    """Judge: a replacement worker, exec'd as a fresh interpreter (this memory holds the key and the
+    tests) on fds 3 and 4, confined like the judge by inheritance; its Conn, once ready."""
+    import fcntl
+    rpc = cfg["rpc"]
+    (req_r, req_w), (rep_r, rep_w) = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a, b = fcntl.fcntl(req_r, fcntl.F_DUPFD, 10), fcntl.fcntl(rep_w, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+            _close_all_but({0, 1, 2, 3, 4})
+            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+            scope_signals(cfg.get("kernel_landlock", 0))  # a domain below the judge's: cannot signal it
+            os.execv(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-u", "-c",
+                                     rpc.SOURCE + "\nexec_main()\n", json.dumps(cfg["sys_path"])])
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        os._exit(70)
+    os.close(req_r)
+    os.close(rep_w)
+    conn = rpc.Conn(rep_r, req_w, pid, "restarted")
+    conn.child_pid = pid  # ours to reap once it is killed
+    conn.ready()
+    return conn
+
+
+class _Session:
+    """The judge's workers for the cooperation probe: "main" (the verdicts' worker) and "aux",
+    each replaced by a fresh exec'd one once it is dead (ended, or killed mid-request)."""
+
+    def __init__(self, cfg, conns, names):
+        self.cfg, self.rpc = cfg, cfg["rpc"]
+        self.conns = {"main": conns[0], "aux": conns[1]}
+        self.names = names  # what the code defined, as it loaded: ("R", type name) or ("V", value)
+
+    def live(self, role):
+        c = self.conns[role]
+        if c.dead is None:
+            return c
+        if getattr(c, "child_pid", None):  # (killed by now: Conn.kill)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(c.child_pid, 0)
+        c = self.conns[role] = spawn_exec(self.cfg)
+        return c
+
+
+def judge(cfg, chans):
+    _close_all_but({0, 1, 2, cfg["results_fd"], cfg["secrets_fd"], *(fd for c in chans for fd in c)})
+    _confine(cfg)
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    secrets = json.loads(_read_secrets(cfg["secrets_fd"]))
+    os.close(cfg["secrets_fd"])
+    mac = hashlib.blake2b(key=bytes.fromhex(secrets.pop("key")), digest_size=16)
+    tests = tuple(secrets.pop("tests"))
     new_mac, write, exit_, fd = mac.copy, os.write, os._exit, cfg["results_fd"]
-    exec_, compile_, type_, str_, range_ = exec, compile, type, str, range
+    exec_, compile_, type_, str_ = exec, compile, type, str
     Base, MemErr, bytes_hex, err_chars = BaseException, MemoryError, bytes.hex, _ERR_CHARS
-    flush_targets = (sys.stdout, sys.stderr)
+    rpc = cfg["rpc"]
+    WorkerGone = rpc.WorkerGone
 
     def report(msg):
         m = new_mac()
         m.update(msg.encode())
         try:
             write(fd, (m.hexdigest() + " " + msg + "\n").encode())
-        except Base:  # fd closed or replaced by the candidate: the parent sees no "D" and
-            exit_(3)  # marks the run untrusted
+        except Base:  # cannot happen short of a broken pipe: the parent sees no "D"
+            exit_(3)
+
+    conns = [rpc.Conn(r, w, name="main" if i == 0 else "aux") for i, (r, w) in enumerate(chans)]
+    for c in conns:
+        try:
+            c.ready()
+        except WorkerGone as e:
+            sys.stderr.write(f"the sandbox's {c.name} worker did not start: {e}\n")
+            exit_(70)
+    main_w = conns[0]
 
     def describe(e):
         try:
@@ -402,9 +561,24 @@ def runner(cfg):
             text = "<exception that cannot be printed>"
         return bytes_hex(text[:err_chars].encode("utf-8", "replace"))
 
-    def run(source, filename, ns):
-        """'' if `source` ran without raising, else the hex error; memory errors end the run."""
+    def stop_if_gone():
+        """The main worker died or broke the protocol: nothing after this counts (a test that
+        swallowed the WorkerGone is not a pass)."""
+        if main_w.dead is None:
+            return
+        if main_w.memory:
+            report("F memory")
+            exit_(4)
+        report("E")
+        exit_(0)
+
+    def run(source, filename, ns, quiet=False):
+        """'' if `source` ran without raising, else the hex error; memory errors end the run.
+        quiet: without output (setup: its output comes from the worker's run of it)."""
+        saved = sys.stdout, sys.stderr
         try:
+            if quiet:
+                sys.stdout = sys.stderr = open(os.devnull, "w")
             exec_(compile_(source, filename, "exec", dont_inherit=True), ns)
             return ""
         except MemErr:
@@ -412,34 +586,45 @@ def runner(cfg):
             exit_(4)
         except Base as e:  # SystemExit and KeyboardInterrupt included: not a pass
             return describe(e)
+        finally:
+            if quiet:
+                sys.stdout, sys.stderr = saved
 
-    # Not "__main__": the `if __name__ == "__main__":` demo blocks models like to add (input(),
-    # prints) are not part of the answer and must not run.
     ns = {"__name__": "__candidate__", "__builtins__": builtins}
-    tests = tuple(cfg.pop("tests"))  # immutable: nothing the candidate holds can edit it
-    indices = range_(len(tests))  # computed now: `len`/`range` may be patched by then
-    make_probe = cfg.pop("make_probe")
-    probe = (make_probe(cfg["probe"], tests, cfg["setup"], cfg["code"], exec_, compile_, report, Base)
-             if make_probe is not None else None)  # built now, before candidate code, like the rest
-    passed = []
-    err = run(cfg["setup"] + "\n", "<setup>", ns) if cfg["setup"] else ""
+    setup, code = cfg["setup"], cfg["code"]
+    passed, first = [], {}
+    err = run(setup + "\n", "<setup>", ns, quiet=True) if setup else ""
     if not err:
-        err = run(cfg["code"], "<candidate>", ns)
+        try:
+            names = main_w.init(setup, code)
+            if cfg["make_probe"] is not None:  # as the code left them, before a test changes a value
+                first = {k: ("R", v._tname) if type_(v) is rpc.Remote else ("V", rpc.plain_copy(v))
+                         for k, v in names.items()}
+            ns.update(names)
+        except MemErr:
+            report("F memory")
+            exit_(4)
+        except WorkerGone:
+            stop_if_gone()
+        except Base as e:
+            err = describe(e)
+    stop_if_gone()
     report("S 0 " + err if err else "S 1 ")
-    code_ok = not err
-    if code_ok:
-        for i in indices:
+    if not err:
+        for i in range(len(tests)):
             err = run(tests[i], f"<test {i}>", ns)
+            stop_if_gone()
             report(f"T {i} 0 {err}" if err else f"T {i} 1 ")
             if not err:
                 passed.append(i)
-    for f in flush_targets:  # -u makes these unbuffered already; belt and braces
+    for f in (sys.stdout, sys.stderr):  # -u makes these unbuffered already; belt and braces
         try:
             f.flush()
         except Base:
             pass
     report("D")
-    if probe is not None:  # every verdict is out: the probe can only lose itself
+    if cfg["make_probe"] is not None:  # every verdict is out: the probe can only lose itself
+        probe = cfg["make_probe"](cfg["probe"], tests, setup, code, _Session(cfg, conns, first), report, Base)
         probe(passed)  # (none passed when the code failed: it just says "P")
     exit_(0)
 

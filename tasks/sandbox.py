@@ -19,6 +19,7 @@ filesystem view, and what no level protects against.
 """
 from __future__ import annotations
 
+import binascii
 import contextlib
 import contextvars
 import dataclasses
@@ -27,6 +28,7 @@ import hashlib
 import hmac
 import json
 import logging
+import marshal
 import os
 import secrets
 import selectors
@@ -857,26 +859,33 @@ def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: st
     if landlock is None:   # "plain" runs are confined by Landlock where the kernel has it (docs/SANDBOX.md)
         landlock = _landlock() if mode.name == "plain" else 0
     rfd, wfd = os.pipe()
+    # The tests and the MAC key go to the harness's judge alone, in a memfd it reads once isolated
+    # (never through stdin, which the processes that run candidate code were forked from).
+    sfd = _secrets_fd(json.dumps({"key": nonce, "tests": tests}).encode())
     cg = proc = None
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
         request = json.dumps({
-            "nonce": nonce, "results_fd": wfd, "code": code, "tests": tests, "setup": setup, "probe": probe,
+            "results_fd": wfd, "secrets_fd": sfd, "code": code, "setup": setup, "probe": probe,
             "uid": uid, "workdir": workdir, "namespaces": mode.namespaces, "confine": mode.confine,
             "nest_userns": mode.nest_userns, "view": _view() if mode.confine else [],
             "landlock": {"abi": landlock, "read": [p for kind, p, _ in _view() if kind == "bind"],
                          "devices": [d for d in DEVICES if os.path.exists(d)], "workdir": workdir} if landlock else None,
-            "tmpfs_mb": 4 * limits.max_file_mb, "nproc": nproc,
+            "tmpfs_mb": 4 * limits.max_file_mb, "nproc": nproc, "kernel_landlock": _landlock_abi(),
             "limits": {k: getattr(limits, k) for k in ("cpu_s", "memory_mb", "max_file_mb", "max_open_files")},
+            "compiled": {name: binascii.b2a_base64(_compiled(name), newline=False).decode()
+                         for name in ("_sandbox_rpc",) + (("_cooperation_probe",) if probe else ())},
         }).encode()
+        harness = _compiled("_sandbox_harness")
+        request = len(harness).to_bytes(8, "big") + harness + request
         try:
             if cgroups.base is not None:
                 cg = _RunCgroup(cgroups, limits, f"collab-sandbox-{nonce[:16]}")
             proc = subprocess.Popen(
-                [*mode.prefix, sys.executable, "-I", "-B", "-u", HARNESS], cwd=workdir,
+                [*mode.prefix, sys.executable, "-I", "-B", "-u", "-c", _BOOT % HARNESS], cwd=workdir,
                 env=_env(workdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(wfd,), start_new_session=True)
+                stderr=subprocess.PIPE, pass_fds=(wfd, sfd), start_new_session=True)
             # Before the request is sent: the harness reads all of stdin before it forks.
             if cg is not None:
                 cg.add(proc.pid)
@@ -887,19 +896,65 @@ def _run_now(mode: _Mode, code: str, tests: list[str], limits: Limits, setup: st
             return _failed_to_start(tests, f"{type(e).__name__}: {e}", time.monotonic() - t0, probe)
         finally:
             os.close(wfd)  # only the child may hold the write end: EOF means it is gone
-            wfd = -1
+            os.close(sfd)
+            wfd = sfd = -1
         got = _pump(proc, request, rfd, limits, t0 + limits.timeout_s)
         oom = cg is not None and cg.oom_killed()
     finally:
         os.close(rfd)
-        if wfd >= 0:
-            os.close(wfd)
+        for fd in (wfd, sfd):
+            if fd >= 0:
+                os.close(fd)
         if cg is not None:
             cg.close()
         if uid is not None and mode.name == "plain":
             _kill_uid(uid)
         shutil.rmtree(workdir, ignore_errors=True)
     return _assemble(tests, nonce, got, limits, time.monotonic() - t0, probe is not None, oom)
+
+
+# The harness starts from this: its own code, compiled by `_compiled`, comes first on stdin (8-byte
+# length, marshal), then the request. Compiling it and its modules in every check (-B: no .pyc)
+# cost more than the check itself.
+_BOOT = ("import marshal, os\n"
+         "def _read(n):\n    b = b''\n    while len(b) < n:\n        c = os.read(0, n - len(b))\n"
+         "        if not c:\n            raise EOFError('no harness code on stdin')\n        b += c\n    return b\n"
+         "exec(marshal.loads(_read(int.from_bytes(_read(8), 'big'))), "
+         "{'__name__': '__main__', '__file__': %r, '__builtins__': __builtins__})\n")
+_compiled_lock = threading.Lock()
+_compiled_cache: dict[str, tuple[tuple, bytes]] = {}
+
+
+def _compiled(name: str) -> bytes:
+    """marshal of tasks/<name>.py's code, compiled once per process (again when the file changes)."""
+    path = os.path.join(os.path.dirname(HARNESS), name + ".py")
+    st = os.stat(path)
+    key = (st.st_mtime_ns, st.st_size)
+    with _compiled_lock:
+        hit = _compiled_cache.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with open(path) as f:
+        blob = marshal.dumps(compile(f.read(), path, "exec", dont_inherit=True))
+    with _compiled_lock:
+        _compiled_cache[name] = (key, blob)
+    return blob
+
+
+def _secrets_fd(data: bytes) -> int:
+    """An anonymous file holding `data`, read by position (pread) by whoever gets the fd."""
+    try:
+        fd = os.memfd_create("collab-sandbox-secrets", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # no memfd: an unlinked temp file does the same
+        fd = os.dup(tempfile.TemporaryFile().fileno())
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _failed_to_start(tests: list[str], why: str, duration: float, probe: dict | None) -> SandboxResult:
@@ -1010,14 +1065,18 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
               probed: bool = False, oom: bool = False) -> SandboxResult:
     """Turn the verified result lines and how the process ended into a SandboxResult. Only
     lines whose MAC checks out count; tests are accepted in order, once each. With a probe,
-    whatever happens after "D" (a kill, a memory error) concerns the probe only."""
+    whatever happens after "D" (a kill, a memory error) concerns the probe only. After "E" (the
+    process running the code ended while the judge needed it), how the run ended is how that
+    process ended ("W"); otherwise how the judge ended ("X")."""
     key = bytes.fromhex(nonce)
     setup: tuple[bool, str] | None = None
     results: list[tuple[bool, str]] = []
     done = memory = False
     probe_tests: dict[int, dict] = {}
     probe_done = probe_memory = False
-    ended: tuple[int, float] | None = None  # the runner's exit code and CPU s, from the supervisor
+    ended: tuple[int, float] | None = None  # the judge's exit code and CPU s, from the init
+    worker_ended: tuple[int, float] | None = None  # the main worker's, from the init
+    gone = False  # "E": the judge stopped because the worker ended
     *lines, torn = got.channel.split(b"\n")
     tampered = torn != b""  # a partial line: something else wrote to the channel
     for line in lines:
@@ -1037,6 +1096,8 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
             memory = True
         elif kind == "D":
             done = True
+        elif kind == "E" and not done:
+            gone = True
         elif kind == "C" and done and probed and len(f) == 5 and f[0].isdigit():
             sites = {} if f[4] == "-" else {_unhex(h): r == "1" for h, _, r in (x.partition("=") for x in f[4].split(","))}
             probe_tests[int(f[0])] = {"status": f[1], "aux_calls": int(f[2]), "wrapper": f[3] == "1", "sites": sites}
@@ -1044,7 +1105,11 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
             probe_done = True
         elif kind == "X":
             ended = (os.waitstatus_to_exitcode(int(f[0])), float(f[1]))
+        elif kind == "W":
+            worker_ended = (os.waitstatus_to_exitcode(int(f[0])), float(f[1]))
 
+    if gone and worker_ended is not None:
+        ended = worker_ended
     status, cpu_s = ended or (got.status, got.cpu_s)
     killed_by = None
     probe_error = None
@@ -1068,7 +1133,7 @@ def _assemble(tests: list[str], nonce: str, got: _IO, limits: Limits, duration: 
            "output": f"output limit ({limits.max_output_bytes} bytes)"}.get(killed_by, killed_by)
     if setup is None and killed_by:
         setup_error = f"stopped before the code finished: {why}"
-    elif setup is None and (ended is None or status == 70):  # 70: the harness's own failure
+    elif setup is None and (ended is None or status == 70) and not gone:  # 70: the harness's own failure
         setup_error = f"the sandbox failed to start (exit code {status}; see stderr)"
     elif setup is None:
         setup_error = f"the code ended the process (exit code {status}) before it finished"
