@@ -384,11 +384,12 @@ def test_a_probe_that_hangs_loses_only_itself():
     # a phase budget smaller than one trial: the tests it did not reach say "budget"
     r = run_tests(hang, ["assert f(1) == 1", "assert f(2) == 2"], FAST, probe={**PROBE, "budget_s": 0.1})
     assert r.all_passed and r.probe["complete"] and {t["status"] for t in r.probe["tests"].values()} <= {"budget"}
-    # code that ignores the probe's alarm is cut by the wall clock: still only the probe is lost
+    # code that ignores the probe's alarm: the judge replaces the worker that overran, so the
+    # probe still completes (and finds the call used)
     deaf = "import signal\n" + hang.replace("    n = aux(x)", "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    n = aux(x)")
     r = run_tests(deaf, ["assert f(1) == 1"], Limits(timeout_s=2, cpu_s=3), probe=PROBE)
     assert r.all_passed and r.harness_ok and r.killed_by is None
-    assert not r.probe["complete"] and r.probe["error"] == "timeout" and r.probe["tests"] == {}
+    assert r.probe["complete"] and list(r.probe["tests"][0]["sites"].values()) == [True]
 
 
 def test_probe_output_does_not_flood():
