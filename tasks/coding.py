@@ -19,8 +19,9 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   the result of some call site; then +0.5, +1.0 more if main is not a thin wrapper around
   ``aux``, and -0.5 if some call site of ``aux`` has its result ignored. Range 0 .. 1.5.
 
-  How it is measured (make_probe in tasks/_cooperation_probe.py, inside the same sandbox process,
-  after every test verdict is in): each test that passed is re-run in a fresh namespace with aux
+  How it is measured (make_probe in tasks/_cooperation_probe.py, by the sandbox's judge, which
+  runs no candidate code: main and aux run in two workers and every call between them passes
+  through the judge; after every test verdict is in): each test that passed is re-run in a fresh namespace with aux
   and main wrapped. *Called*: an aux call made while main runs, that returned (aux's own
   recursion not counted). *Used*: counterfactual dependence -- re-runs with aux's results
   replaced by different values (~n / -x-1.5 / s+"\0" / elementwise, falsy<->truthy, larger
@@ -28,8 +29,8 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   depends on the value alone, so equal results always get equal replacements, as from a
   different aux. Per call site two re-runs: its results ALONE, and TOGETHER with every call, at
   any site, that returned a value equal to one of them (the same re-run when no other site did).
-  The site is used if main's return values change in both (a control re-run must reproduce them
-  first, else the test counts for nothing; floats within a relative 1e-9 count as unchanged:
+  The site is used if main's return values change in both (a control re-run after the perturbed
+  ones must reproduce them, else the test counts for nothing; floats within a relative 1e-9 count as unchanged:
   rounding is not a dependence). TOGETHER by itself would miss a dropped duplicate
   (``r = aux(x); aux(x); return r + 1``); ALONE by itself would credit results that cancel out
   (``return g(x) + aux(x) - aux(x)``: each call alone changes the sum, both together, as from a
@@ -72,9 +73,9 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
   changed in place still looks passed on); tests the probe's budget did not reach can hide an
   ignored call site (a missed -0.5); an identity ``aux`` through which main passes its own
   answer (``return aux(solve(x))``) earns the wrapper's 0.5; side effects of aux (it sorts
-  main's list in place) earn nothing; code that deliberately attacks the harness
-  (introspection, signal handlers) can forge the probe like it can forge verdicts
-  (tasks/sandbox.py says so). The probe has a time budget (a third of the wall-clock limit, at
+  main's list in place) earn nothing; main's worker reports its own call sites, so code that
+  remembers aux's first answers and reacts when they change still counts as "used"
+  (docs/SANDBOX.md, Verdicts). The probe has a time budget (a third of the wall-clock limit, at
   most 5 s) and loses only itself if it hangs: tests it did not reach give no credit.
 
 Where we deliberately differ from the reference (which uses regexes on source lines):

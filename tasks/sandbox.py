@@ -761,7 +761,8 @@ def run_tests(code: str, tests: list[str], limits: Limits = Limits(), setup: str
     failed to start (busy: ...)" (tasks/coding.py: SandboxFailure, not the candidate's fault).
 
     `probe` = {"entry": name, "aux": name, "budget_s": seconds}: after every verdict is
-    reported, the same process checks at run time whether the function `entry` calls `aux`
+    reported, the judge checks at run time (main and aux in two workers, every call between
+    them through the judge) whether the function `entry` calls `aux`
     while a test passes and whether aux's result reaches entry's return value (the coding
     task's cooperation level; `SandboxResult.probe`). A probe that hangs, crashes or floods is
     cut off and loses only itself: the test verdicts stand."""

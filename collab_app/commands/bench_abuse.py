@@ -47,7 +47,9 @@ How things are counted (all in the JSON):
 
 Limits: the attackers run in this process on the same machine as the server (a real attacker's
 clients cost the server's machine nothing): the bench's client threads take some of its CPU, which
-makes the honest raters' attack-phase rounds slower than the server alone would make them. IPv4
+makes the honest raters' attack-phase rounds slower than the server alone would make them. So the
+bench lowers its own priority once the server is up (nice +CLIENT_NICE; the server and its trainer
+child keep theirs): the clients then take what the server leaves, as remote ones would. IPv4
 addresses only (one address = one network here). Nobody signs in (no Hugging Face login): every
 rater is anonymous.
 """
@@ -70,6 +72,7 @@ log = logging.getLogger(__name__)
 
 TASK = "tldr"
 ATTACKER_NETWORK = "10.99.0.1"
+CLIENT_NICE = 10           # the bench's clients run this much nicer than the server (module doc, Limits)
 SESSION_RETRY_S = 3.0      # an identity without a session asks again this often
 BACKOFF_S = 2.0            # after a refusal that names no time
 MAX_WAIT_S = 30.0          # the longest wait a refusal's "try again in N s" is taken for
@@ -555,6 +558,7 @@ def run(cfg: BenchAbuseConfig) -> dict:
         t_up = time.time()
         wait_up(url, proc, cfg.startup_timeout_s)
         startup_s = time.time() - t_up
+        os.nice(CLIENT_NICE)   # the clients below yield to the server (started at the bench's own priority)
         log.info("server up in %.0f s; quiet phase: %d honest raters for %.1f min", startup_s, cfg.honest,
                  cfg.quiet_minutes)
         t_origin = time.time()
