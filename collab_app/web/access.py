@@ -278,6 +278,11 @@ class SessionSlots:
         with self._lock:
             return self._held.get(key, 0)
 
+    def active(self) -> int:
+        """Keys holding at least one slot now."""
+        with self._lock:
+            return len(self._held)
+
 
 @dataclass(frozen=True)
 class Quota:
@@ -304,8 +309,8 @@ class Quota:
 class Limits:
     """The one limits policy of both doors. A round: `begin_round(caller)` takes, in this order,
     a place among the door's rounds at once, one of the caller's rounds in flight, one of its
-    client network's rounds in flight (so a network with many sessions cannot hold every
-    generate slot), and one round from the network's and identity's per-minute budgets — or
+    client network's rounds in flight (`network_slots`: a fair share of the generate slots, so a
+    network with many sessions cannot hold them all), and one round from the network's and identity's per-minute budgets — or
     raises `UserError` (code "server_busy", "rounds_in_flight" or "rate_limit_exceeded", with
     `retry_after`) having taken nothing; `end_round(caller)` gives the places back. Ratings:
     `take_ratings(caller, n)` counts n against the network, the identity and the global budget
@@ -316,7 +321,7 @@ class Limits:
 
     def __init__(self, web: Quota, api: Quota | None = None, rounds_per_minute_per_network: int = 0,
                  ratings_per_minute_per_network: int = 0, ratings_per_minute: int = 0,
-                 rounds_in_flight_per_network: int = 0):
+                 rounds_in_flight_per_network: int = 0, generate_slots: int = 0):
         self._lock = threading.Condition()
         self.quotas: dict[str, Quota] = {}
         self._rounds: dict[str, RateLimiter] = {}
@@ -328,7 +333,8 @@ class Limits:
         self._net_rounds = RateLimiter(rounds_per_minute_per_network)
         self._net_ratings = RateLimiter(ratings_per_minute_per_network)
         self._all_ratings = FairBudget(ratings_per_minute)
-        self._net_slots = SessionSlots(rounds_in_flight_per_network)
+        self._net_slots = SessionSlots(0)   # counts only: the cap is `network_slots`
+        self.rounds_in_flight_per_network, self.generate_slots = rounds_in_flight_per_network, generate_slots
 
     def set_quota(self, door: str, quota: Quota) -> None:
         """Set a door's quota (at start-up: /v1's comes from its own config); counts start afresh."""
@@ -349,11 +355,14 @@ class Limits:
                 raise UserError(f"you already have a round generating: wait for your round to finish (at most "
                                 f"{q.rounds_in_flight} at once per {q.scope})", "rounds_in_flight", 5)
             net = f"net:{caller.network}" if caller.network else None
-            if net and not self._net_slots.acquire(net):
+            cap = self.network_slots(net) if net else 0
+            if net and cap and self._net_slots.held(net) >= cap:
                 slots.release(caller.key)
-                raise UserError(f"your network already has {self._net_slots.limit} rounds generating, the most one "
-                                "network may have at once so that others get a turn: try again when one ends",
+                raise UserError(f"your network already has {cap} rounds generating, its share of the server while "
+                                f"{self._net_slots.active()} networks generate: try again when one of them ends",
                                 "rounds_in_flight", 5)
+            if net:
+                self._net_slots.acquire(net)
             try:
                 self._take(caller, "rounds", 1, self._net_rounds, self._rounds[door], None)
             except UserError:
@@ -362,6 +371,20 @@ class Limits:
                     self._net_slots.release(net)
                 raise
             self._running[door] += 1
+
+    def network_slots(self, net: str) -> int:
+        """Rounds the network `net` ("net:<network>") may have generating now (0 = no limit): at
+        most `rounds_in_flight_per_network`, and, with `generate_slots` (the generate events that
+        run at once), a fair share of them: max(1, slots // (networks generating now + 1)), that
+        network counted. So a network alone may use several slots (a classroom behind one NAT),
+        and as other networks arrive each one's share shrinks, leaving room for the next; with
+        one network pressing beside three others it holds one round, not two.
+        `rounds_in_flight_per_network` 0 turns both off. Caller holds the lock."""
+        cap = self.rounds_in_flight_per_network
+        if cap and self.generate_slots:
+            active = self._net_slots.active() + (self._net_slots.held(net) == 0)
+            cap = min(cap, max(1, self.generate_slots // (active + 1)))
+        return cap
 
     def end_round(self, caller: Caller) -> None:
         with self._lock:

@@ -183,9 +183,10 @@ class AppContext:
     max_rounds_in_flight: int = 1
     """rounds one session or login may have generating at once (0 = no limit): one client cannot
     hold every generate slot."""
-    max_rounds_in_flight_per_network: int = 2
-    """rounds one client network may have generating at once over all its sessions (0 = no limit):
-    a network with many sessions cannot hold every one of the generate_concurrency slots."""
+    max_rounds_in_flight_per_network: int = 4
+    """most rounds one client network may have generating at once over all its sessions (0 = no
+    limit); fewer while other networks generate: a fair share of the generate_concurrency slots,
+    max(1, slots // (networks generating + 1)) (access.Limits.network_slots)."""
     max_new_sessions_per_minute: int = 20
     """server-issued sessions (identity.IdentityMiddleware) one client network may start per minute (0 = no limit)."""
     max_rounds_per_minute_per_network: int = 30
@@ -245,7 +246,8 @@ class AppContext:
                              rounds_per_minute_per_network=self.max_rounds_per_minute_per_network,
                              ratings_per_minute_per_network=self.max_ratings_per_minute_per_network,
                              ratings_per_minute=self.max_ratings_per_minute_global,
-                             rounds_in_flight_per_network=self.max_rounds_in_flight_per_network)
+                             rounds_in_flight_per_network=self.max_rounds_in_flight_per_network,
+                             generate_slots=self.generate_concurrency)
         from collab_app.web.identity import SessionIdentity
         self.identity = SessionIdentity(self.session_secret, self.max_new_sessions_per_minute,
                                         self.trusted_proxy_hops)

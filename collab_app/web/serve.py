@@ -124,8 +124,8 @@ class ServeConfig:
     """ratings one session may submit per minute (a ranking of G counts G; 0 = no limit)."""
     max_rounds_in_flight: int = 1
     """rounds one session (or login) may have generating at once (0 = no limit)."""
-    max_rounds_in_flight_per_network: int = 2
-    """rounds one client network may have generating at once over all its sessions (0 = no limit; a classroom behind one NAT may need more)."""
+    max_rounds_in_flight_per_network: int = 4
+    """most rounds one client network may have generating at once over all its sessions, fewer while others generate (a fair share of the 8 slots; 0 = no limit)."""
     max_new_sessions_per_minute: int = 20
     """sessions one client network may start per minute (a classroom behind one NAT may need more; 0 = no limit)."""
     max_rounds_per_minute_per_network: int = 30

@@ -47,6 +47,30 @@ def test_one_network_cannot_hold_every_generate_slot():
     assert lim.running(WEB) == 3
 
 
+def test_a_networks_slots_are_a_fair_share_of_the_generate_slots():
+    """Alone, a network (a classroom behind one NAT) may use several of the 8 slots; beside three
+    other networks generating, one pressing network holds one round, not two."""
+    lim = Limits(Quota(rounds_in_flight=1), rounds_in_flight_per_network=4, generate_slots=8)
+    crowd = [Caller(f"web:c{k}", network="10.0.0.1") for k in range(6)]
+    for c in crowd[:4]:
+        lim.begin_round(c)                                   # alone: min(4, 8 // 2)
+    with pytest.raises(UserError, match="4 rounds generating"):
+        lim.begin_round(crowd[4])
+    for c in crowd[:4]:
+        lim.end_round(c)
+    honest = [Caller(f"web:h{k}", network=f"192.0.2.{k}") for k in range(3)]
+    for h in honest:
+        lim.begin_round(h)
+    lim.begin_round(crowd[0])                                # four networks: 8 // 5 = 1 each
+    with pytest.raises(UserError, match="1 rounds generating, its share of the server while 4 networks"):
+        lim.begin_round(crowd[1])
+    lim.end_round(honest[0])
+    lim.begin_round(crowd[1])                                # three generating: 8 // 4 = 2
+    off = Limits(Quota(rounds_in_flight=0), rounds_in_flight_per_network=0, generate_slots=8)
+    for c in crowd:
+        off.begin_round(c)                                   # 0 = no limit, the fair share too
+
+
 def test_a_round_refused_by_the_minute_gives_the_network_slot_back():
     lim = Limits(Quota(rounds_per_minute=1, rounds_in_flight=0), rounds_in_flight_per_network=1)
     a = Caller("web:a", network="10.0.0.2")
