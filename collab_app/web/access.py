@@ -444,67 +444,6 @@ class Limits:
             return self._lock.wait_for(lambda: self._running[door] == 0, timeout)
 
 
-class FairBudget:
-    """A budget of `limit` events per `window_s` seconds over every key together, shared fairly:
-    one key (a client network) may hold at most limit / (active keys + 1) of the window, where
-    the active keys are those with events in the window, itself included. So k networks rating
-    as fast as they may settle, within one window, at limit / (k + 1) each, and leave that much
-    to a newcomer (their share shrinks as it arrives); without it three networks at 240 a minute
-    fill a global 600. `limit` 0 = no limit. The same `take` / `give_back` as RateLimiter.
-    Thread-safe, in memory."""
-
-    def __init__(self, limit: int, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
-        self.limit, self.window_s, self.clock = limit, window_s, clock
-        self._events: dict[str, collections.deque] = {}
-        self._lock = threading.Lock()
-
-    def share(self, key: str) -> int:
-        """The most `key` may hold in the window now (at least 1)."""
-        with self._lock:
-            self._expire(self.clock())
-            active = len(self._events) + (key not in self._events)
-        return max(1, self.limit // (active + 1))
-
-    def _expire(self, now: float) -> None:
-        for k in list(self._events):
-            q = self._events[k]
-            while q and q[0] <= now - self.window_s:
-                q.popleft()
-            if not q:
-                del self._events[k]
-
-    def take(self, key: str, n: int = 1) -> float | None:
-        """Record `n` events for `key` and return None, or (nothing recorded) the seconds until
-        they may fit: inf when n is over the whole limit."""
-        if not self.limit:
-            return None
-        now = self.clock()
-        with self._lock:
-            self._expire(now)
-            if n > self.limit:
-                return math.inf
-            everyone = sorted(t for q in self._events.values() for t in q)
-            own = self._events.get(key, collections.deque())
-            active = len(self._events) + (key not in self._events)
-            share = max(1, self.limit // (active + 1))
-            if len(everyone) + n > self.limit:
-                return everyone[len(everyone) + n - self.limit - 1] + self.window_s - now
-            if len(own) + n > share:   # its oldest events must leave the window (or others go idle)
-                return own[len(own) + n - share - 1] + self.window_s - now if len(own) + n - share <= len(own) \
-                    else self.window_s
-            self._events.setdefault(key, collections.deque()).extend([now] * n)
-            return None
-
-    def give_back(self, key: str, n: int = 1) -> None:
-        """Forget the last `n` events of `key` (a request refused by a later limit counts nothing)."""
-        with self._lock:
-            q = self._events.get(key)
-            for _ in range(min(n, len(q or ()))):
-                q.pop()
-            if q is not None and not q:
-                del self._events[key]
-
-
 class RateLimiter:
     """At most `limit` events per `window_s` seconds per key, over a sliding window; `limit`
     0 = no limit. Thread-safe. In memory: a restart forgets it."""
@@ -539,3 +478,52 @@ class RateLimiter:
             q = self._events.get(key)
             for _ in range(min(n, len(q or ()))):
                 q.pop()
+
+
+class FairBudget(RateLimiter):
+    """A budget of `limit` events per `window_s` seconds over every key together, shared fairly:
+    one key (a client network) may hold at most limit / (active keys + 1) of the window, where
+    the active keys are those with events in the window, itself included. So k networks rating
+    as fast as they may settle, within one window, at limit / (k + 1) each, and leave that much
+    to a newcomer (their share shrinks as it arrives); without it three networks at 240 a minute
+    fill a global 600. `limit` 0 = no limit. RateLimiter's `give_back`. Thread-safe, in memory."""
+
+    def __init__(self, limit: int, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__(limit, window_s)
+        self.clock = clock
+
+    def share(self, key: str) -> int:
+        """The most `key` may hold in the window now (at least 1)."""
+        with self._lock:
+            self._expire(self.clock())
+            active = len(self._events) + (key not in self._events)
+        return max(1, self.limit // (active + 1))
+
+    def _expire(self, now: float) -> None:
+        for k in list(self._events):
+            q = self._events[k]
+            while q and q[0] <= now - self.window_s:
+                q.popleft()
+            if not q:
+                del self._events[k]
+
+    def take(self, key: str, n: int = 1) -> float | None:
+        """Record `n` events for `key` and return None, or (nothing recorded) the seconds until
+        they may fit: inf when n is over the whole limit."""
+        if not self.limit:
+            return None
+        now = self.clock()
+        with self._lock:
+            self._expire(now)
+            if n > self.limit:
+                return math.inf
+            everyone = sorted(t for q in self._events.values() for t in q)
+            own = self._events.get(key, collections.deque())
+            active = len(self._events) + (key not in self._events)
+            share = max(1, self.limit // (active + 1))
+            if len(everyone) + n > self.limit:
+                return everyone[len(everyone) + n - self.limit - 1] + self.window_s - now
+            if len(own) + n > share:   # its oldest events must leave the window (n over its share: others go idle)
+                return own[len(own) + n - share - 1] + self.window_s - now if n <= share else self.window_s
+            self._events.setdefault(key, collections.deque()).extend([now] * n)
+            return None

@@ -61,3 +61,19 @@ def add_groups(store, n: int, engine=None, G: int = 2, seed: int = 0, flat: bool
                                  joint=[(g, g) for g in range(G)], auto_rewards=rewards, session_id="test")
         ids.append(gid)
     return ids
+
+
+class FakeTrainer:
+    """What the service's train_step needs of MAGRPOTrainer, without a model: records each step's group ids
+    (tests of which groups a step takes)."""
+
+    agents: tuple = ()
+    versions: dict = {}
+
+    def __init__(self):
+        self.steps: list[list[int]] = []
+
+    def update(self, groups):
+        ids = [g.id for g in groups]
+        self.steps.append(ids)
+        return {"group_ids": ids, "stale_group_ids": [], "step": len(self.steps), "return_mean": 0.0}

@@ -24,7 +24,7 @@ from collab_app.online.returns import ReturnRule, deciding_rater, scale_rating
 from collab_app.online.service import (PUBLIC_RATER_SHARE, ServiceConfig, TrainerService, rater_cap,
                                        take_capped)
 from collab_app.online.store import RATER_CAP_KEY, Store, migrate, utcnow
-from helpers.service import TASK, add_groups
+from helpers.service import TASK, FakeTrainer, add_groups
 from helpers.store import add_raw_group
 
 HUMAN_FIRST = ReturnRule(mode="human_first", human_timeout_s=0)   # unrated groups: automatic returns at once
@@ -183,21 +183,6 @@ def test_take_capped_rule():
     assert len(step) == 16 and held == []
     auto = [G(i, None) for i in range(5)]
     assert take_capped(auto, 0.25, 4)[0] == auto[:4]
-
-
-class FakeTrainer:
-    """What train_step needs of MAGRPOTrainer, without a model: records each step's group ids."""
-
-    agents: tuple = ()
-    versions: dict = {}
-
-    def __init__(self):
-        self.steps: list[list[int]] = []
-
-    def update(self, groups):
-        ids = [g.id for g in groups]
-        self.steps.append(ids)
-        return {"group_ids": ids, "stale_group_ids": [], "step": len(self.steps), "return_mean": 0.0}
 
 
 def make_service(store, tmp_path, **kw):

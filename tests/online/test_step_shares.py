@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from collab_app.online.returns import ReturnRule
 from collab_app.online.service import ServiceConfig, TrainerService, rater_cap, take_capped
 from collab_app.online.store import SCHEMA_VERSION, Store, migrate
-from helpers.service import TASK, add_groups
+from helpers.service import TASK, FakeTrainer, add_groups
 from helpers.store import add_raw_group
 
 HUMAN_FIRST = ReturnRule(mode="human_first", human_timeout_s=0)
@@ -120,21 +120,6 @@ def test_the_stores_scan_reads_past_one_networks_backlog(store):
     held = []
     got = store.ready_groups(HUMAN_FIRST, limit=4, per_anonymous=1, held=held)
     assert [g.group_id for g in got] == [flood[0], others[1], others[2]] and len(held) == 10
-
-
-class FakeTrainer:
-    """What train_step needs of MAGRPOTrainer, without a model: records each step's group ids."""
-
-    agents: tuple = ()
-    versions: dict = {}
-
-    def __init__(self):
-        self.steps: list[list[int]] = []
-
-    def update(self, groups):
-        ids = [g.id for g in groups]
-        self.steps.append(ids)
-        return {"group_ids": ids, "stale_group_ids": [], "step": len(self.steps), "return_mean": 0.0}
 
 
 def test_a_service_step_holds_one_networks_groups(store, tmp_path):
