@@ -1,4 +1,4 @@
-"""`collab bench abuse`: can one network steer, starve or fool a public `collab serve`? (issue 82 item 6)
+"""`collab bench abuse`: can one network steer, starve or fool a public `collab serve`?
 
 Starts a real `collab serve` (subprocess, own COLLAB_HOME / store / adapters under --out-dir; the
 TL;DR task, G=4, 128 new tokens), listening on 127.0.0.1 only, behind one trusted proxy hop

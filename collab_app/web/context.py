@@ -264,7 +264,7 @@ class AppContext:
 
     @property
     def trusts_its_person(self) -> bool:
-        """A local app trusts its person (issue 82, item 7): reachable from this machine only (not
+        """A local app trusts its person: reachable from this machine only (not
         `public`) and no proxy in front (identity.trusted_proxy_hops 0: a proxy on this machine
         would bring others in from loopback), so the only person is the one who started it, and
         their own coding problem runs at the best isolation this machine has instead of being

@@ -109,7 +109,6 @@ API_PREFIX = "/v1/"
 MAX_BODY = 4_000_000
 """largest request body taken (bytes; Gradio's own events are far smaller, uploads are at most
 ui.MAX_FILE_SIZE): a larger one is 413."""
-MAX_BODY_PEEK = MAX_BODY   # the name before issue 82
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 HF_ORIGIN = "https://huggingface.co"
 """the page that shows a Space in an iframe."""
@@ -351,8 +350,8 @@ class SessionIdentity:
 
     def check(self, token: str | None) -> tuple[str, int, int] | None:
         """(session id, issued, last seen) of a valid token that has neither expired (`max_age_s`
-        after issue) nor idled out (`idle_s` after last seen); None for anything else. Tokens of
-        before issue 82 (`s1.<sid>.<issued>.<sig>`) count as last seen when issued."""
+        after issue) nor idled out (`idle_s` after last seen); None for anything else. Tokens
+        without a last-seen time (`s1.<sid>.<issued>.<sig>`) count as last seen when issued."""
         if not token or len(token) > 200:
             return None
         parts = token.split(".")
