@@ -52,7 +52,9 @@ def save(model, optimizer: torch.optim.Optimizer, cfg: MAGRPOConfig, adapters_di
 
 
 def _from_disk(trainer: MAGRPOTrainer) -> None:
-    """Resume from the latest versions in adapters_dir, or save version 0 of every agent."""
+    """Resume from the latest readable versions in adapters_dir, or save version 0 of every agent;
+    then, where an agent's floor (trainer/adapters.py) is above what it resumed from, save that
+    state again as the floor's number, so a version number is never used twice."""
     adapters_dir = trainer.adapters_dir
     for a in trainer.agents:
         for path in versions_on_disk.remove_partial(adapters_dir, a):
@@ -66,21 +68,48 @@ def _from_disk(trainer: MAGRPOTrainer) -> None:
         if missing:
             raise FileNotFoundError(f"{adapters_dir} has versions for {sorted(set(found) - set(missing))} "
                                     f"but none for {missing}: it belongs to another team; use a fresh --adapters-dir")
-        _resume(trainer, found)
-        return
+        for a in trainer.agents:
+            _resume_agent(trainer, a)
+        log.info("resumed at step %d from versions %s", trainer.step, trainer.versions)
+    else:
+        for a in trainer.agents:
+            trainer.versions[a] = 0
     for a in trainer.agents:
-        trainer._save(a, {"step": 0, "parent_version": None, "metrics": {}})
+        resumed = versions_on_disk.latest_version(adapters_dir, a)
+        floor = versions_on_disk.floor(adapters_dir, a)
+        if resumed is None or (floor is not None and floor > resumed[0]):
+            trainer.versions[a] = max(floor or 0, 0)
+            parent = None if resumed is None else resumed[0]
+            if floor:
+                log.warning("agent %s: versions up to %d were published but are not in %s (a lost or restored "
+                            "folder, or a version that could not be read): continuing from %s as version %d",
+                            a, floor - 1, adapters_dir, "a fresh adapter" if parent is None else f"version {parent}",
+                            floor)
+            trainer._save(a, {"step": trainer.step, "parent_version": parent, "metrics": {}})
+        versions_on_disk.clear_floor(adapters_dir, a)
 
 
-def _resume(trainer: MAGRPOTrainer, found: dict[str, tuple[int, str]]) -> None:
+def _resume_agent(trainer: MAGRPOTrainer, a: str) -> None:
+    """Load agent `a`'s newest readable version; one that cannot be read (truncated or corrupt
+    file) is quarantined and the one before it tried, down to none (then the fresh adapter the
+    trainer was built with stays, saved at the floor by `_from_disk`)."""
     from peft import set_peft_model_state_dict
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    for a, (version, path) in found.items():
-        was_on = versions_on_disk.read_meta(path).get("base_model")
+    while (found := versions_on_disk.latest_version(trainer.adapters_dir, a)) is not None:
+        version, path = found
+        was_on = None
         try:
-            set_peft_model_state_dict(trainer.model_of[a], load_file(os.path.join(path, "adapter_model.safetensors")),
-                                      adapter_name=a)
+            was_on = versions_on_disk.read_meta(path).get("base_model")
+            state = load_file(os.path.join(path, "adapter_model.safetensors"))
+        except (SafetensorError, OSError, ValueError) as e:   # truncated, emptied, unreadable meta
+            aside = versions_on_disk.quarantine(path)
+            log.error("agent %s: version %d cannot be read (%s: %s); moved it to %s and trying the version "
+                      "before it", a, version, type(e).__name__, str(e)[:200], aside)
+            continue
+        try:
+            set_peft_model_state_dict(trainer.model_of[a], state, adapter_name=a)
         except RuntimeError as e:   # shapes of another base: torch's size-mismatch error
             raise ValueError(f"{path} is agent {a!r}'s adapter on base {was_on}, which does not fit its base "
                              f"now ({trainer.base_of[a]}): {str(e)[:300]}; resume with the same --model / "
@@ -89,7 +118,11 @@ def _resume(trainer: MAGRPOTrainer, found: dict[str, tuple[int, str]]) -> None:
             log.warning("%s was trained on base %s; resuming it on %s (same shapes)", path, was_on, trainer.base_of[a])
         opt = os.path.join(path, versions_on_disk.OPTIMIZER)
         if os.path.exists(opt):
-            trainer.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=trainer.device))
+            try:
+                trainer.optimizers[a].load_state_dict(torch.load(opt, weights_only=True, map_location=trainer.device))
+            except Exception as e:  # noqa: BLE001 - a corrupt or foreign optimizer state: keep the weights
+                log.warning("%s: its optimizer state cannot be loaded (%s: %s): AdamW moments restart from zero",
+                            path, type(e).__name__, str(e)[:200])
         else:
             log.warning("%s has no optimizer state: AdamW moments restart from zero", path)
         trainer.versions[a] = version
@@ -97,8 +130,8 @@ def _resume(trainer: MAGRPOTrainer, found: dict[str, tuple[int, str]]) -> None:
         trainer.step = max(trainer.step, int(meta.get("step", 0)))
         trainer.train_seconds = max(trainer.train_seconds, float(meta.get("metrics", {}).get("train_seconds", 0.0)))
         trainer.saved_at[a] = [float(versions_on_disk.read_meta(p).get("created_at", 0.0))
-                               for v, p in versions_on_disk.list_versions(trainer.adapters_dir, a) if v > 0]
-    log.info("resumed at step %d from versions %s", trainer.step, trainer.versions)
+                               for v, p in versions_on_disk.list_versions(trainer.adapters_dir, a) if 0 < v <= version]
+        return
 
 
 def _sync_from_main(trainer: MAGRPOTrainer) -> None:

@@ -24,6 +24,13 @@ caching); the serving side's watcher retries it (collab_app/online/hotswap.py). 
 mounts (s3fs, gcsfuse) rename a directory by copying its objects one by one: a reader can see
 half a version there, so do not publish onto them. A Hugging Face Hub repo revision as the target
 is not implemented.
+
+Version numbers are never reused, also across a lost folder: whoever knows that higher numbers
+were published elsewhere (the trainer service, from the store's rows) sets the agent's floor
+(`set_floor`, a `.next-version` file); the trainer's next start then saves the weights it
+resumes from (or a fresh adapter) as that number. A version that cannot be read (a truncated
+safetensors file) is moved aside (`quarantine`: `.corrupt-v000003-*`, kept for a post-mortem)
+and raises the floor past itself.
 """
 from __future__ import annotations
 
@@ -99,6 +106,50 @@ def latest_version(adapters_dir: str, agent: str) -> tuple[int, str] | None:
     """(version, path) of the newest complete version of `agent`, or None if it has none."""
     versions = list_versions(adapters_dir, agent)
     return versions[-1] if versions else None
+
+
+FLOOR = ".next-version"
+
+
+def set_floor(adapters_dir: str, agent: str, version: int) -> None:
+    """The lowest number `agent`'s next version may take (kept if a higher floor is set already)."""
+    parent = os.path.join(adapters_dir, agent)
+    os.makedirs(parent, exist_ok=True)
+    version = max(int(version), floor(adapters_dir, agent) or 0)
+    tmp = os.path.join(parent, f".tmp-floor-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(f"{version}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(parent, FLOOR))
+
+
+def floor(adapters_dir: str, agent: str) -> int | None:
+    """`set_floor`'s number, or None."""
+    try:
+        with open(os.path.join(adapters_dir, agent, FLOOR)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def clear_floor(adapters_dir: str, agent: str) -> None:
+    try:
+        os.remove(os.path.join(adapters_dir, agent, FLOOR))
+    except FileNotFoundError:
+        pass
+
+
+def quarantine(path: str) -> str:
+    """Move a version dir that cannot be read out of the versions (a name that never parses as one)
+    and raise its agent's floor past it. Returns the new path."""
+    parent, name = os.path.split(path.rstrip("/"))
+    m = _VERSION_RE.match(name)
+    aside = os.path.join(parent, f".corrupt-{name}-{int(time.time())}")
+    os.rename(path, aside)
+    if m:
+        set_floor(os.path.dirname(parent), os.path.basename(parent), int(m.group(1)) + 1)
+    return aside
 
 
 def read_meta(path: str) -> dict:

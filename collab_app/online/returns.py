@@ -171,24 +171,37 @@ def joint_return(rule: ReturnRule, auto_total: float | None, human: float | None
 
 def group_returns(rule: ReturnRule, auto_totals: Sequence[float | None],
                   ratings: Sequence[Sequence[tuple[str, float]]], max_reward: float,
-                  age_s: float) -> tuple[list[float], list[str]] | None:
+                  age_s: float) -> tuple[list[float | None], list[str]] | None:
     """Returns and sources of every joint sample of a group, or None when the group is not
-    ready under `rule` (some joint sample has no return yet). `ratings[k]` are joint sample k's
-    (rater, value) pairs, oldest first; `age_s` is the group's age."""
+    ready under `rule`. `ratings[k]` are joint sample k's (rater, value) pairs, oldest first;
+    `age_s` is the group's age.
+
+    Before `rule.human_timeout_s` a group is ready when every joint sample has a return. After
+    it, a group whose joints have returns for at least MIN_RETURNS of them is ready on those:
+    the others (a candidate whose automatic check failed and that nobody rated) get return None
+    and source "none", and the trainer leaves them out (the store drops them from the group it
+    hands over), so one failed check does not expire the person's ratings of the rest."""
     if len(auto_totals) != len(ratings):
         raise ValueError("auto_totals and ratings must have one entry per joint sample")
     waited = age_s >= rule.human_timeout_s
     out = [joint_return(rule, a, human_score(r, max_reward), waited) for a, r in zip(auto_totals, ratings)]
-    if any(x is None for x in out):
+    have = sum(x is not None for x in out)
+    if have < len(out) and not (waited and have >= MIN_RETURNS):
         return None
-    return [x[0] for x in out], [x[1] for x in out]   # type: ignore[index]
+    return [None if x is None else x[0] for x in out], ["none" if x is None else x[1] for x in out]
+
+
+MIN_RETURNS = 2
+"""joint samples with a return a group needs, after the timeout, to train on those alone: a
+group-relative advantage compares a return with its siblings'."""
 
 
 def group_state(rule: ReturnRule, auto_totals: Sequence[float | None],
                 ratings: Sequence[Sequence[tuple[str, float]]], max_reward: float,
                 age_s: float) -> str:
-    """"ready" (every joint sample has a return), "waiting" (not yet, may still become ready) or
-    "expired" (past `human_timeout_s` and still not ready: no automatic fallback can fill it)."""
+    """"ready" (enough joint samples have a return: `group_returns`), "waiting" (not yet, may
+    still become ready) or "expired" (past `human_timeout_s` and still not ready: no automatic
+    fallback can fill it)."""
     if group_returns(rule, auto_totals, ratings, max_reward, age_s) is not None:
         return "ready"
     return "expired" if age_s >= rule.human_timeout_s else "waiting"

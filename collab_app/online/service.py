@@ -108,7 +108,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from collab_app import paths
 from collab_app.online.cpushare import YIELD_SHARE
@@ -303,6 +303,7 @@ class _Status:
 
     def __init__(self, store, every_s: float):
         self.store, self.every_s = store, every_s
+        self.on_beat: Callable[[], None] | None = None   # also called every beat (the trainer lease)
         self.value: dict = {"state": "starting", "pid": os.getpid(), "heartbeat_s": every_s}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -326,6 +327,11 @@ class _Status:
         while not self._stop.wait(self.every_s):
             with self._lock:
                 self._write()
+            if self.on_beat is not None:
+                try:
+                    self.on_beat()
+                except Exception:  # noqa: BLE001 - e.g. the store is locked: the next beat tries again
+                    log.exception("could not renew the trainer lease")
 
     def start(self) -> None:
         self._thread.start()
@@ -338,31 +344,146 @@ class _Status:
 
 def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
     """Record every complete adapter version on disk that has no store row yet: a fresh team's
-    version 0, which building its trainer writes (logged as news), or a crash between a step's
-    rename and its row (a warning). Returns the (agent, version) pairs recorded."""
+    version 0, which building its trainer writes (logged as news), or a crash (or a store error)
+    between a step's rename and its record. A version whose collab.json names the step's groups
+    (`group_ids`, written by MAGRPOTrainer.update before the save) is recorded with that step, in
+    one transaction (`Store.record_train_step`), so its groups are marked trained and never
+    trained twice. Returns the (agent, version) pairs recorded."""
     from trainer import adapters
 
     done = []
     if not os.path.isdir(adapters_dir):
         return done
+    steps: dict[tuple, list] = {}   # (group ids, stale ids) -> versions of that step
     for agent in sorted(os.listdir(adapters_dir)):
         if agent.startswith(".") or not os.path.isdir(os.path.join(adapters_dir, agent)):
             continue
         known = {a.version for a in store.adapter_versions(agent)}
         for version, path in adapters.list_versions(adapters_dir, agent):
-            if version not in known:
-                meta = adapters.read_meta(path)
-                store.record_adapter_version(agent, version, path, step=None,
-                                             metrics={"reconciled": True, "task_step": meta.get("step")},
-                                             base_model=meta.get("base_model"))
-                done.append((agent, version))
+            if version in known:
+                continue
+            meta = adapters.read_meta(path)
+            m = meta.get("metrics") or {}
+            row = dict(agent=agent, version=version, path=path, base_model=meta.get("base_model"),
+                       metrics={"reconciled": True, "task_step": meta.get("step"), "saved_at": meta.get("created_at")})
+            if m.get("group_ids"):
+                steps.setdefault((tuple(m["group_ids"]), tuple(m.get("stale_group_ids") or ())), []).append(row)
+            else:
+                store.record_adapter_version(step=None, **row)
+            done.append((agent, version))
+    for (used, stale), rows in steps.items():
+        last = store.train_steps(last=1)
+        step = (last[-1]["step"] if last else 0) + 1
+        metrics = {**(adapters.read_meta(rows[0]["path"]).get("metrics") or {}), "reconciled": True, "step": step}
+        metrics.pop("group_ids", None), metrics.pop("stale_group_ids", None), metrics.pop("refused_groups", None)
+        store.record_train_step(step, metrics, list(used), stale_group_ids=list(stale), versions=rows,
+                                stale_reason="waited too long for the trainer (recorded after a restart)")
+        log.warning("recorded step %d from adapter versions that were saved but not recorded (a crash or a store "
+                    "error between them): %s, groups %s now trained", step,
+                    [(r["agent"], r["version"]) for r in rows], list(used))
     first, later = [d for d in done if d[1] == 0], [d for d in done if d[1] != 0]
     if first:
         log.info("recorded a fresh team's first adapter versions: %s", first)
-    if later:
-        log.warning("recorded adapter versions found on disk without a store row (a step that stopped between "
-                    "saving a version and recording it): %s", later)
+    if later and not steps:
+        log.warning("recorded adapter versions found on disk without a store row: %s", later)
     return done
+
+
+def check_lineage(store, adapters_dir: str, agents) -> dict[str, int]:
+    """Make the adapters folder and the store's version rows one lineage before a trainer starts.
+    Where the store names versions of an agent that the folder does not have (a Space restarted
+    without persistent storage on a PostgreSQL store, a restored or wiped folder), or the folder's
+    version with the store's newest number holds other weights than the row recorded, the
+    agent's floor is set past the store's newest (trainer/adapters.py): the trainer then saves what
+    it resumes from as a new number, so no number ever names two different adapters and samples
+    of the lost versions count as off-policy. Returns {agent: floor} for the agents it moved on."""
+    from trainer import adapters
+
+    moved = {}
+    for agent in agents:
+        rows = store.adapter_versions(agent)
+        if not rows:
+            continue
+        newest = rows[-1]
+        on_disk = adapters.latest_version(adapters_dir, agent)
+        other = False
+        if on_disk is not None and on_disk[0] == newest.version:
+            saved_at = (newest.metrics or {}).get("saved_at")
+            disk_at = adapters.read_meta(on_disk[1]).get("created_at")
+            other = saved_at is not None and disk_at is not None and abs(float(saved_at) - float(disk_at)) > 1e-6
+        if on_disk is None or on_disk[0] < newest.version or other:
+            adapters.set_floor(adapters_dir, agent, newest.version + 1)
+            moved[agent] = newest.version + 1
+    if moved:
+        log.warning("the store names adapter versions that %s does not hold (%s): the trainer continues from what the "
+                    "folder has, numbered from %s (versions are never reused); the weights of the missing versions "
+                    "are not recoverable from the store", adapters_dir,
+                    ", ".join(f"{a} up to v{v - 1}" for a, v in moved.items()), moved)
+    return moved
+
+
+LEASE_KEY = "trainer_lease"
+"""app_state key: {"owner": str, "beat": int, "pid": int, "host": str}: the one trainer service
+that may publish to this store (`TrainerLease`)."""
+
+
+class TrainerLease:
+    """One trainer per store. The holder bumps "beat" every heartbeat; another service waits until
+    the beat has not moved for `stale_s` seconds of its own clock (no comparison of two hosts'
+    clocks), then takes it. Steps are recorded only while held (`Store.record_train_step(lease=)`
+    checks it in the same transaction), so a trainer that hung, or a killed app's orphaned child
+    that finishes its step, cannot publish beside the one that holds it."""
+
+    def __init__(self, store, stale_s: float):
+        import socket
+        import uuid
+
+        self.store, self.stale_s = store, stale_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._seen: tuple | None = None   # (owner, beat) last seen held by another, and since when (monotonic)
+        self._seen_at = 0.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return LEASE_KEY, self.owner
+
+    def try_take(self) -> str | None:
+        """Take the lease if it is free, ours, or stale. Returns None when held now, else its holder."""
+        import socket
+
+        now = time.monotonic()
+        holder: list = [None]
+
+        def change(v):
+            if v and v.get("owner") not in (None, self.owner):
+                seen = (v.get("owner"), v.get("beat"))
+                if seen != self._seen:
+                    self._seen, self._seen_at = seen, now
+                if now - self._seen_at < self.stale_s:
+                    holder[0] = v.get("owner")
+                    return None
+                log.warning("taking the trainer lease from %s: no heartbeat for %.0f s", v.get("owner"), now - self._seen_at)
+            return {"owner": self.owner, "beat": int((v or {}).get("beat") or 0) + 1, "pid": os.getpid(),
+                    "host": socket.gethostname()}
+
+        self.store.swap_state(LEASE_KEY, change)
+        return holder[0]
+
+    def beat(self) -> bool:
+        """Renew while held; False when another took it."""
+        held = [False]
+
+        def change(v):
+            if not v or v.get("owner") != self.owner:
+                return None
+            held[0] = True
+            return {**v, "beat": int(v.get("beat") or 0) + 1}
+
+        self.store.swap_state(LEASE_KEY, change)
+        return held[0]
+
+    def release(self) -> None:
+        self.store.swap_state(LEASE_KEY, lambda v: {**v, "owner": None} if v and v.get("owner") == self.owner else None)
 
 
 def resolve_agent_models(agent_models) -> tuple[str, ...]:
@@ -410,12 +531,17 @@ class TrainerService:
         self._sampler = None              # self-play engine, built on first use
         self._self_play_round = 0
         self._in_step = False             # data parallel: inside a step the ranks' collectives are running
-        self._suspects: dict[int, int] = {}   # group id -> failed steps (SUSPECTS_KEY)
+        self._suspects: dict[int, dict] = {}   # group id -> {"fails", "alone", "pending", "error"} (SUSPECTS_KEY)
+        self._last_ok: dict[str, bool] = {}    # task -> whether its last step went through
+        self._retry_at: dict[str, tuple[float, float]] = {}   # task -> (monotonic time it may step again, back-off s)
+        self.lease = TrainerLease(self.store, stale_s=3 * cfg.heartbeat_s + 10) if self.store is not None else None
+        self.lease_lost = False
+        self._lease_held = False
         self.held: list[tuple[int, str]] = []   # (group id, rater) the rater cap kept out at the last `due`
         self._held_shown: dict | None = None     # last RATER_CAP_KEY value written
         if self.store is not None:
             saved = (self.store.get_state(SUSPECTS_KEY) or {}).get("groups", {})
-            self._suspects = {int(g): int(n) for g, n in saved.items()}
+            self._suspects = {int(g): (v if isinstance(v, dict) else {"fails": int(v)}) for g, v in saved.items()}
 
     # -- pieces ------------------------------------------------------------------------------
     def next_step(self) -> int:
@@ -438,6 +564,8 @@ class TrainerService:
             if models and "=" not in models[0] and team_of(task_name) != team_of(self.cfg.task):
                 models = ()
             cfg = dataclasses.replace(self.cfg, task=task_name, num_agents=task.num_agents, agent_models=models)
+            if _dist().is_main():   # the folder and the store's rows one lineage (versions never reused)
+                check_lineage(self.store, self.cfg.adapters_dir, task.roles)
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
             lease = self._core_lease()
             if lease is not None:   # a person's round waiting on these cores may get them mid-step
@@ -460,8 +588,12 @@ class TrainerService:
         return tuple(t for t in PRIVATE_TASKS if not may_train_shared(t, allowed))
 
     def due(self, ready) -> tuple[str, list] | None:
-        """(task, groups) of the first task that has K ready groups or waited T, else None. A task
-        with suspects (groups of a step that raised) is due at once with its oldest suspect alone.
+        """(task, groups) of the first task that has K ready groups or waited T, else None. Tasks
+        whose last step failed wait out their back-off (`_retry_at`), so one broken task cannot
+        starve the others. A task with suspects (groups of a step that raised) steps on one
+        suspect alone, the least tried first; once every suspect has failed alone, on the other
+        ready groups (the control: do other groups train while the suspects fail?), else on its
+        suspects again (module doc, "Groups that cannot train").
 
         Shares (`max_rater_share`, `max_network_share`, `max_anonymous_share` < 1): a step's groups
         are `take_capped`: at most max(1, floor(share * size)) of them decided by one rater, by one
@@ -472,62 +604,86 @@ class TrainerService:
         by_task: dict[str, list] = {}
         for g in ready:
             by_task.setdefault(team_of(g.task), []).append(g)   # a person's own problem: the coding team
-        now = time.time()
+        now, clock = time.time(), time.monotonic()
         picked, self.held = None, []
         for task, groups in by_task.items():
-            suspects = [g for g in groups if g.group_id in self._suspects]
-            if suspects:
-                picked = picked or (task, suspects[:1])
+            if self._retry_at.get(task, (0.0, 0.0))[0] > clock:
                 continue
+            suspects = [g for g in groups if g.group_id in self._suspects]
+            others = [g for g in groups if g.group_id not in self._suspects]
+            if suspects:
+                untried = [g for g in suspects if not self._suspects[g.group_id].get("pending")]
+                if untried:
+                    first = min(untried, key=lambda g: (self._suspects[g.group_id].get("alone", 0), g.group_id))
+                    picked = picked or (task, [first])
+                    continue
+                if not others:
+                    picked = picked or (task, suspects[:1])
+                    continue
+                groups = others   # the control step: any size, now
             step, held = take_capped(groups, self.cfg.max_rater_share, self.cfg.max_groups_per_step,
                                      self.cfg.max_network_share, self.cfg.max_anonymous_share)
             self.held += [(g.group_id, g.rater) for g in held]
             waited = now - min(g.created_at.timestamp() for g in step)
-            if len(step) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
+            if suspects or len(step) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
                 picked = picked or (task, step)
         return picked
 
     def train_step(self, task_name: str, ready) -> dict:
         """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
+        from trainer import adapters
+
+        from collab_app.online.store import LeaseLost
+
+        if not self._hold_lease():
+            raise LeaseLost("another trainer service holds this store's lease: no step here")
         step = self.next_step()
         ids = [g.group_id for g in ready]
-        if task_name not in self.trainers:
-            self.status.set("loading", step=step, task=task_name, message=f"loading the {task_name} trainer")
-        trainer = self.trainer_for(task_name)
-        self.status.set("training", step=step, task=task_name, groups=len(ids),
-                        message=f"MAGRPO step {step} on {len(ids)} {task_name} groups")
-        before = dict(trainer.versions)
-        t0 = time.time()
-        groups = [to_trainer_group(g) for g in ready]
-        self._command("train", task_name, groups)   # data parallel: the followers join this update
         try:
+            if task_name not in self.trainers:
+                self.status.set("loading", step=step, task=task_name, message=f"loading the {task_name} trainer")
+                self.trainer_for(task_name)
+                if self.next_step() != step:
+                    return {}   # building it recorded a step left on disk (reconcile): read the ready groups again
+            trainer = self.trainer_for(task_name)
+            self.status.set("training", step=step, task=task_name, groups=len(ids),
+                            message=f"MAGRPO step {step} on {len(ids)} {task_name} groups")
+            before = dict(trainer.versions)
+            t0 = time.time()
+            groups = [to_trainer_group(g) for g in ready]
+            self._command("train", task_name, groups)   # data parallel: the followers join this update
             lease = self._core_lease()
             wide0 = lease.wide_s if lease is not None else 0.0
             credit0 = lease.credit_s if lease is not None else 0.0   # the pause credit this step starts with
-            try:
-                metrics = trainer.update(groups)
-            except Exception as e:
-                self._blame(task_name, ids, e)
-                raise
+            metrics = trainer.update(groups)
             if lease is not None:   # seconds of the step also on the engine's cores (borrow_engine_cores);
                 # update's pieces_done gave them back before its saves, a raising one the unit's end
                 metrics["time/wide_s"] = lease.wide_s - wide0
                 metrics["time/pause_credit_s"] = credit0   # 0 with groups piling up: it did not pause for rounds
             used, stale = metrics.pop("group_ids"), metrics.pop("stale_group_ids")
+            refused = {int(g): str(r) for g, r in (metrics.pop("refused_groups", None) or {}).items()}
             metrics.update(task=task_name, task_step=metrics.get("step"), step=step,
                            oldest_group_age_s=t0 - min(g.created_at.timestamp() for g in ready))
-            for agent in trainer.agents:   # rows only now: update() renamed the dirs into place
-                if trainer.versions[agent] != before[agent]:
-                    self.store.record_adapter_version(agent, trainer.versions[agent], trainer.adapter_path(agent),
-                                                      step=step, metrics=metrics, base_model=trainer.base_of[agent])
-            rerated = self.store.record_train_step(step, metrics, used, stale_group_ids=stale,
-                                                   ratings_seen={g.group_id: g.ratings_seen for g in ready})
-        except Exception:
+            versions = [dict(agent=a, version=trainer.versions[a], path=trainer.adapter_path(a),
+                             base_model=trainer.base_of[a],
+                             metrics={**metrics, "saved_at": adapters.read_meta(trainer.adapter_path(a)).get("created_at")})
+                        for a in trainer.agents if trainer.versions[a] != before[a]]
+            # the versions' rows, the step and its groups in one transaction (renamed into place already)
+            rerated = self.store.record_train_step(
+                step, metrics, used, stale_group_ids=stale, ratings_seen={g.group_id: g.ratings_seen for g in ready},
+                versions=versions, lease=None if self.lease is None else self.lease.key,
+                stale_reason=f"waited while an agent wrote more than {self.cfg.max_staleness} versions (max_staleness)")
+            if refused:
+                for gid, reason in refused.items():
+                    self.store.set_aside([gid], reason)
+                log.warning("step %d: %d groups were sampled with settings the trainer cannot reproduce; set aside: %s",
+                            step, len(refused), refused)
+        except Exception as e:
+            self._step_failed(task_name, ids, e)
             if _dist().world_size() == 1:   # torchrun: fatal instead (run), on every rank
                 self.trainers.pop(task_name, None)   # half-stepped, or stepped without rows: rebuild from disk
             raise
-        if any(g in self._suspects for g in ids):   # trained (or retired) alone: it was not the culprit
-            self._save_suspects({g: n for g, n in self._suspects.items() if g not in ids})
+        self._step_went_through(task_name, ids)
         if rerated:
             log.info("step %d: %d groups were rated while it ran; they stay ready for the next step: %s",
                      step, len(rerated), rerated)
@@ -548,28 +704,62 @@ class TrainerService:
                                    "return_mean": metrics.get("return_mean")})
         return metrics
 
-    def _blame(self, task_name: str, ids: list[int], error: Exception) -> None:
-        """`update` raised on the groups `ids`: make them suspects; a suspect that raised alone is
-        set aside (module doc). Never raises itself: the step's own error is the one to report."""
+    def _step_went_through(self, task_name: str, ids: list[int]) -> None:
+        """A step of `task_name` trained: its groups are cleared of suspicion, and a suspect that
+        failed alone right after a step that went through is set aside now: groups trained before
+        and after it while it failed, so the fault is the group's, not the machine's."""
+        self._retry_at.pop(task_name, None)
+        self._last_ok[task_name] = True
+        if not self._suspects:
+            return
+        suspects = {g: v for g, v in self._suspects.items() if g not in ids}
+        culprits = {g: v for g, v in suspects.items() if v.get("pending") and v.get("task", task_name) == task_name}
+        for gid, v in culprits.items():
+            reason = (f"its step raised alone right after a step that trained, and the next step trained again: "
+                      f"{v.get('error', '')}")[:1000]
+            try:
+                self.store.set_aside([gid], reason)
+            except Exception:  # noqa: BLE001 - stays a suspect, decided again at the next step
+                log.exception("could not set group #%d aside", gid)
+                continue
+            del suspects[gid]
+            log.error("group #%d (%s) set aside (status 'untrainable'; an admin can put it back): %s",
+                      gid, task_name, reason)
+            shown = list(self.status.value.get("set_aside") or [])
+            shown.append({"group": gid, "task": task_name, "error": v.get("error", ""), "at": time.time()})
+            self.status.value["set_aside"] = shown[-SET_ASIDE_SHOWN:]
+        if suspects != self._suspects:
+            self._save_suspects(suspects)
+
+    def _step_failed(self, task_name: str, ids: list[int], error: Exception) -> None:
+        """A step of `task_name` on `ids` raised (building its trainer, the update, its saves or
+        the store's record). The task waits out a back-off (doubling to 5 minutes; other tasks go
+        on); the groups become suspects. A suspect that failed alone right after a step that went
+        through is marked pending; `_step_went_through` sets it aside if the next step trains too.
+        Never raises itself: the step's own error is the one to report."""
+        from collab_app.online.store import LeaseLost
         from trainer.magrpo import StepStopped
 
-        # the machine's fault or a stop (SIGTERM mid-step), not the groups'
-        if isinstance(error, (OSError, StepStopped)) or self.store is None:
+        if isinstance(error, (StepStopped, LeaseLost)) or self.store is None:
             return
+        backoff = min(max(2 * self._retry_at.get(task_name, (0.0, 0.0))[1], self.cfg.poll_s), 300.0)
+        self._retry_at[task_name] = (time.monotonic() + backoff, backoff)
+        was_ok, self._last_ok[task_name] = self._last_ok.get(task_name, False), False
+        message = f"{type(error).__name__}: {error}"[:500]
+        log.error("step on %d %s groups failed (%s); the task waits %.0f s, other tasks go on; its groups stay "
+                  "ready and are retried one at a time", len(ids), task_name, message, backoff)
         try:
-            suspects = dict(self._suspects)
+            suspects = {g: dict(v) for g, v in self._suspects.items()}
+            for v in suspects.values():   # a failure breaks every sandwich but the group's own
+                if v.get("task") == task_name and not (len(ids) == 1 and ids[0] in suspects):
+                    v["pending"] = False
             for g in ids:
-                suspects[g] = suspects.get(g, 0) + 1
-            if len(ids) == 1 and suspects[ids[0]] >= 2:
-                gid = ids[0]
-                self.store.set_aside([gid])
-                del suspects[gid]
-                message = f"{type(error).__name__}: {error}"[:500]
-                log.error("group #%d (%s) raised in its own step after raising in an earlier one: set aside "
-                          "(status 'untrainable') so the other groups train: %s", gid, task_name, message)
-                shown = list(self.status.value.get("set_aside") or [])
-                shown.append({"group": gid, "task": task_name, "error": message, "at": time.time()})
-                self.status.set("error", message=f"set aside group #{gid}: {message}", set_aside=shown[-SET_ASIDE_SHOWN:])
+                v = suspects.setdefault(g, {"fails": 0, "alone": 0, "task": task_name})
+                v["fails"] = v.get("fails", 0) + 1
+                v["error"] = message
+                if len(ids) == 1:
+                    v["alone"] = v.get("alone", 0) + 1
+                    v["pending"] = was_ok
             self._save_suspects(suspects)
         except Exception:  # noqa: BLE001 - e.g. the store is down too; the groups stay as they were
             log.exception("could not record the groups of the failed step as suspects")
@@ -589,9 +779,9 @@ class TrainerService:
             self.store.set_state(RATER_CAP_KEY, {**value, "at": time.time()})
             self._held_shown = value
 
-    def _save_suspects(self, suspects: dict[int, int]) -> None:
+    def _save_suspects(self, suspects: dict[int, dict]) -> None:
         self._suspects = suspects
-        self.store.set_state(SUSPECTS_KEY, {"groups": {str(g): n for g, n in suspects.items()}})
+        self.store.set_state(SUSPECTS_KEY, {"groups": {str(g): v for g, v in suspects.items()}})
 
     def self_play_round(self) -> list[int]:
         """Sample `self_play_prompts` train prompts of cfg.task with the current adapters and store
@@ -646,7 +836,9 @@ class TrainerService:
     # -- the loop ----------------------------------------------------------------------------
     def poll_once(self) -> str:
         """One look at the store; does at most one step or one self-play round. Returns what it did:
-        "paused" | "trained" | "self-play" | "idle"."""
+        "waiting" (another trainer holds the store's lease) | "paused" | "trained" | "self-play" | "idle"."""
+        if not self._hold_lease():
+            return "waiting"
         if is_paused(self.store):
             self.status.set("paused", message="paused by an admin; resume in the Training tab")
             return "paused"
@@ -672,6 +864,39 @@ class TrainerService:
             self.status.set("idle", message="waiting for ready groups")
         return "idle"
 
+    def _hold_lease(self) -> bool:
+        """Hold the store's trainer lease (`TrainerLease`), taking it when free or stale; on taking
+        it, clear what a predecessor left (half-written versions, versions without rows). False
+        while another trainer holds it. Losing it once held raises LeaseLost: this trainer stops."""
+        from collab_app.online.store import LeaseLost
+        from trainer import adapters
+
+        if self.lease is None:
+            return True
+        if self.lease_lost:
+            raise LeaseLost(f"another trainer took the store's lease from this one ({self.lease.owner}): stopping")
+        if self._lease_held:
+            return True
+        holder = self.lease.try_take()
+        if holder is not None:
+            self.status.set("waiting", message=f"another trainer service ({holder}) holds this store's lease; "
+                                               f"taking over once its heartbeat stops for {self.lease.stale_s:.0f} s")
+            return False
+        self._lease_held = True
+        self.status.on_beat = self._renew_lease
+        os.makedirs(self.cfg.adapters_dir, exist_ok=True)
+        for agent in os.listdir(self.cfg.adapters_dir):
+            adapters.remove_partial(self.cfg.adapters_dir, agent)
+        reconcile(self.store, self.cfg.adapters_dir)
+        return True
+
+    def _renew_lease(self) -> None:
+        if self._lease_held and not self.lease.beat():
+            log.error("another trainer service took this store's lease: this one stops after its current step "
+                      "(which it cannot record)")
+            self.lease_lost = True
+            self.stop_event.set()
+
     def _cores(self):
         """Hold this process's cores for one unit of work: the serving engine, which borrows them
         in between (cfg.core_lease), gives them back within one decode step."""
@@ -694,15 +919,11 @@ class TrainerService:
     def run(self) -> int:
         """Poll until stopped (SIGTERM / SIGINT / stop_event) or max_steps. Returns steps done.
         Under torchrun, ranks > 0 follow rank 0 instead (`follow`)."""
-        from trainer import adapters
+        from collab_app.online.store import LeaseLost
         from trainer.magrpo import StepStopped
 
         if not _dist().is_main():
             return self.follow()
-        os.makedirs(self.cfg.adapters_dir, exist_ok=True)
-        for agent in os.listdir(self.cfg.adapters_dir):
-            adapters.remove_partial(self.cfg.adapters_dir, agent)
-        reconcile(self.store, self.cfg.adapters_dir)
         if self.cfg.core_lease:   # a predecessor killed mid-step may have left its want file
             from collab_app.online.cpushare import CoreLease
 
@@ -723,6 +944,10 @@ class TrainerService:
                 except StepStopped as e:   # stopped mid-step: nothing saved, its groups stay ready
                     log.info("%s; its groups stay ready for the next start", e)
                     break
+                except LeaseLost as e:   # another trainer publishes to this store now
+                    log.error("%s", e)
+                    self.status.set("stopped", message=str(e))
+                    break
                 except Exception as e:  # noqa: BLE001 - report, back off, retry; never die silently
                     log.exception("trainer step failed")
                     if self._in_step:   # data parallel: the followers' adapters may now differ from ours
@@ -730,9 +955,14 @@ class TrainerService:
                                                          f"exiting for torchrun to restart every rank)")
                         raise
                     # outside a step every rank's trainers are as they were: keep them (module doc);
-                    # a failed step without torchrun already dropped its own (train_step)
-                    self._backoff = min(max(2 * self._backoff, self.cfg.poll_s), 300.0)
-                    self.status.set("error", message=f"{type(e).__name__}: {e} (retrying in {self._backoff:.0f}s)")
+                    # a failed step without torchrun already dropped its own (train_step) and its
+                    # task waits out its own back-off (_step_failed) while the other tasks go on
+                    waiting = {t: until - time.monotonic() for t, (until, _) in self._retry_at.items()
+                               if until > time.monotonic()}
+                    self._backoff = self.cfg.poll_s if waiting else min(max(2 * self._backoff, self.cfg.poll_s), 300.0)
+                    self.status.set("error", message=f"{type(e).__name__}: {e} (" + (
+                        ", ".join(f"{t} retries in {w:.0f}s" for t, w in waiting.items()) + "; other tasks go on"
+                        if waiting else f"retrying in {self._backoff:.0f}s") + ")")
                     self.stop_event.wait(self._backoff)
                     self._command("idle")   # followers: rank 0 is alive, however long the store stays down
                     continue
@@ -741,8 +971,14 @@ class TrainerService:
                     self.stop_event.wait(self.cfg.poll_s)
             self._command("stop")
         finally:
-            self.status.set("stopped", message=f"stopped after {self.steps_done} steps")
+            if not self.lease_lost:
+                self.status.set("stopped", message=f"stopped after {self.steps_done} steps")
             self.status.stop()
+            if self._lease_held and not self.lease_lost:
+                try:
+                    self.lease.release()
+                except Exception:  # noqa: BLE001 - it goes stale on its own
+                    log.exception("could not release the trainer lease")
         return self.steps_done
 
 

@@ -40,7 +40,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy import JSON, ForeignKey, String, Text, UniqueConstraint, event, func, select
@@ -50,7 +50,7 @@ from sqlalchemy.orm import (DeclarativeBase, Mapped, Session, mapped_column, rel
 from collab_app import paths
 from collab_app.engines.engine_types import Sample
 from collab_app.online.returns import (RATING_KINDS, ReturnRule, check_rating_value, deciding_rater,
-                                       group_returns, group_state)
+                                       group_returns, group_state, human_score, joint_return)
 from tasks.base import Reward
 
 MAX_RATER_CHARS = 200
@@ -77,6 +77,11 @@ class StoreError(ValueError):
 
 class NotFound(StoreError, LookupError):
     """An id that is not in the store."""
+
+
+class LeaseLost(StoreError):
+    """A write that needs the trainer lease (`record_train_step(lease=...)`) by a process that no
+    longer holds it. Nothing was written."""
 
 
 class NotEntitled(StoreError, PermissionError):
@@ -149,6 +154,8 @@ class GroupRow(Base):
     session_id: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(16), index=True)
     trained_step: Mapped[int | None]
+    status_reason: Mapped[str | None] = mapped_column(Text)   # why expired / set aside (v7; None: not recorded)
+    versions_at: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))   # agent -> newest version at arrival (v7)
     samples: Mapped[list[SampleRow]] = relationship(
         order_by="(SampleRow.agent_index, SampleRow.gen_index)")
     joints: Mapped[list[JointRow]] = relationship(order_by="JointRow.joint_index")
@@ -387,7 +394,16 @@ def _migration_6(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE ratings ADD COLUMN signed_in BOOLEAN NOT NULL DEFAULT false"))
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6]
+def _migration_7(conn: sa.Connection) -> None:
+    """Faults that must not look like the group's: groups.status_reason (why a group was expired
+    or set aside, shown to admins, who can put it back) and groups.versions_at (agent -> the
+    newest adapter version recorded when the group arrived: lateness counts versions written
+    since, not wall-clock times of two processes). NULL for older rows."""
+    conn.execute(sa.text("ALTER TABLE groups ADD COLUMN status_reason TEXT"))
+    conn.execute(sa.text("ALTER TABLE groups ADD COLUMN versions_at JSON"))
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7]
 """MIGRATIONS[i] takes the schema from version i to i + 1."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -463,6 +479,8 @@ class GroupRecord:
     trained_step: int | None
     samples: list[list[Sample]]       # [agent][g]
     joints: list[JointRecord]
+    status_reason: str | None = None  # why it was expired / set aside (None: not closed so, or not recorded)
+    versions_at: dict | None = None   # agent -> newest adapter version when it arrived (None: older rows)
 
 
 @dataclass(frozen=True)
@@ -486,6 +504,7 @@ class ReadyGroup:
     rater: str | None = None          # the rater whose ratings decide most of its returns (`returns.deciding_rater`)
     network: str | None = None        # that rater's client network, as its latest rating here says
     signed_in: bool = False           # that rater signed in (a login or an API key) when it rated
+    arrived_versions: dict | None = None   # agent -> newest adapter version when it arrived (lateness)
 
 
 @dataclass(frozen=True)
@@ -516,6 +535,27 @@ def _rated_by(grp: GroupRow, rater: str | None) -> tuple[str | None, bool]:
 def _writes(grp: GroupRow) -> int:
     """Rating writes a group has had: each row once, plus once per replacement (its revision)."""
     return sum(1 + (r.revision or 0) for j in grp.joints for r in j.ratings)
+
+
+def _enough_kept(grp: GroupRow, returns: Sequence[float | None]) -> bool:
+    """Whether the joint samples with a return still give every agent MIN_GENERATIONS answers
+    (a group trained on part of its joints: returns.group_returns)."""
+    kept = [j for j, r in zip(grp.joints, returns) if r is not None]
+    if len(kept) == len(grp.joints):
+        return True   # the whole group: the trainer checks its shape
+    return all(len({j.sample_ids[i] for j in kept}) >= MIN_GENERATIONS for i in range(grp.num_agents))
+
+
+def _returned_only(rec: GroupRecord, returns: Sequence[float | None]) -> tuple[list[list[Sample]], list[tuple]]:
+    """The group's samples [agent][g] and joint actions, keeping only the joint samples that have
+    a return and the answers those use, renumbered (every joint when all have one)."""
+    kept = [j.joint for j, r in zip(rec.joints, returns) if r is not None]
+    if len(kept) == len(rec.joints):
+        return rec.samples, kept
+    used = [sorted({j[i] for j in kept}) for i in range(rec.num_agents)]     # per agent: old indices kept
+    new = [{g: n for n, g in enumerate(u)} for u in used]
+    return ([[rec.samples[i][g] for g in used[i]] for i in range(rec.num_agents)],
+            [tuple(new[i][j[i]] for i in range(rec.num_agents)) for j in kept])
 
 
 def _sample(s: SampleRow) -> Sample:
@@ -636,10 +676,12 @@ class Store:
 
         example_id = str(example.get("id", ""))
         with self._write() as s:
+            newest = dict(s.execute(select(AdapterVersionRow.agent, func.max(AdapterVersionRow.version))
+                                    .group_by(AdapterVersionRow.agent)).all())
             grp = GroupRow(task=task, example_id=example_id, example=jsonable(example), turn=int(turn),
                            prompts=list(prompts), num_agents=n_agents, num_generations=G,
                            max_reward=float(max_reward), created_at=utcnow(), session_id=session_id,
-                           status="open", trained_step=None)
+                           status="open", trained_step=None, versions_at={str(a): int(v) for a, v in newest.items()})
             s.add(grp)
             rows = [[SampleRow(agent_index=i, gen_index=g, agent=smp.agent, adapter_version=smp.adapter_version,
                                text=smp.text, prompt_token_ids=[int(x) for x in smp.prompt_token_ids],
@@ -661,6 +703,7 @@ class Store:
             grp.joints = joints
             if G < MIN_GENERATIONS:
                 grp.status = "untrainable"
+                grp.status_reason = f"{G} answer per agent: a group-relative advantage needs at least {MIN_GENERATIONS}"
             elif all(r is not None for r in auto_rewards):
                 grp.status = "ready"
             s.flush()
@@ -688,7 +731,8 @@ class Store:
                   for j in grp.joints]
         return GroupRecord(grp.id, grp.task, grp.example_id, grp.example, grp.turn, list(grp.prompts),
                            grp.num_agents, grp.num_generations, grp.max_reward, grp.created_at,
-                           grp.session_id, grp.status, grp.trained_step, samples, joints)
+                           grp.session_id, grp.status, grp.trained_step, samples, joints, grp.status_reason,
+                           None if grp.versions_at is None else dict(grp.versions_at))
 
     def recent_groups(self, n: int = 20, session_id: str | None = None) -> list[GroupRecord]:
         """The newest `n` groups (optionally of one session), newest first, with samples and ratings."""
@@ -797,7 +841,9 @@ class Store:
                 joint = s.get(JointRow, jid, with_for_update=True)
                 if joint is None:
                     raise NotFound(f"no joint sample with id {jid}: rate a candidate that was stored")
-                grp = groups.get(joint.group_id) or s.get(GroupRow, joint.group_id)
+                # the group's row lock (PostgreSQL; SQLite: BEGIN IMMEDIATE) orders this rating with a
+                # step's record_train_step: before it (counted, the group stays ready) or after (late)
+                grp = groups.get(joint.group_id) or s.get(GroupRow, joint.group_id, with_for_update=True)
                 groups[grp.id] = grp
                 if session_id is not None and grp.session_id != session_id:
                     raise NotEntitled(f"joint sample {jid} belongs to group #{grp.id}, which another "
@@ -899,7 +945,7 @@ class Store:
                 for grp in page:
                     inputs = self._inputs(grp, now)
                     got = group_returns(rule, *inputs)
-                    if got is None:
+                    if got is None or not _enough_kept(grp, got[0]):
                         continue
                     rater = None if rule.mode == "auto" else deciding_rater(inputs[1], got[1])
                     network, signed_in = _rated_by(grp, rater)
@@ -914,12 +960,15 @@ class Store:
                         for key, _ in caps:
                             taken[key] = taken.get(key, 0) + 1
                     rec = self._group_record(grp)   # loads its samples
+                    samples, joints = _returned_only(rec, got[0])
+                    keep = [k for k, r in enumerate(got[0]) if r is not None]
                     out.append(ReadyGroup(grp.id, grp.task, grp.example_id, grp.example, grp.turn,
-                                          list(grp.prompts), rec.samples, [j.joint for j in rec.joints],
-                                          got[0], [j.auto_levels or {} for j in rec.joints], got[1],
-                                          [j.id for j in rec.joints], grp.max_reward, grp.created_at,
+                                          list(grp.prompts), samples, joints,
+                                          [got[0][k] for k in keep], [rec.joints[k].auto_levels or {} for k in keep],
+                                          [got[1][k] for k in keep], [rec.joints[k].id for k in keep],
+                                          grp.max_reward, grp.created_at,
                                           None if rule.mode == "auto" else _writes(grp), rater,
-                                          network, signed_in))
+                                          network, signed_in, rec.versions_at))
                     if len(out) >= limit:
                         break
         return out
@@ -945,23 +994,44 @@ class Store:
 
     def record_train_step(self, step: int, metrics: dict, group_ids: Sequence[int],
                           stale_group_ids: Sequence[int] = (),
-                          ratings_seen: Mapping[int, int | None] | None = None) -> list[int]:
-        """One trainer step in one transaction: its metrics, the groups that went into its gradient
-        (`group_ids`) marked trained, and the groups the trainer dropped as too late
-        (`stale_group_ids`) marked expired, so they are not retried forever (their ratings stay).
+                          ratings_seen: Mapping[int, int | None] | None = None, *,
+                          versions: Sequence[Mapping[str, Any]] = (), stale_reason: str = "",
+                          lease: tuple[str, str] | None = None) -> list[int]:
+        """One trainer step in one transaction: the adapter `versions` it wrote (dicts of
+        `record_adapter_version`'s arguments: agent, version, path, base_model), its metrics, the
+        groups that went into its gradient (`group_ids`) marked trained, and the groups the
+        trainer dropped as too late (`stale_group_ids`) marked expired with `stale_reason`, so they
+        are not retried forever (their ratings stay). All or nothing: a store error leaves no
+        version row without its step (the trainer reconciles the folder at its next start).
+
+        `lease` (app_state key, owner): the step is recorded only while `owner` holds that lease
+        (the trainer service's one-trainer-per-store lease), checked inside this transaction;
+        else LeaseLost and nothing is written: a trainer that lost its lease (it hung, another
+        took over) cannot publish beside the one that holds it.
 
         `ratings_seen` (group id -> `ReadyGroup.ratings_seen` of the read the step trained on): a
         group that has more ratings now was re-rated while the step ran, so its gradient used an
         old return; it stays ready (trained again, on the new return, by a later step) and the
         step's metrics get "groups_rerated". The count is of rating writes (rows plus their
         revisions: a re-rating replaces a row and bumps its revision, which the triggers only let
-        grow), so a count that is the same means the same ratings (a last-rating id would miss a
-        PostgreSQL transaction that took a lower id and committed after the read). Returns the
-        ids kept ready."""
+        grow), taken after the groups' rows are locked (FOR UPDATE: a rating being written waits
+        for this transaction, and one written before it is counted). Returns the ids kept ready."""
         used = [int(g) for g in group_ids]
+        stale = [int(g) for g in stale_group_ids]
         with self._write() as s:
+            if lease is not None:
+                row = s.get(AppStateRow, lease[0], with_for_update=True)
+                holder = (row.value or {}).get("owner") if row is not None else None
+                if holder != lease[1]:
+                    raise LeaseLost(f"this trainer ({lease[1]}) no longer holds the store's trainer lease "
+                                    f"(held by {holder}): step {step} not recorded")
             if s.scalar(select(TrainStepRow.id).where(TrainStepRow.step == int(step))):
                 raise StoreError(f"train step {step} is already recorded: steps are numbered once")
+            if used or stale:   # lock in id order (no deadlock with expire_groups / set_aside)
+                s.execute(select(GroupRow.id).where(GroupRow.id.in_(used + stale)).order_by(GroupRow.id)
+                          .with_for_update())
+            for v in versions:
+                self._add_version(s, **{"metrics": metrics, **v}, step=step)
             seen = {int(g): n for g, n in (ratings_seen or {}).items() if n is not None and int(g) in used}
             rerated = []
             if seen:
@@ -974,23 +1044,10 @@ class Store:
                 metrics = {**metrics, "groups_rerated": len(rerated)}
             s.add(TrainStepRow(step=int(step), metrics=jsonable(metrics), created_at=utcnow(), group_ids=used))
             self._mark(s, [g for g in used if g not in rerated], step)
-            if stale_group_ids:
-                s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in stale_group_ids]),
-                                                    GroupRow.status.in_(("open", "ready")))
-                          .values(status="expired"))
+            if stale:
+                s.execute(sa.update(GroupRow).where(GroupRow.id.in_(stale), GroupRow.status.in_(("open", "ready")))
+                          .values(status="expired", status_reason=stale_reason or "too late for the trainer"))
             return rerated
-
-    def set_aside(self, group_ids: Sequence[int]) -> int:
-        """Mark untrained groups "untrainable" (the trainer service does it to a group whose
-        update raised on the group alone, so it cannot stop every later step). Ratings stay;
-        returns how many changed."""
-        if not group_ids:
-            return 0
-        with self._write() as s:
-            res = s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in group_ids]),
-                                                      GroupRow.status.in_(("open", "ready")))
-                            .values(status="untrainable"))
-            return res.rowcount
 
     def train_steps(self, last: int | None = None) -> list[dict]:
         """Recorded steps, oldest first (the `last` n when given): {step, metrics, created_at, group_ids}."""
@@ -1004,24 +1061,81 @@ class Store:
 
     def expire_groups(self, rule: ReturnRule, now: datetime | None = None) -> list[int]:
         """Mark `expired` the untrained groups older than `rule.human_timeout_s` that are still not
-        ready under `rule` (e.g. human-only groups nobody rated). Their ratings stay; a late
-        rating is still stored but does not revive the group. Returns the expired ids.
+        ready under `rule` (e.g. human-only groups nobody rated), with the reason. Their ratings
+        stay; a late rating is still stored but does not revive the group. Returns the expired ids.
         Also marks "untrainable" the open/ready groups of fewer than MIN_GENERATIONS answers that a
-        store written before such groups were refused may still hold (not in the returned ids)."""
+        store written before such groups were refused may still hold (not in the returned ids).
+
+        The scan of old groups is a read; only the groups it finds are locked (FOR UPDATE on
+        PostgreSQL, so a rating landing at the same time either comes first and counts, or comes
+        after and is stored late) and checked again in the write."""
         now = now or utcnow()
         with self._write() as s:
             s.execute(sa.update(GroupRow).where(GroupRow.status.in_(("open", "ready")),
                                                 GroupRow.num_generations < MIN_GENERATIONS)
-                      .values(status="untrainable"))
-            if math.isinf(rule.human_timeout_s):
-                return []
-            cutoff = now - timedelta(seconds=rule.human_timeout_s)
-            q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.created_at <= cutoff)
-                 .options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
-            expired = [g for g in s.scalars(q) if group_state(rule, *self._inputs(g, now)) == "expired"]
-            for g in expired:
-                g.status = "expired"
-            return [g.id for g in expired]
+                      .values(status="untrainable", status_reason=f"fewer than {MIN_GENERATIONS} answers per agent"))
+        if math.isinf(rule.human_timeout_s):
+            return []
+        cutoff = now - timedelta(seconds=rule.human_timeout_s)
+        q = (select(GroupRow).where(GroupRow.status.in_(("open", "ready")), GroupRow.created_at <= cutoff)
+             .order_by(GroupRow.id).options(selectinload(GroupRow.joints).selectinload(JointRow.ratings)))
+        with self._read() as s:
+            found = [g.id for g in s.scalars(q) if group_state(rule, *self._inputs(g, now)) == "expired"]
+        if not found:
+            return []
+        with self._write() as s:
+            rows = list(s.scalars(q.where(GroupRow.id.in_(found)).with_for_update(of=GroupRow)))
+            expired = []
+            for g in rows:
+                inputs = self._inputs(g, now)
+                if group_state(rule, *inputs) == "expired":
+                    missing = sum(1 for a, r in zip(inputs[0], inputs[1]) if joint_return(rule, a, human_score(
+                        r, g.max_reward), True) is None)
+                    g.status = "expired"
+                    g.status_reason = (f"no return for {missing} of {len(g.joints)} candidates "
+                                       f"{rule.human_timeout_s:.0f} s after it was generated (return mode "
+                                       f"{rule.mode}: not rated, and no automatic reward to fall back on)")
+                    expired.append(g.id)
+            return expired
+
+    def set_aside(self, group_ids: Sequence[int], reason: str = "") -> int:
+        """Mark untrained groups "untrainable" with the reason (the trainer service does it to a
+        group that its trainer cannot use, so it cannot stop every later step). Ratings stay; an
+        admin can `put_back` a group. Returns how many changed."""
+        if not group_ids:
+            return 0
+        with self._write() as s:
+            res = s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in group_ids]),
+                                                      GroupRow.status.in_(("open", "ready")))
+                            .values(status="untrainable", status_reason=str(reason)[:2000] or None))
+            return res.rowcount
+
+    def closed_groups(self, limit: int = 50) -> list[dict]:
+        """The newest `limit` groups that were set aside or expired, for admins (Training tab,
+        `collab doctor`): {"id", "task", "status", "reason", "created_at", "ratings"}."""
+        with self._read() as s:
+            q = (select(GroupRow.id, GroupRow.task, GroupRow.status, GroupRow.status_reason, GroupRow.created_at,
+                        select(func.count(RatingRow.id)).join(JointRow, RatingRow.joint_sample_id == JointRow.id)
+                        .where(JointRow.group_id == GroupRow.id).scalar_subquery())
+                 .where(GroupRow.status.in_(("untrainable", "expired"))).order_by(GroupRow.id.desc()).limit(limit))
+            return [dict(id=i, task=t, status=st, reason=r, created_at=c, ratings=int(n or 0))
+                    for i, t, st, r, c, n in s.execute(q)]
+
+    def put_back(self, group_ids: Sequence[int]) -> int:
+        """Put set-aside or expired groups back: status "open", reason cleared, and their arrival
+        versions reset to the newest (an admin's call to train them as if they arrived now; the
+        importance ratio still weighs their old samples). Groups of fewer than MIN_GENERATIONS
+        answers stay untrainable; a group still without returns expires again. Returns how many."""
+        if not group_ids:
+            return 0
+        with self._write() as s:
+            newest = {str(a): int(v) for a, v in s.execute(
+                select(AdapterVersionRow.agent, func.max(AdapterVersionRow.version)).group_by(AdapterVersionRow.agent))}
+            res = s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in group_ids]),
+                                                      GroupRow.status.in_(("untrainable", "expired")),
+                                                      GroupRow.num_generations >= MIN_GENERATIONS)
+                            .values(status="open", status_reason=None, versions_at=newest))
+            return res.rowcount
 
     # -- adapter versions ------------------------------------------------------------------
 
@@ -1029,15 +1143,21 @@ class Store:
                                metrics: dict | None = None, base_model: str | None = None) -> None:
         """Add a version row. Call only after the adapter directory was renamed into place
         (docs/ARCHITECTURE.md "Contracts"): a row always names a complete adapter. `base_model`:
-        the base it is on (its collab.json's "base_model"; each agent's own in a heterogeneous team)."""
+        the base it is on (its collab.json's "base_model"; each agent's own in a heterogeneous team).
+        A step's versions go in with the step instead (`record_train_step(versions=...)`)."""
+        with self._write() as s:
+            self._add_version(s, agent, version, path, step, metrics, base_model)
+
+    @staticmethod
+    def _add_version(s: Session, agent: str, version: int, path: str, step: int | None = None,
+                     metrics: dict | None = None, base_model: str | None = None) -> None:
         if not agent or not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise StoreError("record_adapter_version needs an agent name and an integer version >= 0")
-        with self._write() as s:
-            if s.scalar(select(AdapterVersionRow.id).where(AdapterVersionRow.agent == agent,
-                                                           AdapterVersionRow.version == version)):
-                raise StoreError(f"agent {agent!r} already has version {version}: versions are never reused")
-            s.add(AdapterVersionRow(agent=agent, version=version, path=str(path), step=step, created_at=utcnow(),
-                                    metrics=jsonable(metrics or {}), pinned=False, base_model=base_model))
+        if s.scalar(select(AdapterVersionRow.id).where(AdapterVersionRow.agent == agent,
+                                                       AdapterVersionRow.version == version)):
+            raise StoreError(f"agent {agent!r} already has version {version}: versions are never reused")
+        s.add(AdapterVersionRow(agent=agent, version=version, path=str(path), step=step, created_at=utcnow(),
+                                metrics=jsonable(metrics or {}), pinned=False, base_model=base_model))
 
     def adapter_versions(self, agent: str) -> list[AdapterVersionRecord]:
         with self._read() as s:
@@ -1075,6 +1195,19 @@ class Store:
     def set_state(self, key: str, value: dict) -> None:
         with self._write() as s:
             s.merge(AppStateRow(key=key, value=jsonable(value), updated_at=utcnow()))
+
+    def swap_state(self, key: str, change: Callable[[dict | None], dict | None]) -> dict | None:
+        """Read-modify-write of one app_state key in one write transaction (its row locked on
+        PostgreSQL): `change(current value or None)` returns the new value, or None to leave it.
+        Returns what the key holds afterwards. For leases and counters two processes share."""
+        with self._write() as s:
+            row = s.get(AppStateRow, key, with_for_update=True)
+            old = None if row is None else dict(row.value)
+            new = change(old)
+            if new is None:
+                return old
+            s.merge(AppStateRow(key=key, value=jsonable(new), updated_at=utcnow()))
+            return new
 
     def get_state(self, key: str, default: dict | None = None) -> dict | None:
         with self._read() as s:

@@ -82,7 +82,10 @@ def test_group_returns_needs_every_joint_sample():
     partial = [[("a", 5)], [("a", 1)], []]
     assert group_returns(r, autos, partial, MAX, age_s=5) is None
     assert group_state(r, autos, partial, MAX, age_s=5) == "waiting"
-    assert group_state(r, autos, partial, MAX, age_s=100) == "expired"
+    # after the timeout a group trains on the joint samples that have a return, when >= 2 do
+    assert group_state(r, autos, partial, MAX, age_s=100) == "ready"
+    assert group_returns(r, autos, partial, MAX, age_s=100) == ([4.0, 0.0, None], ["human", "human", "none"])
+    assert group_state(r, autos, [[("a", 5)], [], []], MAX, age_s=100) == "expired"
     full = [[("a", 5)], [("a", 1), ("b", 2)], [("b", 3)]]
     rets, srcs = group_returns(r, autos, full, MAX, age_s=5)
     assert rets == pytest.approx([4.0, scale_rating(1.5, MAX), 2.0]) and srcs == ["human"] * 3
