@@ -76,12 +76,28 @@ class AdapterWatcher:
         # (agent, version) that failed to load -> [failures, wait, `clock` time of the next try]
         self._failed: dict[tuple[str, int | None], list] = {}
         self._unseen: set[tuple[str, int | None]] = set()   # not visible here yet: warned once, retried
+        self._store_failures = 0          # store reads failed in a row (warned once per streak)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll_once(self) -> list[Swap]:
-        """Load every agent's current version if the engine serves another one. Returns the swaps."""
-        current = self.store.current_adapter_versions()   # agent -> (version, path), pinned first
+        """Load every agent's current version if the engine serves another one. Returns the swaps.
+        A failed store read (locked, unreachable) swaps nothing: the versions loaded keep serving,
+        and the next poll reads again (the batcher polls before every batch: one failed read must
+        not fail the rounds waiting in it). Logged once per run of failures, and when it reads again."""
+        try:
+            current = self.store.current_adapter_versions()   # agent -> (version, path), pinned first
+        except Exception as e:  # noqa: BLE001 - serving goes on with what is loaded
+            self._store_failures += 1
+            if self._store_failures == 1:
+                log.warning("hot-swap: cannot read the adapter versions from the store (%s: %s); serving the "
+                            "versions loaded and reading again at each poll", type(e).__name__, str(e)[:300])
+            else:
+                log.debug("hot-swap: store read failed again (%s)", type(e).__name__)
+            return []
+        if self._store_failures:
+            log.info("hot-swap: the store answers again after %d failed read(s)", self._store_failures)
+            self._store_failures = 0
         done = []
         for agent in self.agents:
             if agent not in current:

@@ -214,6 +214,9 @@ class AppContext:
     Gradio 6.31 ~20-30 ms of Python per page (every output the update leaves alone, gr.skip(), is
     rebuilt as a component: ui._Panel has ~35), under the GIL the in-process engine's decode loop
     needs: at 0.1 s a round in the page took 2-3x the API's (docs/results "A round in the real page")."""
+    trainer_child: Any = field(default=None, repr=False)
+    """the trainer child `collab serve` supervises (serve.ChildTrainer: its `describe()` says why it
+    is not training, for the Training tab), or None (an external trainer, none, tests)."""
     engine_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _watcher: Any = field(default=None, repr=False)
@@ -339,10 +342,19 @@ class AppContext:
         each after loading the agents' current adapter versions."""
         with self.team_settings_lock:
             if self._batcher is None:
-                self._batcher = GenerationBatcher(self.engine, self.engine_lock,
-                                                  lambda: self.adapter_watcher().poll_once(),
+                self._batcher = GenerationBatcher(self.engine, self.engine_lock, self._poll_before_batch,
                                                   max_examples=max(self.generate_concurrency, 1))
             return self._batcher
+
+    def _poll_before_batch(self) -> None:
+        """Load the agents' current adapters before a batch; if that fails, serve the versions
+        loaded and say so in the log: the poll is an update, and its failure (a store read that
+        failed, a bug) must not fail every round waiting in the batch. The watcher already rides
+        out a failed store read on its own (hotswap.AdapterWatcher.poll_once)."""
+        try:
+            self.adapter_watcher().poll_once()
+        except Exception:  # noqa: BLE001
+            log.exception("hot-swap poll before a batch failed; the batch runs on the adapter versions loaded")
 
     @property
     def storage_warning(self) -> str | None:

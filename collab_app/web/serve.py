@@ -8,7 +8,10 @@ What runs where:
   and the hot-swap watcher (collab_app/online/hotswap.py) that loads each new adapter version the
   trainer publishes, between requests;
 - `--trainer child` (default): `collab trainer` as a child process on the same store and
-  adapters dir. It is restarted (with back-off) if it dies, stopped with SIGTERM (it finishes its
+  adapters dir. It is restarted whenever it dies, with a back-off that grows with crashes in a
+  row (at most 10 min) and starts afresh after a healthy run, never given up for good; the
+  Training tab says why it is not training (`ChildTrainer.describe`: crashes, the restart's wait,
+  the last error line of its stderr). It is stopped with SIGTERM (it finishes its
   current step) when this process exits, and stops by itself if this process is killed
   (`--parent-pid`). `external`: run `collab trainer --db URL` yourself (another machine with a
   GPU, PostgreSQL store, shared adapters dir); `off`: collect data only.
@@ -54,8 +57,10 @@ console script `collab` and `python -m collab_app.web.serve` both call `cli_main
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -63,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -255,66 +261,191 @@ def check_login(cfg: ServeConfig, environ=None) -> None:
 
 
 class ChildTrainer:
-    """`collab trainer` as a child process, restarted if it dies, stopped on exit."""
+    """`collab trainer` as a child process, restarted whenever it dies, stopped on exit.
 
-    def __init__(self, argv: list[str], max_restarts: int = 5, cores: tuple[int, ...] | None = None,
-                 env: dict[str, str] | None = None, load_on: tuple[int, ...] | None = None):
+    Restarts never end for good: after the k-th exit in a row the next start waits
+    base_delay_s * 2^(k-1), at most `max_delay_s` (10 min), and a run that lasted `healthy_s`
+    starts the count afresh. A crash loop from a fault that is later mended (a full disk, a store
+    that was down, a file fixed by hand) then resumes training by itself, and a crash after days
+    of healthy running waits seconds, not the back-off of a loop long gone; a loop that lasts
+    costs one start per 10 minutes. The child's stderr passes through to this process's and its
+    last lines are kept, so `describe()` tells the Training tab why nothing trains ("trainer
+    crashed 6 times in a row (exit code 1), restarting in 64 s; last error: ...") where its
+    missing heartbeat alone says only "not running"."""
+
+    TAIL_LINES = 40
+
+    def __init__(self, argv: list[str], cores: tuple[int, ...] | None = None,
+                 env: dict[str, str] | None = None, load_on: tuple[int, ...] | None = None,
+                 base_delay_s: float = 2.0, max_delay_s: float = 600.0, healthy_s: float = 300.0,
+                 clock=None):
         """`cores`: run it on these cores only (collab_app/online/cpushare.py); None = any.
         `load_on`: with `cores`, start it on these (a superset) until it has loaded torch, so its
         OpenMP runs at full speed when it widens onto them (cpushare.pinned_command).
         `env`: added to this process's environment as it is at each start (trainer_env: the store
-        URL goes there, never into `argv`, which every user of the machine can read)."""
+        URL goes there, never into `argv`, which every user of the machine can read).
+        `base_delay_s`, `max_delay_s`, `healthy_s`: the restart back-off (class doc); `clock`:
+        seconds, time.monotonic by default."""
+        if not 0 < base_delay_s <= max_delay_s or healthy_s <= 0:
+            raise ValueError(f"need 0 < base_delay_s <= max_delay_s and healthy_s > 0, got {base_delay_s}, "
+                             f"{max_delay_s}, {healthy_s}")
         self.env = dict(env or {})
         self.cmd = [sys.executable, "-m", "collab_app.cli", "trainer", *argv, "--parent-pid", str(os.getpid())]
         if cores:
             from collab_app.online.cpushare import pinned_command
 
             self.cmd = pinned_command(cores, self.cmd, load_on)
-        self.max_restarts = max_restarts
+        self.base_delay_s, self.max_delay_s, self.healthy_s = base_delay_s, max_delay_s, healthy_s
+        self.clock = clock or time.monotonic
         self.proc: subprocess.Popen | None = None
-        self.restarts = 0
+        self.restarts = 0              # starts after the first, in this app's life
+        self.crashes = 0               # exits in a row without a healthy run between them
+        self.last_exit: int | None = None
+        self.last_error: str | None = None   # the telling line of the last run's stderr
+        self.started_at: float | None = None
+        self.next_start_at: float | None = None   # `clock` time of the restart waited for; None = not waiting
+        self._tail: collections.deque = collections.deque(maxlen=self.TAIL_LINES)
+        self._pump: threading.Thread | None = None
+        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._supervise, name="collab-trainer-child", daemon=True)
 
     def start(self) -> "ChildTrainer":
         log.info("starting trainer service: %s", " ".join(self.cmd))
-        self.proc = self._popen()
+        self._spawn()
         self._watch.start()
         return self
 
-    def _supervise(self) -> None:
-        while not self._stopping.is_set():
-            rc = self.proc.wait()
+    def _spawn(self) -> None:
+        """Start a run (unless stopping); a start that fails counts as a crash of that run."""
+        with self._lock:
             if self._stopping.is_set():
                 return
-            if self.restarts >= self.max_restarts:
-                log.error("trainer service exited (code %s) %d times; not restarting: see its log above",
-                          rc, self.restarts + 1)
+            self._tail, self._pump = collections.deque(maxlen=self.TAIL_LINES), None
+            self.started_at, self.next_start_at = self.clock(), None
+            try:
+                self.proc = self._popen()
+            except OSError as e:
+                self.proc = None
+                self._tail.append(f"could not start `{' '.join(self.cmd[:4])} ...`: {e}")
+                log.error("trainer service could not start: %s", e)
                 return
-            self.restarts += 1
-            delay = min(2 ** self.restarts, 60)
-            log.warning("trainer service exited (code %s); restart %d in %ds (it resumes from the store "
-                        "and the latest complete adapters)", rc, self.restarts, delay)
+            stream = getattr(self.proc, "stderr", None)
+            if stream is not None:
+                self._pump = threading.Thread(target=self._pass_through, args=(stream, self._tail),
+                                              name="collab-trainer-stderr", daemon=True)
+                self._pump.start()
+
+    @staticmethod
+    def _pass_through(stream, tail: collections.deque) -> None:
+        """Copy the child's stderr to ours line by line, keeping the last lines in `tail`."""
+        out = getattr(sys.stderr, "buffer", None)
+        for line in iter(stream.readline, b""):
+            tail.append(line.decode("utf-8", "replace").rstrip())
+            try:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+                else:
+                    sys.stderr.write(line.decode("utf-8", "replace"))
+            except (OSError, ValueError):
+                pass   # our stderr is gone: keep reading, or the child would block on a full pipe
+        stream.close()
+
+    def _supervise(self) -> None:
+        while not self._stopping.is_set():
+            proc = self.proc
+            rc = proc.wait() if proc is not None else None
+            if self._stopping.is_set():
+                return
+            if self._pump is not None:
+                self._pump.join(2.0)   # its last lines, unless a grandchild holds the pipe open
+            with self._lock:
+                ran = self._ran()
+                if ran >= self.healthy_s:
+                    self.crashes = 0
+                self.crashes += 1
+                self.last_exit, self.last_error = rc, telling_line(self._tail)
+                delay = min(self.base_delay_s * 2 ** (self.crashes - 1), self.max_delay_s)
+                self.next_start_at = self.clock() + delay
+            log.warning("trainer service exited (%s) after %.0f s, %d time%s in a row; restart in %.0f s (it resumes "
+                        "from the store and the latest complete adapters)%s", exit_text(rc), ran, self.crashes,
+                        "" if self.crashes == 1 else "s", delay,
+                        f"; last error: {self.last_error}" if self.last_error else "")
             if self._stopping.wait(delay):
                 return
-            self.proc = self._popen()
+            self.restarts += 1
+            self._spawn()
+
+    def _ran(self) -> float:
+        """Seconds since the current (or last) run started."""
+        return 0.0 if self.started_at is None else self.clock() - self.started_at
+
+    def describe(self) -> str:
+        """Why the trainer is not training, for the page: "" while it runs healthily (or was stopped)."""
+        with self._lock:
+            if self._stopping.is_set() or not self.crashes:
+                return ""
+            times = f"{self.crashes} time{'' if self.crashes == 1 else 's'} in a row"
+            error = f"; last error: {self.last_error}" if self.last_error else ""
+            if self.next_start_at is not None:
+                wait = max(0.0, self.next_start_at - self.clock())
+                return f"trainer crashed {times} ({exit_text(self.last_exit)}), restarting in {wait:.0f} s{error}"
+            ran = self._ran()
+            if ran >= self.healthy_s:
+                return ""
+            return (f"trainer restarted {ran:.0f} s ago after it crashed {times} ({exit_text(self.last_exit)}"
+                    f"{error})")
+
+    def running(self) -> bool:
+        """Whether a run is under way now (started and not exited)."""
+        proc = self.proc
+        return proc is not None and proc.poll() is None and self.next_start_at is None
 
     def _popen(self) -> subprocess.Popen:
-        return subprocess.Popen(self.cmd, env={**os.environ, **self.env})
+        return subprocess.Popen(self.cmd, env={**os.environ, **self.env}, stderr=subprocess.PIPE)
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (the service abandons a step under way at its next layer, nothing of it saved;
         under torchrun it finishes the step), then SIGKILL after `timeout`."""
-        self._stopping.set()
-        if self.proc is None or self.proc.poll() is not None:
+        with self._lock:
+            self._stopping.set()
+            proc = self.proc
+        if proc is None or proc.poll() is not None:
             return
-        self.proc.terminate()
+        proc.terminate()
         try:
-            self.proc.wait(timeout)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             log.warning("trainer service did not stop in %.0fs: killing it", timeout)
-            self.proc.kill()
-            self.proc.wait()
+            proc.kill()
+            proc.wait()
+
+
+_ERROR_LINE = re.compile(r"^([\w.]+(Error|Exception|Exit|Interrupt)\b|.*\b(ERROR|CRITICAL|Traceback)\b)")
+
+
+def telling_line(lines, limit: int = 300) -> str | None:
+    """The line of a run's last stderr lines that says why it ended: the last exception line
+    ("RuntimeError: ...", a traceback's end) or ERROR log line, else the last line; None for none."""
+    lines = [x.strip() for x in lines if x and x.strip()]
+    if not lines:
+        return None
+    hits = [x for x in lines if _ERROR_LINE.match(x) and not x.startswith("Traceback")]
+    line = (hits or lines)[-1]
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def exit_text(rc: int | None) -> str:
+    """"exit code 1", "killed by SIGKILL", or "did not start" (rc None)."""
+    if rc is None:
+        return "did not start"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
 
 
 def trainer_argv(cfg: ServeConfig, adapters_dir: str, model_path: str,
@@ -488,6 +619,7 @@ def serve(cfg: ServeConfig) -> None:
                                     "page_update_s": cfg.page_update_s,
                                     "session_secret": signing_key},
                             admin_token=admin_token, agent_models=agent_models, **engine_kwargs(cfg))
+        ctx.trainer_child = child   # the Training tab says why it is not training (ChildTrainer.describe)
         if lease_path:
             from collab_app.online.cpushare import lend_trainer_cores
 

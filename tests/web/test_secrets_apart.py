@@ -187,7 +187,7 @@ def test_child_trainer_passes_its_env_to_the_process(monkeypatch):
     got = {}
 
     class P:
-        def __init__(self, cmd, env=None):
+        def __init__(self, cmd, env=None, **kw):   # kw: stderr=PIPE (its last lines say why it crashed)
             got["cmd"], got["env"] = cmd, env
 
         def wait(self):
