@@ -35,7 +35,9 @@ class UserError(ValueError):
     the exception chain: "invalid_value" (the default: fix the input), "not_found",
     "not_entitled" (another session's group), "rate_limit_exceeded" (with `retry_after` seconds,
     None when the request can never fit), "rounds_in_flight", "server_busy", "no_session",
-    "admin" (admin actions off, token missing, wrong or locked out)."""
+    "admin" (admin actions off, token missing, wrong or locked out), "not_served" (a task this
+    app does not serve), "store_busy" (the store was locked or did not answer: nothing stored,
+    try again after `retry_after`)."""
 
     def __init__(self, message: str, code: str = "invalid_value", retry_after: float | None = None):
         super().__init__(message)
@@ -314,7 +316,8 @@ class Limits:
     raises `UserError` (code "server_busy", "rounds_in_flight" or "rate_limit_exceeded", with
     `retry_after`) having taken nothing; `end_round(caller)` gives the places back. Ratings:
     `take_ratings(caller, n)` counts n against the network, the identity and the global budget
-    (every caller of every door), all or nothing; the global budget is shared fairly
+    (every caller of every door), all or nothing, and `give_back_ratings` undoes it when the store
+    did not take them; the global budget is shared fairly
     (`FairBudget`: a network takes at most global / (active networks + 1) of it, so networks at
     their own limit cannot use it all up and a newcomer finds room). Identities are `Caller.key` (a server-issued session, a login, an API
     key id), never a value the client picks. Thread-safe; in memory (a restart forgets counts)."""
@@ -396,6 +399,14 @@ class Limits:
 
     def take_ratings(self, caller: Caller, n: int) -> None:
         self._take(caller, "ratings", n, self._net_ratings, self._ratings[caller.door], self._all_ratings)
+
+    def give_back_ratings(self, caller: Caller, n: int) -> None:
+        """Undo `take_ratings(caller, n)`: the ratings were counted but never stored (the store
+        was busy or failed), so the caller's budget is as it was before the attempt."""
+        if caller.network:
+            self._net_ratings.give_back(f"net:{caller.network}", n)
+        self._ratings[caller.door].give_back(caller.key, n)
+        self._all_ratings.give_back(f"net:{caller.network}" if caller.network else caller.key, n)
 
     def _take(self, caller: Caller, what: str, n: int, net: RateLimiter, own: RateLimiter,
               everyone: RateLimiter | None) -> None:

@@ -10,8 +10,10 @@ limits) happens here, once, and a refusal is a `UserError` whose `code` the door
   the last event. Every round counts against `ctx.limits` (access.Limits) for its caller.
 - `store_feedback(ctx, caller, form, target, answer, comment, token)`: one feedback form (stars,
   a reward in [0, 1], a ranking, a pick of the best) checked, limited and stored in one
-  all-or-nothing write; returns a `Feedback` with the rating ids. Forms map onto the 1..5 scale
-  as online/returns.py says.
+  all-or-nothing write; returns a `Feedback` with the rating ids and whether they can still
+  train the team (a rating of a group already trained, expired or set aside is kept as a late
+  row and trains nothing: the Feedback says so, and why). Forms map onto the 1..5 scale as
+  online/returns.py says.
 - Episodes: `new_episode`, `start_coding` (a HumanEval problem or the person's own problem and
   tests), `start_writing`, `another_round` (multi-turn): plain dicts, kept per user by a door.
 
@@ -114,9 +116,26 @@ def new_episode() -> dict:
 
 
 def task_choices(ctx) -> dict[str, list[str]]:
-    """The app's tasks by kind (each task says its own); a person's own coding problem is CustomCodingTask."""
-    return {"coding": [n for n, t in ctx.tasks.items() if t.kind == "coding"] + [CustomCodingTask.name],
+    """The app's tasks by kind (each task says its own); a person's own coding problem
+    (CustomCodingTask) only where a team works on it (`own_problem_served`)."""
+    own = [CustomCodingTask.name] if own_problem_served(ctx) else []
+    return {"coding": [n for n, t in ctx.tasks.items() if t.kind == "coding"] + own,
             "writing": [n for n, t in ctx.tasks.items() if t.kind == "writing"]}
+
+
+def own_problem_served(ctx) -> bool:
+    """Whether this app has a team for a person's own coding problem: the coding team it belongs
+    to is served (`collab serve --tasks tldr` serves none, so the page must not offer it)."""
+    try:
+        ctx.team_for(CustomCodingTask.name)
+    except KeyError:
+        return False
+    return True
+
+
+def _not_served(ctx, what: str) -> UserError:
+    return UserError(f"{what} is not served by this app (it serves {', '.join(sorted(ctx.tasks)) or 'no task'}); "
+                     "pick one of those, or restart it with that task in --tasks", "not_served")
 
 
 def find_example(ctx, task_name, split, example_id):
@@ -146,9 +165,13 @@ def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tes
     """A new coding episode: a HumanEval problem, or the person's own problem + tests."""
     ep = new_episode()
     if source == SOURCES[0]:
+        if "humaneval" not in ctx.tasks:
+            raise _not_served(ctx, "HumanEval")
         ep["task"] = "humaneval"
         ep["example"] = find_example(ctx, "humaneval", split, example_id)
         return ep
+    if not own_problem_served(ctx):
+        raise _not_served(ctx, "a coding problem of your own (it needs a coding team)")
     _check_own_problem_allowed(ctx)
     prompt = clean_text(prompt, "problem", ctx.max_prompt_chars)
     tests = clean_text(tests, "tests", ctx.max_prompt_chars)
@@ -452,6 +475,13 @@ class Feedback:
     """the group, for the forms that name one (rank, pick_best)."""
     note: str = ""
     """what the rating will do when that is less than a person expects (anonymous on a Space with sign-in)."""
+    trains: bool = True
+    """whether the rating can still train the team; False: it is kept (the export has it) but no
+    step will use it, and `why_not` says why."""
+    late: bool = False
+    """stored as a late row: its group was already trained, expired or set aside when it arrived."""
+    why_not: str = ""
+    """why the rating will not train the team ("" when it will)."""
 
 
 def parse_rating(value: Any) -> int:
@@ -529,9 +559,12 @@ def store_feedback(ctx, caller: Caller, form: str, target: Any, answer: Any, com
     Order of checks: the comment and the answer's form, then entitlement (only the session that
     generated the group, or the admin `token`), then `ctx.limits` (a ranking of G counts G),
     then the store, which checks entitlement again in its transaction. A refusal stores and
-    counts nothing; re-rating replaces the rater's own row (the store's rule)."""
+    counts nothing (a busy store too: code "store_busy", the budget given back); re-rating
+    replaces the rater's own row (the store's rule). What was stored is then read back: the
+    Feedback says whether it can still train the team (`rating_fate`), so no door says "saved"
+    alone of a rating that no step will use."""
     from collab_app.online.returns import FeedbackError, pick_best_ratings, ranking_ratings
-    from collab_app.online.store import NotEntitled, NotFound, StoreError
+    from collab_app.online.store import NotFound
 
     if form not in FORMS:
         raise UserError(f"unknown feedback form {form!r:.40}: one of {', '.join(FORMS)}")
@@ -588,18 +621,88 @@ def store_feedback(ctx, caller: Caller, form: str, target: Any, answer: Any, com
     try:
         rating_ids = ctx.store.add_ratings(list(zip(ids, values)), rater, comment, kind=kind, details=details,
                                            session_id=session, network=caller.network, signed_in=signed_in)
-    except NotEntitled as e:
-        raise UserError(f"rating not saved: {e}", "not_entitled") from None
-    except NotFound as e:
-        raise UserError(f"rating not saved: {e}", "not_found") from None
-    except (StoreError, ValueError, LookupError) as e:
-        raise UserError(f"rating not saved: {e}") from None
+    except Exception as e:   # nothing stored: the caller's budget is as it was
+        ctx.limits.give_back_ratings(caller, len(ids))
+        refusal = _rating_not_saved(e)
+        if refusal is None:
+            raise
+        raise refusal from None
     note = ""
     if not signed_in and getattr(ctx, "anonymous_share", 1.0) < 1.0:
         note = (f"you are not signed in: your rating is kept and shown, but ratings of everyone who did not sign in "
                 f"together decide at most {ctx.anonymous_share:.0%} of each training step; sign in with Hugging "
                 "Face to count in full")
-    return Feedback(form, rater, list(rating_ids), ids, values, group_id, note)
+    late, why_not = rating_fate(ctx, [group_id] if group_id is not None else None, ids, rating_ids)
+    return Feedback(form, rater, list(rating_ids), ids, values, group_id, note, not why_not, late, why_not)
+
+
+STORE_BUSY = ("the store is busy (another process holds it, or it did not answer in time); nothing was saved and "
+              "your rating budget is as it was: submit again in a few seconds")
+
+
+def _rating_not_saved(e: Exception) -> UserError | None:
+    """The UserError for a failed rating write, or None for a fault the door reports as its own
+    (a bug: a 500 with the log's traceback). A locked or unreachable store is the server's busy
+    moment, not the person's mistake: code "store_busy", try again."""
+    import sqlalchemy.exc
+
+    from collab_app.online.store import NotEntitled, NotFound, StoreError
+
+    if isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError)):
+        log.warning("a rating was not saved: the store is busy (%s: %s)", type(e).__name__, str(e)[:300])
+        return UserError(STORE_BUSY, "store_busy", 5)
+    if isinstance(e, NotEntitled):
+        return UserError(f"rating not saved: {e}", "not_entitled")
+    if isinstance(e, NotFound):
+        return UserError(f"rating not saved: {e}", "not_found")
+    if isinstance(e, (StoreError, ValueError, LookupError)):
+        return UserError(f"rating not saved: {e}")
+    return None
+
+
+def _groups_of(ctx, joint_ids: list[int]) -> list[int]:
+    """The groups these joint samples belong to (one indexed read)."""
+    from sqlalchemy import select
+
+    from collab_app.online.store import JointRow
+
+    with ctx.store._read() as s:
+        return sorted(set(s.scalars(select(JointRow.group_id).where(JointRow.id.in_(joint_ids)))))
+
+
+def rating_fate(ctx, group_ids: list[int] | None, joint_ids: list[int], rating_ids: list[int]) -> tuple[bool, str]:
+    """(late, why_not) for ratings just stored: whether they went in as late rows, and why they
+    will not train the team ("" when they can): the group was already trained, expired or set
+    aside (its rows say `late`), or it is a person's own problem that trains only while an admin
+    allows it. Read back from the store, so a group closed between the person's read and the
+    write is told as it is. A failed read says nothing (the rating is saved; only the note is lost)."""
+    try:
+        groups = [ctx.store.group(g) for g in (group_ids or _groups_of(ctx, joint_ids))]
+    except Exception as e:  # noqa: BLE001 - the rating is stored; this is only what the person is told
+        log.warning("rating %s saved; could not read its group back to say whether it trains (%s: %s)",
+                    rating_ids, type(e).__name__, e)
+        return False, ""
+    mine = set(rating_ids)
+    reasons, late = [], False
+    for grp in groups:
+        rows = [r for j in grp.joints for r in j.ratings if r.id in mine]
+        if any(r.late for r in rows):
+            late = True
+            reasons.append(closed_reason(grp))
+        elif grp.task in PRIVATE_TASKS and not custom_training_allowed(ctx):
+            reasons.append(f"group #{grp.id} is your own coding problem, which trains the shared team only "
+                           "while an admin allows it")
+    return late, "; ".join(reasons)
+
+
+def closed_reason(grp) -> str:
+    """Why a trained, expired or set-aside group (a store GroupRecord) takes no more ratings into training."""
+    why = getattr(grp, "status_reason", None)
+    if grp.status == "trained":
+        return f"group #{grp.id} was already trained at step {grp.trained_step}"
+    if grp.status == "expired":
+        return f"group #{grp.id} expired" + (f" ({why})" if why else " (it waited too long for its returns)")
+    return f"group #{grp.id} was set aside" + (f" ({why})" if why else " (the trainer cannot use it)")
 
 
 def custom_training_allowed(ctx) -> bool:

@@ -21,8 +21,17 @@ or with the admin token; re-rating replaces the rater's own rating. A person's o
 problem trains the shared team only while an admin allows it (`set_custom_training`; the flag is
 returns.CUSTOM_TRAINING_KEY in the store's app_state, obeyed by the trainer service).
 
+A round on the page is `round_events`: it ends in "done" or in a "failed" event with a message
+(an unexpected error also leaves its traceback in the log), never in an exception the page would
+swallow. A rating that will not train (its group already trained, expired or set aside, or a
+person's own problem while that is not allowed) is answered "saved, but it will not train the
+team (why)", never a bare "saved" (core.store_feedback reads it back).
+
 - The Training tab's status and figures come from `training_view`, computed once per
-  `ctx.shared_ttl_s` for every visitor, from column-limited queries (no token ids / log-probs).
+  `ctx.shared_ttl_s` for every visitor, from column-limited queries (no token ids / log-probs);
+  the status says why the trainer child is not training (`trainer_process_line`). Admins see the
+  set-aside and expired groups with why (`closed_groups_table`) and put chosen ones back
+  (`put_back_groups`).
 - Export (`exported`) writes to a fresh temp dir outside COLLAB_HOME that is removed once the
   caller is done with the files (Gradio has copied them into its cache by then).
 """
@@ -43,8 +52,8 @@ from typing import Any, Iterator
 from collab_app.web.access import Caller, UserError, check_admin
 # the page calls these through this module (H.start_coding, ...): one name per thing for ui.py
 from collab_app.web.core import (SOURCES, another_round, clean_text, custom_training_allowed,  # noqa: F401
-                                 find_example, new_episode, own_problem_off_message, play_round,
-                                 start_coding, start_writing, store_feedback, task_choices)
+                                 find_example, new_episode, own_problem_off_message, own_problem_served,
+                                 play_round, start_coding, start_writing, store_feedback, task_choices)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +109,27 @@ def generate(ctx, episode: dict, caller: Caller, tick_s: float = 1.0, min_update
     with ctx.team_settings_lock:
         G, sampling = ctx.num_generations, ctx.sampling
     return play_round(ctx, episode, caller, G, sampling, tick_s=tick_s, min_update_s=min_update_s)
+
+
+ROUND_FAILED = ("this round failed on the server ({what}). Try again; if it fails again, tell the server's admin: "
+                "its log has the details under {ref}")
+
+
+def round_events(ctx, episode: dict, caller: Caller, min_update_s: float = 0.1) -> Iterator[dict]:
+    """The page's round: `generate`'s events, ending in "done" or in one {"kind": "failed",
+    "message", "user_error"} event instead of an exception: a refusal (UserError) with its own
+    message; any other error logged with its traceback under a reference the message gives (its
+    text shown only where the app trusts its person: an error's text can name server paths).
+    So a round that breaks ends on the page with a message, never "starting ..." for good."""
+    try:
+        yield from generate(ctx, episode, caller, min_update_s=min_update_s)
+    except UserError as e:
+        yield {"kind": "failed", "message": str(e), "user_error": True}
+    except Exception as e:  # noqa: BLE001 - the person is told; the log has the traceback
+        ref = f"round-{os.urandom(4).hex()}"
+        log.exception("%s: a round failed (task %r, caller %s)", ref, (episode or {}).get("task"), caller.key)
+        what = type(e).__name__ + (f": {str(e)[:300]}" if ctx.trusts_its_person else "")
+        yield {"kind": "failed", "message": ROUND_FAILED.format(what=what, ref=ref), "user_error": False}
 
 
 def run_generate(ctx, episode: dict, caller: Caller) -> dict:
@@ -230,7 +260,7 @@ def rate_candidates(ctx, episode: dict, values: list, caller: Caller, comment: s
         raise UserError("pick 1-5 for at least one candidate, then Submit")
     fb = store_feedback(ctx, caller, "stars", [cands[i]["joint_sample_id"] for i, _ in chosen],
                         [v for _, v in chosen], comment)
-    return "rating saved: " + ", ".join(f"#{rid} (candidate {i + 1}: {v:g}/5)"
+    return _saved(fb, "rating") + ": " + ", ".join(f"#{rid} (candidate {i + 1}: {v:g}/5)"
                                          for rid, (i, _), v in zip(fb.rating_ids, chosen, fb.values)) + \
         f" as {fb.rater}" + _note(fb)
 
@@ -239,12 +269,26 @@ def _note(fb) -> str:
     return f". Note: {fb.note}" if fb.note else ""
 
 
+def _saved(fb, what: str) -> str:
+    """"<what> saved", and first of all when the feedback will not train the team: why."""
+    if fb.trains:
+        return f"{what} saved"
+    return (f"{what} saved, but it will not train the team ({fb.why_not}; your {what} is kept for the "
+            "export)")
+
+
+def rate_saved(ctx, joint_sample_id: Any, value: Any, caller: Caller, comment: str = "", token: str = "") -> str:
+    """`rate`, answered as a message: "rating saved: #id", saying so when it will not train."""
+    fb = store_feedback(ctx, caller, "stars", joint_sample_id, value, comment, token)
+    return f"{_saved(fb, 'rating')}: #{fb.rating_ids[0]}" + _note(fb)
+
+
 def rank(ctx, group_id: Any, ranks: Any, caller: Caller, comment: str = "", token: str = "") -> str:
     """A full ranking of a group's candidates: `ranks[k]` = the rank (1 = best) of candidate
     k + 1, a permutation of 1..G (core.store_feedback's "rank" form). Returns the message."""
     fb = store_feedback(ctx, caller, "rank", group_id, ranks, comment, token)
     order = sorted(range(len(fb.values)), key=lambda k: -fb.values[k])
-    return (f"ranking saved: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (best first: "
+    return (f"{_saved(fb, 'ranking')}: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (best first: "
             f"{' > '.join(f'candidate {k + 1}' for k in order)}) as {fb.rater}" + _note(fb))
 
 
@@ -253,7 +297,7 @@ def pick_best(ctx, group_id: Any, best: Any, caller: Caller, comment: str = "", 
     "pick_best" form). Returns the message."""
     fb = store_feedback(ctx, caller, "pick_best", group_id, best, comment, token)
     b = fb.values.index(max(fb.values)) + 1
-    return (f"pick saved: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (candidate {b} is the best of "
+    return (f"{_saved(fb, 'pick')}: #{fb.rating_ids[0]}..#{fb.rating_ids[-1]} (candidate {b} is the best of "
             f"{len(fb.values)}) as {fb.rater}" + _note(fb))
 
 
@@ -454,10 +498,27 @@ def training_status(ctx) -> str:
                 f"zero-variance {m.get('zero_variance_frac', math.nan):.0%}")
     own = ("train the shared team (admin allowed)" if custom_training_allowed(ctx)
            else "kept, not trained on (an admin may allow it)")
+    child = trainer_process_line(ctx)
+    if child:
+        state += f" · **{md_literal(child)}**"
     return (f"**trainer**: {state}{' · pause requested' if is_paused(ctx.store) else ''}\n\n"
             f"**people's own coding problems**: {own}\n\n"
             f"**groups waiting**: {counts['ready']} ready, {counts['open']} still collecting ratings · "
             f"{counts['trained']} trained · {counts['expired']} expired{_untrainable(stats)}{last}")
+
+
+def trainer_process_line(ctx) -> str:
+    """Why the trainer child `collab serve` supervises is not training, when it is not ("trainer
+    crashed 3 times in a row (exit code 1), restarting in 8 s; last error: ..."): its heartbeat
+    alone says only "not running". "" when there is none or it runs well (serve.ChildTrainer.describe)."""
+    child = getattr(ctx, "trainer_child", None)
+    if child is None:
+        return ""
+    try:
+        return child.describe() or ""
+    except Exception:  # noqa: BLE001 - a status line must never break the tab
+        log.exception("the trainer child's status could not be read")
+        return ""
 
 
 def _untrainable(stats: dict) -> str:
@@ -483,6 +544,60 @@ def set_training_paused(ctx, token: str, paused: bool, caller: Caller | None = N
     ctx.shared_views.clear()
     return ("pause requested: the trainer stops after its current step" if paused
             else "resume requested: the trainer continues with the next ready groups")
+
+
+CLOSED_HEADERS = ["group", "created (UTC)", "task", "status", "why", "ratings"]
+
+
+def closed_groups_table(ctx, token: str, caller: Caller | None = None, limit: int = 50) -> list[list]:
+    """Admin: the newest groups that will not train as they stand, set aside ("untrainable") or
+    expired, each with why (Store.closed_groups), so an admin can judge which to put back. Admin
+    only: a group's reason can name its task's inner workings, and putting back is theirs."""
+    check_admin(ctx, token, caller)
+    return [[g["id"], g["created_at"].strftime("%Y-%m-%d %H:%M:%S") if g.get("created_at") else "", g["task"],
+             "set aside" if g["status"] == "untrainable" else g["status"], g.get("reason") or "(not recorded)",
+             g.get("ratings", 0)] for g in ctx.store.closed_groups(limit)]
+
+
+def _group_ids(value: Any) -> list[int]:
+    """Group ids from the page (text such as "12, 15 17" or "#12") or a list of them."""
+    parts = re.findall(r"[^\s,;#]+", value) if isinstance(value, str) else list(value or [])
+    ids = []
+    for p in parts:
+        n = _whole_id(p)
+        if n is None:
+            raise UserError(f"{str(p)[:40]!r} is not a group id: give the numbers from the table, e.g. 12, 15")
+        ids.append(n)
+    if not ids:
+        raise UserError("give the ids of the groups to put back (the first column of the table), e.g. 12, 15")
+    return list(dict.fromkeys(ids))
+
+
+def _whole_id(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and f == int(f) and 1 <= f < 2 ** 62 else None
+
+
+def put_back_groups(ctx, token: str, group_ids: Any, caller: Caller | None = None) -> str:
+    """Admin: put set-aside or expired groups back into training (Store.put_back: open again,
+    trained once they have their returns). For groups closed by a fault now mended (a full
+    disk, a broken step); a group of a single answer stays out, and one still without returns
+    expires again."""
+    check_admin(ctx, token, caller)
+    ids = _group_ids(group_ids)
+    n = ctx.store.put_back(ids)
+    ctx.shared_views.clear()
+    msg = (f"{n} of {len(ids)} group{'s' if len(ids) != 1 else ''} put back: open again, they train once they "
+           "have their returns")
+    if n < len(ids):
+        msg += (f"; {len(ids) - n} not put back (not set aside or expired, unknown, or of a single answer, "
+                "which can never train)")
+    return msg
 
 
 def human_vs_auto(ctx, n_groups: int = 200) -> list[tuple[float, float]]:

@@ -25,7 +25,10 @@ Routes (JSON; errors in OpenAI's shape `{"error": {"message", "type", "param", "
 - `POST /v1/ratings` (alias `/v1/feedback`), one form per request, optional `comment`:
   `{joint_sample_id, rating: 1..5}` (whole stars, as the app), `{joint_sample_id, reward: 0..1}`,
   `{group_id, ranks: [r1..rG]}` (1 = best, a permutation), `{group_id, best: k}` (1-based).
-  Response `{"object": "collab.rating", form, rater, rating_ids, joint_sample_ids, values}`.
+  Response `{"object": "collab.rating", form, rater, rating_ids, joint_sample_ids, values, trains,
+  late, notes}`: `trains` false (and a note saying why) when the rating is kept but will train
+  nothing (its group was already trained, expired or set aside: `late`; or a person's own
+  problem while an admin does not allow those to train).
 
 One core, two doors: this module only translates requests into the core's arguments and its
 results into OpenAI's shapes. A round is `core.play_round` with the request's n and sampling
@@ -33,7 +36,8 @@ results into OpenAI's shapes. A round is `core.play_round` with the request's n 
 `core.store_feedback` (returns.py's mapping, the generating session's check; a `reward` r in
 [0, 1] is stored as the 1..5 rating 1 + 4r, which returns.py maps back to r * the task's max
 reward). The core's refusals carry a code (access.UserError) that `_from_user_error` maps to a
-status: 429 with Retry-After for limits, 403 not_entitled, 404 not_found, else 400.
+status: 429 with Retry-After for limits, 403 not_entitled, 404 not_found, 503 store_busy (with
+Retry-After; nothing stored), else 400.
 
 Keys: `Authorization: Bearer <key>`; keys from $COLLAB_API_KEYS (comma-separated) and/or a file
 (one per line, `#` comments), see `load_api_keys`. No key configured = every route answers 404
@@ -212,15 +216,17 @@ class ApiError(Exception):
 
 _STATUS = {"rate_limit_exceeded": (429, "rate_limit_error"), "rounds_in_flight": (429, "rate_limit_error"),
            "server_busy": (429, "rate_limit_error"), "not_entitled": (403, "permission_error"),
-           "not_found": (404, "not_found_error")}
+           "not_found": (404, "not_found_error"), "store_busy": (503, "server_error")}
 
 
 def _from_user_error(e: UserError, param: str | None = None) -> ApiError:
     """The core's refusal as an ApiError, by its code: limits 429 (Retry-After when it can fit
-    later), another session's group 403, an unknown id 404, anything else 400 invalid_value."""
+    later), another session's group 403, an unknown id 404, a busy store 503 (Retry-After:
+    nothing was stored, send it again), anything else 400 invalid_value."""
     status, type_ = _STATUS.get(e.code, (400, "invalid_request_error"))
     code = e.code if e.code in _STATUS else "invalid_value"
-    headers = {"Retry-After": str(max(1, math.ceil(e.retry_after)))} if status == 429 and e.retry_after else None
+    headers = ({"Retry-After": str(max(1, math.ceil(e.retry_after)))}
+               if status in (429, 503) and e.retry_after else None)
     return ApiError(status, str(e), type_, code, param, headers)
 
 
@@ -531,7 +537,11 @@ class OpenAIApi:
         out = {"object": "collab.rating", "form": form, "rater": fb.rater}
         if fb.group_id is not None:
             out["group_id"] = fb.group_id
-        return out | {"rating_ids": fb.rating_ids, "joint_sample_ids": fb.joint_sample_ids, "values": fb.values}
+        notes = [f"saved, but it will not train the team: {fb.why_not}; your rating is kept for the export"
+                 ] if not fb.trains else []
+        notes += [fb.note] if fb.note else []
+        return out | {"rating_ids": fb.rating_ids, "joint_sample_ids": fb.joint_sample_ids, "values": fb.values,
+                      "trains": fb.trains, "late": fb.late, "notes": notes}
 
     # -- routes ----------------------------------------------------------------------------
 

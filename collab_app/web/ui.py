@@ -1,7 +1,9 @@
 """The Gradio app's layout: `build_app(ctx) -> gr.Blocks`; `launch(ctx, ...)` queues and serves it.
 
 Tabs: Co-code, Co-write (generate G >= 2 joint answers, see who wrote what, rate 1-5, another
-round with the task's feedback), Team, Training, Data. All logic is in handlers.py (and the core
+round with the task's feedback; each only where the server serves such a task, `served_kinds`),
+Team, Training, Data. A round that fails ends with its message in the status line
+(handlers.round_events), never "starting ..." for good. All logic is in handlers.py (and the core
 behind it, core.py); this file
 only maps components to handler arguments and results to component updates.
 
@@ -17,7 +19,8 @@ Who rates is never typed: the rater id is the Gradio session (or the Hugging Fac
 Space with OAuth: a "Sign in" button appears there); the old "your name" box is gone.
 
 In public: the Co-code tab shows the sandbox's isolation and offers "My own coding
-problem" only where the sandbox allows untrusted code (else it says why and how to fix it).
+problem" only where the sandbox allows untrusted code (else it says why and how to fix it) and
+a coding team is served.
 The Training tab's timer runs only while that tab is selected (activated by its `select`
 event, deactivated by every other tab's), and its status and figures come from one shared
 computation per TTL (handlers.training_view), PNGs encoded once. Admin actions pass the
@@ -166,7 +169,11 @@ class _Panel:
         shown = dict.fromkeys(self.markdowns(), "")        # component -> text on the page (hide() cleared them)
         seen: set[int] = set()
         rating_on: set[int] = set()
-        for ev in H.generate(self.ctx, ep, _caller(request), min_update_s=self.ctx.page_update_s):
+        for ev in H.round_events(self.ctx, ep, _caller(request), min_update_s=self.ctx.page_update_s):
+            if ev["kind"] == "failed":                     # the round ends here, saying why (H.round_events)
+                yield self.hide(("**Round stopped**: " if ev["user_error"] else "**Round failed**: ")
+                                + H.md_literal(ev["message"]))
+                return
             done = ev["kind"] == "done"
             cands = ev["episode"]["candidates"] if done else ev["candidates"]
             upd: dict = {}
@@ -272,11 +279,12 @@ def _code_tab(ctx: AppContext):
     isolation (tasks.sandbox), so whether a person's own problem is offered is asked again for
     every page, not fixed when the app was built."""
     humaneval = "humaneval" in ctx.tasks
+    own_served = H.own_problem_served(ctx)   # a coding team works on it: not with `--tasks tldr`
 
     def isolation_view():
-        own_off = H.own_problem_off_message(ctx)   # None: a person's own problem (their tests) may run here
+        own_off = H.own_problem_off_message(ctx) if own_served else None   # None: their tests may run here
         return (f"<sub>sandbox isolation: {ctx.isolation_summary}</sub>", own_off,
-                ([H.SOURCES[0]] if humaneval else []) + ([] if own_off else [H.SOURCES[1]]))
+                ([H.SOURCES[0]] if humaneval else []) + ([H.SOURCES[1]] if own_served and not own_off else []))
 
     iso_text, own_off, sources = isolation_view()
     iso_md = gr.Markdown(iso_text, elem_id="code-isolation")
@@ -327,6 +335,14 @@ def _team_width(ctx: AppContext, kind: str) -> int:
     """Columns a tab's round view needs: the most agents of its tasks' teams (a person's own
     coding problem is worked on by a coding task's team, so it needs no column of its own)."""
     return max((len(ctx.team_for(n).agents) for n, t in ctx.tasks.items() if t.kind == kind), default=1)
+
+
+def served_kinds(ctx: AppContext) -> dict[str, bool]:
+    """Which round tabs the page has: Co-code where a coding task is served (HumanEval, or a
+    person's own problem, which a coding team works on), Co-write where a writing task is. A tab
+    for what the server does not serve would fail at Generate (no team for its task)."""
+    choices = H.task_choices(ctx)
+    return {"coding": bool(choices["coding"]), "writing": bool(choices["writing"])}
 
 
 def _write_tab(ctx: AppContext):
@@ -406,6 +422,17 @@ def _training_tab(ctx: AppContext, token):
         allow_own = gr.Button("Let people's own coding problems train the team (admin)")
         deny_own = gr.Button("Keep people's own coding problems out of training (admin)")
     msg = gr.Markdown(elem_id="train-msg")
+    with gr.Accordion("Set-aside and expired groups (admin)", open=False):
+        gr.Markdown("Groups that will not train as they stand, with why. Put back those closed by a fault "
+                    "that is mended (a full disk, a broken step): they are open again and train once they "
+                    "have their returns.")
+        show_closed = gr.Button("Show them (admin)", elem_id="train-closed-show")
+        closed = gr.Dataframe(interactive=False, headers=H.CLOSED_HEADERS, label="newest first",
+                              elem_id="train-closed")
+        with gr.Row():
+            put_ids = gr.Textbox(label="group ids to put back, e.g. 12, 15", max_lines=1, scale=3,
+                                 elem_id="train-put-ids")
+            put_back = gr.Button("Put back (admin)", scale=1, elem_id="train-put-back")
     gr.Markdown("#### Return and reward levels per training step")
     levels_plot = gr.Plot(show_label=False)
     gr.Markdown("#### Learning signal: zero-variance groups, human vs automatic reward")
@@ -422,6 +449,13 @@ def _training_tab(ctx: AppContext, token):
                 api_name="pause_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
     resume.click(_admin(lambda t, caller: H.set_training_paused(ctx, t, False, caller=caller)), [token], [msg],
                  api_name="resume_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
+    show_closed.click(_admin(lambda t, caller: H.closed_groups_table(ctx, t, caller=caller)), [token], [closed],
+                      api_name="closed_groups", **ADMIN_DOOR)
+    put_back.click(_admin(lambda t, ids, caller: H.put_back_groups(ctx, t, ids, caller=caller)), [token, put_ids],
+                   [msg], api_name="put_back_groups", **ADMIN_DOOR
+                   ).success(refresh, None, outs, **ADMIN_FOLLOW
+                             ).success(_admin(lambda t, caller: H.closed_groups_table(ctx, t, caller=caller)), [token],
+                                       [closed], **ADMIN_FOLLOW)
     for btn, allowed in ((allow_own, True), (deny_own, False)):
         btn.click(_admin(lambda t, caller, a=allowed: H.set_custom_training(ctx, t, a, caller=caller)), [token],
                   [msg], api_name="allow_own_training" if allowed else "deny_own_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
@@ -481,9 +515,9 @@ def _api(ctx: AppContext):
     def rate(joint_sample_id: int, rating: int, comment: str = "", admin_token: str = "",
              request: gr.Request = None) -> str:
         """Rate one joint answer 1-5 (5 = best); only a joint answer this client's session
-        generated (or any, with admin_token). The rater is this session. Returns 'rating saved: #id'."""
-        rid = H.rate(ctx, joint_sample_id, rating, _caller(request), comment, admin_token)
-        return f"rating saved: #{rid}"
+        generated (or any, with admin_token). The rater is this session. Returns 'rating saved: #id'
+        ('rating saved, but it will not train the team (why ...): #id' for a group already closed)."""
+        return H.rate_saved(ctx, joint_sample_id, rating, _caller(request), comment, admin_token)
 
     @_err
     def rank(group_id: int, ranks: list[int], comment: str = "", admin_token: str = "",
@@ -526,11 +560,15 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 gr.LoginButton()   # a Space with `hf_oauth: true`: ratings then carry the HF login
             token = gr.Textbox(label="admin token (only for admin actions)", type="password", max_lines=1,
                                scale=1, visible=bool(ctx.admin_token))
+        served = served_kinds(ctx)
         with gr.Tabs():
-            with gr.Tab("Co-code", id="code") as code_tab:
-                code_load = _code_tab(ctx)
-            with gr.Tab("Co-write", id="write") as write_tab:
-                _write_tab(ctx)
+            code_tab = write_tab = code_load = None
+            if served["coding"]:
+                with gr.Tab("Co-code", id="code") as code_tab:
+                    code_load = _code_tab(ctx)
+            if served["writing"]:
+                with gr.Tab("Co-write", id="write") as write_tab:
+                    _write_tab(ctx)
             with gr.Tab("Team", id="team") as team_tab:
                 team_refresh, team_ins, team_outs = _team_tab(ctx, token)
             with gr.Tab("Training", id="training") as train_tab:
@@ -543,7 +581,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         # the Training tab refreshes only while it is the selected one
         train_tab.select(lambda: (*train_refresh(), _timer(True)), None, train_outs + [train_timer],
                          show_progress="hidden", **PRIVATE)
-        for tab in (code_tab, write_tab, team_tab, data_tab):
+        for tab in (t for t in (code_tab, write_tab, team_tab, data_tab) if t is not None):
             tab.select(lambda: _timer(False), None, [train_timer], show_progress="hidden", **PRIVATE)
         demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
         # and on opening the tab: the rounds a person ran since the page loaded are in it

@@ -1,7 +1,8 @@
 """A real headless Chromium (Debian's /usr/bin/chromium, never a downloaded browser) drives the
 app: load the page, generate on a HumanEval problem and see the candidates' text in the page
 while they are being written, rate both candidates, submit, pick the best, rank them; then an empty writing
-prompt shows an error and the page keeps working. Saves screenshots and prints where.
+prompt shows an error and the page keeps working; a round that fails inside ends with a message.
+Saves screenshots and prints where.
 
 Seeing text "while it is written" is observed, not timed: the app's real engine is wrapped so
 that its first round stops after the first snapshot that has text (`HeldStream`) until the test
@@ -162,6 +163,28 @@ def test_bad_input_shows_message_and_page_survives(app, page, tmp_path):
     page.get_by_role("button", name="Refresh").click()
     page.wait_for_selector("#data-groups:has-text('HumanEval/0')", timeout=60_000)
     shot(page, tmp_path, "collab-data.png")
+
+
+def test_a_round_that_fails_ends_on_the_page_with_a_message(app, page, tmp_path, monkeypatch):
+    """An unexpected error inside a round (here: no team for the task, as `--tasks tldr` gave the
+    Co-code tab's own problem) ends the round on the page with a message, not "starting ..." for
+    good; the page works on once the fault is gone."""
+    from helpers.model_app import TEXT
+
+    url, ctx = app
+    page.goto(url)
+    page.get_by_role("tab", name="Co-write").click()
+    page.locator("#write-text textarea").fill(TEXT)
+    with monkeypatch.context() as m:
+        m.setattr(ctx, "teams", {})
+        page.click("#write-generate")
+        page.wait_for_selector("#write-status:has-text('Round failed')", timeout=60_000)
+    status = page.inner_text("#write-status")
+    assert "this round failed on the server (KeyError" in status and "starting" not in status
+    shot(page, tmp_path, "collab-round-failed.png")
+    ctx.engine.go.set()                                   # the held first round, when run alone
+    page.click("#write-generate")
+    page.wait_for_selector("#write-status:has-text('group #')", timeout=300_000)
 
 
 def test_check_lines_read_as_text_in_gradios_markdown(page):
