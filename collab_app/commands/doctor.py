@@ -15,11 +15,13 @@ Sections (plain text, or one JSON object with `--json`):
   transformers+peft computed independently here: token-for-token equal, or the first position
   where they differ;
 - training: the trainer service's status and heartbeat, the last step, ready groups per task
-  and the served versions, from the store (`--db`, else $COLLAB_DB, as `collab serve`), and a
-  verdict: advancing, waiting for groups, paused, failing or not running.
+  and the served versions, from the store (`--db`, else $COLLAB_DB, as `collab serve`), the
+  groups set aside or expired with the reason, and a verdict: advancing, waiting for groups,
+  paused, failing or not running.
 
 Read-only except that opening the store runs its schema migrations (as any `collab` command
-that opens it does); a SQLite store that does not exist is reported, not created.
+that opens it does) and `--put-back` (an admin's call: set-aside or expired groups back to
+training); a SQLite store that does not exist is reported, not created.
 """
 from __future__ import annotations
 
@@ -70,6 +72,8 @@ class DoctorConfig:
     """new tokens per agent in the probe."""
     json: bool = False
     """print one JSON object instead of text."""
+    put_back: list[int] = field(default_factory=list)
+    """group ids (from the report's closed groups) to put back: set aside or expired -> open, trained if they have returns."""
 
     def __post_init__(self):
         if self.engine_cores < -1:
@@ -78,6 +82,8 @@ class DoctorConfig:
             raise ValueError("min_groups and probe_tokens must be >= 1")
         if not self.tasks:
             raise ValueError("--tasks needs at least one task, e.g. --tasks humaneval")
+        if any(g < 1 for g in self.put_back):
+            raise ValueError(f"--put-back takes group ids (>= 1) from the report's closed groups, got {self.put_back}")
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -343,9 +349,14 @@ def training_info(store, why_none: str, min_groups: int) -> dict:
     info = {"status": st.get("state"), "alive": st.get("alive"), "message": st.get("message"),
             "heartbeat_age_s": round(now - float(beat), 1) if beat else None, "pid": st.get("pid"),
             "last_step": last, "ready_groups": dict(by_task), "ready_groups_capped": len(ready) >= limit,
-            "ready_held_private": held, "store_counts": store.stats()}
+            "ready_held_private": held, "store_counts": store.stats(),
+            "closed_groups": [{**g, "created_at": g["created_at"].isoformat()} for g in store.closed_groups(CLOSED_SHOWN)]}
     info["verdict"] = _verdict(info, min_groups)
     return info
+
+
+CLOSED_SHOWN = 10
+"""newest set-aside or expired groups the report lists."""
 
 
 def _ago(s: float | None) -> str:
@@ -363,6 +374,8 @@ def _verdict(t: dict, k: int) -> str:
                 "`collab trainer --db <this store>`")
     if t["status"] == "paused":
         return "PAUSED by an admin: resume in the app's Training tab"
+    if t["status"] == "waiting":
+        return f"NOT ADVANCING: {t['message']}"
     if t["status"] == "error":
         return f"NOT ADVANCING: the trainer's last attempt failed and it is backing off: {t['message']}"
     if t["status"] in ("training", "loading"):
@@ -384,6 +397,12 @@ def report(cfg: DoctorConfig) -> dict:
     url = cfg.db or paths.store_url()
     store, why = open_store(url)
     try:
+        if cfg.put_back:
+            if store is None:
+                raise SystemExit(f"collab doctor: --put-back needs the store: {why}")
+            n = store.put_back(cfg.put_back)
+            print(f"put {n} of {len(cfg.put_back)} groups back (the others were not set aside or expired, or have "
+                  f"fewer than 2 answers per agent)", file=sys.stderr)
         agents = agent_names(cfg.tasks)
         versions = served_versions(store, agents, adapters_dir)
         rep = {"cpu": cpu_info(), "cpu_budget": budget_info(cfg.engine_cores), "sandbox": sandbox_info(),
@@ -464,6 +483,10 @@ def format_text(r: dict) -> str:
             f"  ready groups   {ready}" + (" (and more)" if t["ready_groups_capped"] else "")
             + (f"; {held} of people's own problems held (not allowed to train the team)" if held else ""),
         ]
+    for g in t.get("closed_groups") or []:
+        lines.append(f"  {g['status']:<14} #{g['id']} {g['task']}, {g['ratings']} ratings: {g['reason'] or 'no reason recorded'}")
+    if t.get("closed_groups"):
+        lines.append("  put back       collab doctor --put-back ID ... (an admin's call; the Training tab has it too)")
     lines.append(f"  verdict        {t['verdict']}")
     return "\n".join(lines)
 

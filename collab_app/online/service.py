@@ -9,28 +9,31 @@ ready one has waited `max_wait_s` (T). One step, in this order:
     2. trainer.update(groups)                  writes each changed agent's next adapter version
                                                to a temp dir and renames it into place; says which
                                                groups went into the step and which were too late
-    3. store.record_adapter_version(...)       only after the rename: a row names a complete dir
-    4. store.record_train_step(step, metrics, used ids, stale ids, ratings seen)   marks the used
-                                               groups trained and retires (expires) the too-late ones,
-                                               one transaction; any other group stays ready for the
-                                               next step, and so does a used group that got a rating
-                                               while the step ran (its gradient had the old return)
-    5. status "idle"
+    3. store.record_train_step(step, metrics, used ids, stale ids, ratings seen, versions, lease)
+                                               one transaction, only while this service holds
+                                               the store's trainer lease: the new versions' rows
+                                               (after the rename: a row names a complete dir), the
+                                               used groups marked trained, the too-late ones
+                                               retired (expired, with the reason); any other group
+                                               stays ready for the next step, and so does a used
+                                               group that got a rating while the step ran
+    4. status "idle"
 
 Groups that cannot train: a group of one answer per agent (an API call with n=1) never becomes
-ready (store.MIN_GENERATIONS; counted in `Store.stats()["single_sample_groups"]`). A group that
-makes `update` raise for any other reason is found and set aside, so it cannot stop every later
-step (and, since `due` serves tasks by their oldest group, every other task too):
-- a step whose update raised makes its groups suspects (`SUSPECTS_KEY` in app_state, so a
-  restart, e.g. torchrun's after a failed data-parallel step, keeps them);
-- while a task has suspects, its steps take one suspect at a time, the oldest first;
-- a suspect that raises again, alone in its step, is set aside: status "untrainable", its id and
-  the error in the status row's "set_aside" list and the log. A suspect that trains alone is
-  cleared, so the innocent groups of the failed step still train (one step each).
-Only errors of `update` count against groups (not store writes after it), and never an OSError
-(a full disk or a lost network mount is this machine's fault; those steps back off and retry).
-Left out: bisecting a failed step (fewer one-group steps after a failure, more state), and a way
-to put a set-aside group back (it stays in the store with its ratings; `collab export` has it).
+ready (store.MIN_GENERATIONS; counted in `Store.stats()["single_sample_groups"]`). Groups sampled
+with settings the trainer cannot reproduce (greedy, top_p < 1) are set aside with that reason.
+The machine's faults are never the group's: any error of a step (building the trainer, the
+update, its saves, the store's record) makes that task wait out a back-off (`retry_s`, doubling
+to 5 minutes; other tasks go on, so one broken task starves none) and its groups suspects
+(`SUSPECTS_KEY` in app_state, so a restart keeps them):
+- while a task has suspects, its steps take one suspect at a time, the least tried first;
+- a suspect that trains is cleared; one that raises alone right after a step that went through
+  waits for the next step of other groups (the control); if that trains too, the suspect is set
+  aside: status "untrainable" with its error as the reason (the store's `status_reason`), in the
+  status row's "set_aside" list and the log. A systematic fault (a full disk, memory, a store
+  that is down) fails the control too, so nothing is set aside and every group trains once the
+  machine recovers. Admins see set-aside and expired groups with their reasons (Training tab,
+  `collab doctor`) and can put them back (`Store.put_back`).
 
 Late groups (rated while the trainer moved on, or served by a pinned older version) are trained
 under the clipped importance ratio against the engine's behaviour log-probs (trainer/magrpo.py);
@@ -45,12 +48,18 @@ The serving process picks the new rows up (collab_app/online/hotswap.py) and ser
 Crash safety (kill -9 at any point; tests/online/test_crash_safety.py does it):
 - a half-written version is a `.tmp-*` dir that no reader takes for a version and the next
   trainer start deletes (trainer/adapters.py);
-- died after 2, before 3: on start `reconcile` records every complete version dir on disk that
-  has no row yet (the trainer resumes from those same dirs);
-- died before 4: the groups are still untrained, so they are trained again on top of the
-  adapter that may already contain them. Delivery is **at least once**: a crash between the
-  rename and step 4 can apply one batch twice. Deliberately accepted (exactly-once would need the
-  step's group ids inside the adapter dir, which trainer/adapters.py does not carry).
+- died (or the store failed) after 2, before 3: on start, or when the task's trainer is built
+  again, `reconcile` records every complete version dir on disk that has no row; a version's
+  collab.json names its step's groups, so that step is recorded with them, once: a batch is
+  never applied twice (tests/online/test_machine_faults.py);
+- one lineage: the store's rows and the adapters folder must agree before a trainer starts
+  (`check_lineage`): where the folder lost versions the store names (a Space restarted on
+  PostgreSQL without persistent storage) or a latest version cannot be read (it is moved aside),
+  the trainer continues from what the folder has under a number past the store's newest, so no
+  version number ever names two adapters;
+- one trainer per store (`TrainerLease`): a second service waits, taking over once the holder's
+  heartbeat has stopped for 3 beats + 10 s by its own clock, at once where the holder was a
+  process of this host that is gone.
 Ratings are never touched here (the store's own transactions keep them).
 A stop (SIGTERM / SIGINT, `stop_event`) during a step abandons it at its next pause point (after a
 decoder layer's forward or backward: MAGRPOTrainer.stop_requested), inside step 2 before its saves: as a kill there,
@@ -86,15 +95,16 @@ The trainer on its own machine(s): the serving side finds new versions through t
 loads the directories from shared storage; a row names the dir as the trainer sees it, and the
 watcher also looks under its own `adapters_dir` when the share is mounted elsewhere there
 (collab_app/online/hotswap.py). Version rows carry no pids or locks; the status row's pid is
-for display. Lateness and the UI's "alive" check compare times from different hosts: keep their
-clocks in sync (NTP).
+for display. Lateness counts versions recorded after a group arrived (the store's rows, no
+clocks); the UI's "alive" check compares heartbeat times from different hosts: keep their clocks
+in sync (NTP) for it.
 
 Heterogeneous teams (`--agent-models`, trainer/config.py): ROLE=MODEL entries put those roles on
 their own base in every task team; a positional list (one per agent) is `--task`'s team's, the
 other teams stay on `--model`. Each version's row records its agent's base (`base_model`).
 
-Left out: several trainer services on one store (no claims on groups), and a shared base model
-across task trainers (each loads its own: fine for the embedded 135M model).
+Left out: several trainer services sharing one store's work (the lease makes it one at a time),
+and a shared base model across task trainers (each loads its own: fine for the embedded 135M model).
 """
 from __future__ import annotations
 
@@ -119,14 +129,14 @@ from trainer.config import MAGRPOConfig
 log = logging.getLogger(__name__)
 
 STATUS_KEY = "trainer_status"
-"""app_state key: {"state": starting|idle|loading|training|self-play|paused|error|stopped, "step", "task", "groups",
+"""app_state key: {"state": starting|waiting|idle|loading|training|self-play|paused|error|stopped, "step", "task", "groups",
 "message", "pid", "heartbeat" (unix time), "since", "last_step": {...}}."""
 PAUSE_KEY = "trainer_control"
 """app_state key: {"paused": bool, "by": str, "at": unix time}, written by the UI (handlers.py
 set_training_paused) or `set_paused`; the service checks it before every step."""
 SUSPECTS_KEY = "trainer_suspects"
-"""app_state key: {"groups": {group id: failed steps}}: groups whose step raised, each retried
-alone until it trains (cleared) or raises again (set aside). Module doc: "Groups that cannot train"."""
+"""app_state key: {"groups": {group id: {"fails", "alone", "pending", "task", "error"}}}: groups whose
+step raised, each retried alone until it trains (cleared) or is set aside. Module doc: "Groups that cannot train"."""
 SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 PUBLIC_RATER_SHARE = 0.25
@@ -147,6 +157,8 @@ class ServiceConfig(MAGRPOConfig):
     """most groups in one step (the oldest first)."""
     poll_s: float = 2.0
     """seconds between store polls when there is nothing to do."""
+    retry_s: float = 10.0
+    """a task whose step failed (its trainer could not be built, a save or the store failed) waits this long, doubling per failure up to 5 minutes; other tasks go on."""
     heartbeat_s: float = 5.0
     """refresh the status row this often, also during a step (a stale heartbeat = a dead service)."""
     return_mode: Literal["human_first", "auto", "human", "weighted"] = "weighted"
@@ -185,8 +197,8 @@ class ServiceConfig(MAGRPOConfig):
         if self.min_groups < 1 or self.max_groups_per_step < self.min_groups:
             raise ValueError(f"need 1 <= min_groups <= max_groups_per_step, got {self.min_groups}, "
                              f"{self.max_groups_per_step}")
-        if self.max_wait_s < 0 or self.poll_s <= 0 or self.heartbeat_s <= 0:
-            raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0")
+        if self.max_wait_s < 0 or self.poll_s <= 0 or self.heartbeat_s <= 0 or not 0 < self.retry_s <= 300:
+            raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0, retry_s in (0, 300]")
         if not 0.0 <= self.yield_share < 1.0:
             raise ValueError(f"yield_share must be in [0, 1) (0 = a step never pauses for a round; 1 would let "
                              f"rounds stop training), got {self.yield_share}")
@@ -455,7 +467,7 @@ class TrainerLease:
         holder: list = [None]
 
         def change(v):
-            if v and v.get("owner") not in (None, self.owner):
+            if v and v.get("owner") not in (None, self.owner) and not self._dead_here(v):
                 seen = (v.get("owner"), v.get("beat"))
                 if seen != self._seen:
                     self._seen, self._seen_at = seen, now
@@ -468,6 +480,24 @@ class TrainerLease:
 
         self.store.swap_state(LEASE_KEY, change)
         return holder[0]
+
+    @staticmethod
+    def _dead_here(v: dict) -> bool:
+        """The holder ran on this host and its process is gone (or it was this very process, an
+        earlier service object): no need to wait for its heartbeat to go stale."""
+        import socket
+
+        if v.get("host") != socket.gethostname() or not isinstance(v.get("pid"), int):
+            return False
+        if v["pid"] == os.getpid():
+            return True
+        try:
+            os.kill(v["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def beat(self) -> bool:
         """Renew while held; False when another took it."""
@@ -499,14 +529,15 @@ def resolve_agent_models(agent_models) -> tuple[str, ...]:
 
 
 def to_trainer_group(g):
-    """A store ReadyGroup as the trainer's Group (returns = the rule's returns; its id and arrival
-    time ride along: update() reports ids back, and lateness counts versions since arrival)."""
+    """A store ReadyGroup as the trainer's Group (returns = the rule's returns; its id and the
+    versions it arrived at ride along: update() reports ids back, and lateness counts the versions
+    written since, from the store's rows, not two processes' clocks)."""
     from trainer.magrpo import Group
 
     return Group(task=g.task, example_id=g.example_id, turn=g.turn, prompts=list(g.prompts),
                  samples=g.samples, joint=[tuple(j) for j in g.joint], returns=list(g.returns),
                  rewards=list(g.returns), levels=[dict(lv) for lv in g.levels],
-                 created_at=g.created_at.timestamp(), id=g.group_id)
+                 created_at=g.created_at.timestamp(), id=g.group_id, arrived_versions=g.arrived_versions)
 
 
 class TrainerService:
@@ -742,7 +773,7 @@ class TrainerService:
 
         if isinstance(error, (StepStopped, LeaseLost)) or self.store is None:
             return
-        backoff = min(max(2 * self._retry_at.get(task_name, (0.0, 0.0))[1], self.cfg.poll_s), 300.0)
+        backoff = min(max(2 * self._retry_at.get(task_name, (0.0, 0.0))[1], self.cfg.retry_s), 300.0)
         self._retry_at[task_name] = (time.monotonic() + backoff, backoff)
         was_ok, self._last_ok[task_name] = self._last_ok.get(task_name, False), False
         message = f"{type(error).__name__}: {error}"[:500]
@@ -759,7 +790,7 @@ class TrainerService:
                 v["error"] = message
                 if len(ids) == 1:
                     v["alone"] = v.get("alone", 0) + 1
-                    v["pending"] = was_ok
+                    v["pending"] = was_ok or bool(v.get("pending"))   # still waiting for its control step
             self._save_suspects(suspects)
         except Exception:  # noqa: BLE001 - e.g. the store is down too; the groups stay as they were
             log.exception("could not record the groups of the failed step as suspects")

@@ -28,7 +28,8 @@ version only); they run in one transaction at start-up. tests/online/test_store.
 migrated database matches the ORM classes below.
 
 Left out: deleting or editing groups (nothing a person rated is lost), multi-trainer claims on
-ready groups (one trainer service per store), and online schema downgrades.
+ready groups (one trainer service per store: the service's lease, checked by
+`record_train_step(lease=)`), and online schema downgrades.
 """
 from __future__ import annotations
 
@@ -1122,7 +1123,7 @@ class Store:
                     for i, t, st, r, c, n in s.execute(q)]
 
     def put_back(self, group_ids: Sequence[int]) -> int:
-        """Put set-aside or expired groups back: status "open", reason cleared, and their arrival
+        """Put set-aside or expired groups back: status "open" (or "ready"), reason cleared, and their arrival
         versions reset to the newest (an admin's call to train them as if they arrived now; the
         importance ratio still weighs their old samples). Groups of fewer than MIN_GENERATIONS
         answers stay untrainable; a group still without returns expires again. Returns how many."""
@@ -1131,11 +1132,14 @@ class Store:
         with self._write() as s:
             newest = {str(a): int(v) for a, v in s.execute(
                 select(AdapterVersionRow.agent, func.max(AdapterVersionRow.version)).group_by(AdapterVersionRow.agent))}
-            res = s.execute(sa.update(GroupRow).where(GroupRow.id.in_([int(g) for g in group_ids]),
-                                                      GroupRow.status.in_(("untrainable", "expired")),
-                                                      GroupRow.num_generations >= MIN_GENERATIONS)
-                            .values(status="open", status_reason=None, versions_at=newest))
-            return res.rowcount
+            rows = list(s.scalars(select(GroupRow).where(GroupRow.id.in_([int(g) for g in group_ids]),
+                                                         GroupRow.status.in_(("untrainable", "expired")),
+                                                         GroupRow.num_generations >= MIN_GENERATIONS)
+                                  .order_by(GroupRow.id).with_for_update()))
+            for grp in rows:
+                grp.status, grp.status_reason, grp.versions_at = "open", None, newest
+                self._maybe_ready(s, grp)
+            return len(rows)
 
     # -- adapter versions ------------------------------------------------------------------
 

@@ -147,3 +147,16 @@ def test_probe_compares_each_agent_with_transformers_and_catches_wrong_weights(h
     assert not rows["main"]["equal"] and rows["main"]["first_difference"] == 0 and rows["main"]["prompt_equal"]
     assert rows["main"]["engine_text"] == rows["helper"]["engine_text"] != rows["main"]["reference_text"]
     assert not p["all_equal"] and not p["same_text_for_every_row"]
+
+
+def test_closed_groups_are_listed_with_their_reason_and_put_back(home, sqlite_store, capsys):
+    gid = _group(sqlite_store, rated=True)
+    sqlite_store.set_aside([gid], "SafetensorError: the file is truncated")
+    t = json.loads(run(capsys, "--json", "--tasks", "humaneval"))["training"]
+    assert [(g["id"], g["status"], g["reason"]) for g in t["closed_groups"]] == [
+        (gid, "untrainable", "SafetensorError: the file is truncated")]
+    text = run(capsys, "--tasks", "humaneval")
+    assert f"untrainable    #{gid} humaneval, 2 ratings: SafetensorError: the file is truncated" in text
+    assert doctor.cli_main(["--json", "--tasks", "humaneval", "--put-back", str(gid)]) == 0
+    assert "put 1 of 1 groups back" in capsys.readouterr().err
+    assert sqlite_store.group(gid).status == "ready" and sqlite_store.closed_groups() == []

@@ -6,8 +6,9 @@ generation), and kept fixed:
   normal groups: it never becomes ready and the loop goes on training the others (it used to make
   every step raise "a group needs >= 2 returns", so nothing trained again);
 - a group that makes `update` raise (here: a sample in no joint action) is retried on its own and,
-  when it fails on its own again, set aside; the groups that were in its step still train, also
-  across a restart of the service (torchrun restarts every rank after a failed step);
+  when it fails on its own between two steps that train, set aside with the reason; the groups
+  that were in its step still train, also across a restart of the service (torchrun restarts
+  every rank after a failed step);
 - a rating that arrives while a step runs: the group stays ready and trains on the new return
   (it used to be marked trained without the rating ever reaching a gradient).
 
@@ -28,7 +29,7 @@ from helpers.service import AGENTS, TASK, add_groups, fake_sample
 
 def make_service(store, tmp_path, **kw) -> TrainerService:
     base = dict(adapters_dir=str(tmp_path / "adapters"), return_mode="auto", dtype="float32", learning_rate=1e-3,
-                micro_batch_size=4, poll_s=0.05, heartbeat_s=0.5, max_wait_s=0.0)
+                micro_batch_size=4, poll_s=0.05, heartbeat_s=0.5, max_wait_s=0.0, retry_s=0.01)
     return TrainerService(ServiceConfig(**{**base, **kw}), store=store, tasks={TASK.name: TASK})
 
 
@@ -69,13 +70,20 @@ def test_a_group_that_makes_its_step_raise_is_set_aside_and_the_others_train(sql
     svc = make_service(sqlite_store, tmp_path, min_groups=3)       # a restart keeps what the failure taught
     with pytest.raises(ValueError, match="in no joint action"):
         svc.poll_once()                                     # the oldest suspect alone: fails again
-    assert sqlite_store.group(bad).status == "untrainable"
-    assert [a["group"] for a in sqlite_store.get_state(STATUS_KEY)["set_aside"]] == [bad]
+    assert sqlite_store.group(bad).status == "ready"        # no step trained around it yet: maybe the machine
     assert svc.poll_once() == "trained" and svc.poll_once() == "trained"   # each innocent one alone
+    with pytest.raises(ValueError, match="in no joint action"):
+        svc.poll_once()                                     # the bad one alone, right after a step that trained
+    assert sqlite_store.group(bad).status == "ready"
     assert [s["group_ids"] for s in sqlite_store.train_steps()] == [[good[0]], [good[1]]]
     assert {sqlite_store.group(g).status for g in good} == {"trained"}
-    add_groups(sqlite_store, 3, seed=5)                            # back to normal steps of K groups
-    assert svc.poll_once() == "trained" and len(sqlite_store.train_steps()[-1]["group_ids"]) == 3
+    new = add_groups(sqlite_store, 3, seed=5)
+    assert svc.poll_once() == "trained"                     # the others train beside it: now it is the group's
+    assert sqlite_store.train_steps()[-1]["group_ids"] == new
+    assert sqlite_store.group(bad).status == "untrainable"
+    assert "in no joint action" in sqlite_store.group(bad).status_reason
+    assert [a["group"] for a in sqlite_store.get_state(STATUS_KEY)["set_aside"]] == [bad]
+    assert sqlite_store.put_back([bad]) == 1 and sqlite_store.group(bad).status == "ready"   # an admin's call
 
 
 def test_rating_during_a_step_keeps_the_group_ready(sqlite_store, tmp_path):
