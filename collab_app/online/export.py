@@ -1,13 +1,13 @@
 """`collab export`: everything collected, one row per joint sample, as JSONL, a Hugging Face
 `datasets` folder (Dataset.save_to_disk) and Parquet.
 
-A row holds the group (task, example, turn, prompts, session, status), the joint action (per-agent
-texts, prompt/generated token ids, behaviour log-probs, adapter versions, the base model each part
-ran on: a heterogeneous team's agents have different bases and tokenizers), the automatic reward
+A row holds the group (task, example, turn, prompts, session, status and why it was expired or
+set aside), the joint action (per-agent texts, prompt/generated token ids, behaviour log-probs,
+adapter versions, the sampling settings, the base model each part ran on: a heterogeneous team's agents have different bases and tokenizers), the automatic reward
 and its levels, every rating (one per rater, oldest first: its `revision` says how often its rater
 replaced it, `late` that it came after the group was trained / expired / set aside and so never
 trained it), the human score and the return assembled under a `ReturnRule` (None when the group is
-not ready under it).
+not ready under it, or for a candidate without a return in a group that trains on the others).
 
 All formats share one column set. Free-form dicts whose keys differ between tasks (`example`,
 `auto_levels`, `auto_details`) are JSON strings in every format, so a Parquet file or a dataset
@@ -44,13 +44,14 @@ RATING = pa.struct([("id", pa.int64()), ("rater", pa.string()), ("value", pa.flo
 SCHEMA = pa.schema([
     ("group_id", pa.int64()), ("task", pa.string()), ("example_id", pa.string()), ("example", pa.string()),
     ("turn", pa.int64()), ("prompts", pa.list_(pa.string())), ("session_id", pa.string()),
-    ("group_status", pa.string()), ("trained_step", pa.int64()), ("group_created_at", pa.string()),
+    ("group_status", pa.string()), ("group_status_reason", pa.string()), ("trained_step", pa.int64()),
+    ("group_created_at", pa.string()),
     ("max_reward", pa.float64()), ("num_agents", pa.int64()), ("num_generations", pa.int64()),
     ("joint_sample_id", pa.int64()), ("joint_index", pa.int64()), ("joint", pa.list_(pa.int64())),
     ("agents", pa.list_(pa.string())), ("texts", pa.list_(pa.string())),
     ("prompt_token_ids", pa.list_(pa.list_(pa.int64()))), ("token_ids", pa.list_(pa.list_(pa.int64()))),
     ("logprobs", pa.list_(pa.list_(pa.float64()))), ("adapter_versions", pa.list_(pa.int64())),
-    ("base_models", pa.list_(pa.string())),
+    ("base_models", pa.list_(pa.string())), ("sampling", pa.list_(pa.string())),
     ("finish_reasons", pa.list_(pa.string())), ("combined", pa.string()),
     ("auto_total", pa.float64()), ("auto_max", pa.float64()), ("auto_levels", pa.string()),
     ("auto_details", pa.string()), ("auto_error", pa.string()), ("ratings", pa.list_(RATING)),
@@ -73,7 +74,7 @@ def group_rows(g: GroupRecord, rule: ReturnRule, now: datetime) -> list[dict]:
         rows.append({
             "group_id": g.id, "task": g.task, "example_id": g.example_id, "example": _json(g.example),
             "turn": g.turn, "prompts": list(g.prompts), "session_id": g.session_id, "group_status": g.status,
-            "trained_step": g.trained_step, "group_created_at": g.created_at.isoformat(),
+            "group_status_reason": g.status_reason, "trained_step": g.trained_step, "group_created_at": g.created_at.isoformat(),
             "max_reward": g.max_reward, "num_agents": g.num_agents, "num_generations": g.num_generations,
             "joint_sample_id": j.id, "joint_index": j.joint_index, "joint": list(j.joint),
             "agents": [s.agent for s in parts], "texts": [s.text for s in parts],
@@ -81,6 +82,8 @@ def group_rows(g: GroupRecord, rule: ReturnRule, now: datetime) -> list[dict]:
             "logprobs": [s.logprobs for s in parts], "adapter_versions": [s.adapter_version for s in parts],
             # the base each part ran on (Sample.meta["model"]; None for rows stored before it was recorded)
             "base_models": [s.meta.get("model") for s in parts],
+            # the temperature / top_p each part was sampled at, as JSON (None: stored before it was recorded)
+            "sampling": [_json(s.meta.get("sampling")) for s in parts],
             "finish_reasons": [s.finish_reason for s in parts], "combined": j.combined,
             "auto_total": j.auto_total, "auto_max": j.auto_max, "auto_levels": _json(j.auto_levels),
             "auto_details": _json(j.auto_details), "auto_error": j.auto_error,
