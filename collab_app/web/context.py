@@ -58,14 +58,22 @@ def is_public(server_name: str | None, share: bool) -> bool:
         return True  # a host name other than localhost: assume reachable from outside
 
 
-def storage_warning(home: str) -> str | None:
+def storage_warning(home: str, store_on_server: bool = False) -> str | None:
     """On a Hugging Face Space the disk is wiped at every restart unless persistent storage is
-    mounted at /data and COLLAB_HOME points into it. Returns the warning to show, or None."""
+    mounted at /data and COLLAB_HOME points into it. Returns the warning to show, or None.
+    `store_on_server`: the store is a database server (COLLAB_DB), which keeps groups and ratings;
+    only the adapters under COLLAB_HOME go (the trainer then starts a fresh adapter, numbered past
+    the store's newest version: collab_app/online/service.py check_lineage)."""
     if not os.environ.get("SPACE_ID"):
         return None
     home_abs = os.path.abspath(home)
     if os.path.isdir("/data") and (home_abs == "/data" or home_abs.startswith("/data/")):
         return None
+    if store_on_server:
+        return ("**Adapters are ephemeral on this Space**: groups and ratings are kept in the database "
+                "(COLLAB_DB), but the team's trained adapters are lost when the Space restarts, and training "
+                "starts again from the base model. Add persistent storage (mounted at /data) and set "
+                "`COLLAB_HOME=/data` to keep them (see docs/SPACES.md).")
     return ("**Data is ephemeral on this Space**: groups, ratings and adapters are lost when it "
             "restarts. Add persistent storage (mounted at /data) and set `COLLAB_HOME=/data` "
             "(see docs/SPACES.md).")
@@ -358,7 +366,7 @@ class AppContext:
 
     @property
     def storage_warning(self) -> str | None:
-        return storage_warning(self.home)
+        return storage_warning(self.home, store_on_server=not self.store.is_sqlite)
 
 
 def build_context(model: str | None = None, engine: str = "auto", store_url: str | None = None,
