@@ -163,7 +163,6 @@ def test_storage_warning_on_space(monkeypatch, tmp_path):
     assert storage_warning(str(tmp_path)) is None               # not a Space: nothing to say
     monkeypatch.setenv("SPACE_ID", "someone/collab")
     assert "ephemeral" in storage_warning(str(tmp_path))       # a Space, home not on /data
-    assert "ratings are lost" not in storage_warning(str(tmp_path))   # wording: "groups, ratings and adapters are lost"
     on_server = storage_warning(str(tmp_path), store_on_server=True)   # COLLAB_DB: the database keeps the ratings
     assert "groups and ratings are kept" in on_server and "adapters are lost" in on_server
 
