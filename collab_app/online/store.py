@@ -735,6 +735,12 @@ class Store:
                            grp.session_id, grp.status, grp.trained_step, samples, joints, grp.status_reason,
                            None if grp.versions_at is None else dict(grp.versions_at))
 
+    def groups_of(self, joint_sample_ids: Sequence[int]) -> list[int]:
+        """The ids of the groups these joint samples belong to, sorted (one indexed read)."""
+        with self._read() as s:
+            return sorted(set(s.scalars(select(JointRow.group_id).where(JointRow.id.in_(
+                [int(j) for j in joint_sample_ids])))))
+
     def recent_groups(self, n: int = 20, session_id: str | None = None) -> list[GroupRecord]:
         """The newest `n` groups (optionally of one session), newest first, with samples and ratings."""
         with self._read() as s:

@@ -662,12 +662,7 @@ def _rating_not_saved(e: Exception) -> UserError | None:
 
 def _groups_of(ctx, joint_ids: list[int]) -> list[int]:
     """The groups these joint samples belong to (one indexed read)."""
-    from sqlalchemy import select
-
-    from collab_app.online.store import JointRow
-
-    with ctx.store._read() as s:
-        return sorted(set(s.scalars(select(JointRow.group_id).where(JointRow.id.in_(joint_ids)))))
+    return ctx.store.groups_of(joint_ids)
 
 
 def rating_fate(ctx, group_ids: list[int] | None, joint_ids: list[int], rating_ids: list[int]) -> tuple[bool, str]:
