@@ -22,9 +22,10 @@ logit is more than ~17 below the best one's (u < 1 - 2^-24).
 
 Used on CPU only: vLLM through `install` (called by the worker extension,
 vllm_team.TeamLoRA.collab_sampler), transformers through engine_hf.InverseCDFSampling; GPU engines
-keep their library's sampler. Left out, kept on vLLM's path: rows with their own seeded generator
-(the CPU engine never sends per-request seeds: engine_vllm.py), the processed_* log-prob modes
-(the engine asks for raw log-probs), and vLLM's fp64 Gumbel option. The draws differ from the
+keep their library's sampler. In vLLM's processed_logprobs mode (the engine's: the log-probs of
+the distribution that draws) the draw is from exp of those log-probs, which are returned. Left
+out, kept on vLLM's path: rows with their own seeded generator (the CPU engine never sends
+per-request seeds: engine_vllm.py), the processed_logits mode and vLLM's fp64 Gumbel option. The draws differ from the
 libraries' for the same seed (another algorithm over the same torch RNG); the distribution is the same.
 """
 from __future__ import annotations
@@ -62,9 +63,10 @@ def install(topk_topp_sampler) -> bool:
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
     s = topk_topp_sampler
-    if s.logprobs_mode in ("processed_logits", "processed_logprobs") or getattr(s, "use_fp64_gumbel", False):
+    if s.logprobs_mode == "processed_logits" or getattr(s, "use_fp64_gumbel", False):
         return False
     vllm_forward = s.forward
+    processed = s.logprobs_mode == "processed_logprobs"
 
     def forward(logits, generators, k, p):
         """Same contract as vLLM's forward_cpu: (tokens (R,), processed log-probs or None); the
@@ -72,6 +74,9 @@ def install(topk_topp_sampler) -> bool:
         if generators:       # a seeded row must draw from its own generator: vLLM's path
             return vllm_forward(logits, generators, k, p)
         logits = apply_top_k_top_p(logits, k, p)          # -inf outside top-k / top-p
+        if processed:        # one pass gives both: the log-probs returned and the probabilities drawn from
+            logprobs = logits.log_softmax(-1, dtype=torch.float32)                   # (R, V)
+            return sample_rows(logprobs.exp()), logprobs
         return sample_rows(logits.softmax(-1, dtype=torch.float32)), None
 
     s.forward = forward

@@ -11,9 +11,10 @@ to-device copy and a gather per layer, and a round of 2 agents x 4 rows x 128 to
 took 13.3 s on an H200 against 2.6 s for plain `generate` (docs/results "On a GPU"). Adapters are
 still loaded, named and deleted by peft; peft's mixed batch stays the reference in the tests
 (tests/engines/test_engine.py teacher-forces a peft model). Log-probs (`SampledLogprobs`): a logits
-processor that transformers runs before its temperature / top-p warpers takes each step's
-log_softmax and keeps only the entry of the token sampled from it, the untempered convention
-of engine_types. It replaces `output_logits=True`, which held every step's float32 logits
+processor that transformers runs before its temperature / top-p warpers applies the same
+temperature (and top-p) itself, takes each step's log_softmax and keeps only the entry of the
+token sampled from it: the log-prob under the distribution that drew it, engine_types'
+convention. It replaces `output_logits=True`, which held every step's float32 logits
 until the end (rows x steps x 49152 x 4 bytes: 3.2 GB for the bench's 128 x 128). On CPU the
 draw is a logits processor too (`InverseCDFSampling`, after that one): transformers' multinomial
 took 10-16 ms a decode step there.
@@ -87,7 +88,7 @@ from collab_app.engines import (DTYPES, QUANTIZE, chat_prompt_ids, check_lengths
 from collab_app.engines import huge_pages
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.cpu_sampler import sample_rows
-from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
+from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
 from trainer.dtypes import gqa_attention, resolve_device
 
 log = logging.getLogger(__name__)
@@ -316,13 +317,17 @@ def release_decoder_thread(decoder: _DecodeThread) -> None:
 
 
 class SampledLogprobs(LogitsProcessor):
-    """log pi(sampled token) per step without keeping the logits: step t's log_softmax waits
+    """log pi_T(sampled token) per step without keeping the logits: step t's log_softmax waits
     until step t+1's call, whose input_ids end with the token sampled at t; `finish` takes the
     last step's from the final sequences. Changes no scores. Memory: one (rows, vocab) tensor.
     It sees the scores after the processors the model's generation_config asks for (none for
-    SmolLM2: no repetition penalty or suppressed tokens), before temperature and top-p."""
+    SmolLM2: no repetition penalty or suppressed tokens), before generate's temperature and
+    top-p warpers, so it applies the same ones to its own copy: the log-probs are those of the
+    distribution the token is drawn from (engine_types). temperature 0 (greedy): untempered."""
 
-    def __init__(self):
+    def __init__(self, temperature: float = 1.0, top_p: float = 1.0):
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.top_p = TopPLogitsWarper(top_p) if temperature > 0 and top_p < 1 else None
         self.pending: torch.Tensor | None = None   # (rows, vocab) log_softmax of the last step
         self.taken: list[torch.Tensor] = []         # (rows,) per finished step
 
@@ -332,7 +337,12 @@ class SampledLogprobs(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._take(input_ids)
-        self.pending = torch.log_softmax(scores.float(), -1)
+        drawn = scores.float()                                                   # (rows, vocab)
+        if self.temperature != 1.0:
+            drawn = drawn / self.temperature             # as TemperatureLogitsWarper: a new tensor
+        if self.top_p is not None:
+            drawn = self.top_p(input_ids, drawn)         # -inf outside the nucleus (a new tensor)
+        self.pending = torch.log_softmax(drawn, -1)
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -558,7 +568,7 @@ class TransformersEngine:
             rows = [(i, prompt_ids[i]) for i in order for _ in range(n)]
             prompts = self.tokenizer.pad({"input_ids": [prompt_ids[i] for i in order]}, padding=True, return_tensors="pt")
             batch = {k: v.repeat_interleave(n, 0) for k, v in prompts.items()}   # (rows, T): each prompt's n rows
-            logprobs = SampledLogprobs()
+            logprobs = SampledLogprobs(sampling.temperature, sampling.top_p)
             streamer = _RowStreamer(logprobs)
             kw = dict(
                 input_ids=batch["input_ids"].to(self.device), attention_mask=batch["attention_mask"].to(self.device),
@@ -647,7 +657,8 @@ class TransformersEngine:
                             continue
                         end = next((t + 1 for t, tok in enumerate(toks[r]) if tok in self.eos_ids), None)
                         if end is not None and len(lps[r]) >= end:
-                            done[i][j] = self._sample(requests[i], agents, prompt_ids[i], toks[r][:end], lps[r][:end], True)
+                            done[i][j] = self._sample(requests[i], agents, prompt_ids[i], toks[r][:end], lps[r][:end],
+                                                      True, sampling)
                             texts[i][j] = done[i][j].text
                         else:
                             text = self.tokenizer.decode(toks[r][:end], skip_special_tokens=True)
@@ -669,7 +680,7 @@ class TransformersEngine:
             if lp.shape != new.shape:
                 raise EngineError(f"log-probs for {tuple(lp.shape)} tokens but {tuple(new.shape)} generated: "
                                   f"transformers changed how logits processors are called")
-        result = self._samples(requests, rows, new.tolist(), lp.tolist(), prompt_ids, agents, n)
+        result = self._samples(requests, rows, new.tolist(), lp.tolist(), prompt_ids, agents, n, sampling)
         yield Progress([[s.text for s in row] for row in result], [list(row) for row in result])
 
     def _shared_prefill(self, model, prompts, names: list[str | None], n: int, room: int):
@@ -697,20 +708,21 @@ class TransformersEngine:
             layer.capacity = room
         return cache
 
-    def _sample(self, request, agents, prompt_ids, toks, lp, stopped) -> Sample:
+    def _sample(self, request, agents, prompt_ids, toks, lp, stopped, sampling: Sampling) -> Sample:
         return Sample(
             agent=request.agent, adapter_version=agents[request.agent][1],
             prompt_token_ids=prompt_ids, text=self.tokenizer.decode(toks, skip_special_tokens=True),
             token_ids=toks, logprobs=lp, finish_reason="stop" if stopped else "length",
-            meta={"engine": self.name, "model": self.model_path},
+            meta={"engine": self.name, "model": self.model_path, "sampling": sampling_meta(sampling)},
         )
 
-    def _samples(self, requests, rows, seqs, lps, prompt_ids, agents, n) -> list[list[Sample]]:
+    def _samples(self, requests, rows, seqs, lps, prompt_ids, agents, n, sampling) -> list[list[Sample]]:
         result: list[list[Sample]] = [[] for _ in requests]
         for (i, _), toks, lp in zip(rows, seqs, lps):
             end = next((t + 1 for t, tok in enumerate(toks) if tok in self.eos_ids), None)
             # up to and including EOS; pad after it dropped
-            result[i].append(self._sample(requests[i], agents, prompt_ids[i], toks[:end], lp[:end], end is not None))
+            result[i].append(self._sample(requests[i], agents, prompt_ids[i], toks[:end], lp[:end], end is not None,
+                                          sampling))
         return result
 
     def close(self) -> None:

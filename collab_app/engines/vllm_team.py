@@ -858,7 +858,7 @@ class TeamLoRA:
 
         if cpu_sampler.install(self.model_runner.sampler.topk_topp_sampler):
             return cpu_sampler.NAME
-        return "vLLM's own (processed log-probs or fp64 Gumbel asked for)"
+        return "vLLM's own (processed logits or fp64 Gumbel asked for)"
 
     def collab_token_ranks(self) -> str:
         """How the sampled tokens' ranks are counted: vLLM's compiled function, or, where no C++

@@ -112,10 +112,20 @@ def test_install_samples_random_rows_and_leaves_seeded_rows_to_vllm():
 
 
 @pytest.mark.vllm
-def test_processed_logprob_modes_keep_vllms_sampler():
+def test_processed_logprobs_are_returned_and_drawn_from():
+    """The engine's mode (processed_logprobs): the draw returns the log-probs of the distribution
+    it drew from, the tempered logits after top-k / top-p; processed_logits keeps vLLM's sampler."""
     s = _topk_topp_sampler("processed_logprobs")
-    before = s.forward
-    assert not cpu_sampler.install(s) and s.forward == before
+    assert cpu_sampler.install(s)
+    torch.manual_seed(0)
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]]).repeat(4000, 1) / 0.5      # tempered, as vLLM hands them
+    tokens, processed = s.forward(logits.clone(), {}, torch.full((4000,), 2), None)   # top-k 2
+    want = torch.tensor([-math.inf, 4.0, 2.0, -math.inf]).log_softmax(-1)
+    assert torch.allclose(processed[0], want) and set(tokens.tolist()) == {1, 2}
+    assert abs((tokens == 1).float().mean().item() - want[1].exp().item()) < 0.03
+    s2 = _topk_topp_sampler("processed_logits")
+    before = s2.forward
+    assert not cpu_sampler.install(s2) and s2.forward == before
 
 
 def test_transformers_draw_applies_temperature_and_top_p_then_keeps_one_token():

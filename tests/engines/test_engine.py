@@ -186,20 +186,21 @@ def fp32_greedy(hf_engine_fp32, adapters) -> dict:
 
 @pytest.mark.parametrize("kind, mean_tol, max_tol", [("transformers-fp32", 0.01, 0.05), (VLLM, 0.02, 0.1)])
 def test_logprobs_match_teacher_forced_forward(request, kind, mean_tol, max_tol, adapters, teacher):
-    """Behaviour log-probs = log softmax of the UNTEMPERED logits at the sampled tokens, so a
-    teacher-forced fp32 forward of the same adapter must give the same numbers. Both engines run
-    fp32 here (vLLM on CPU adds each row's delta scale*B@A@x after its own GEMM, as peft does), so
-    only batching/kernel noise remains: mean < 0.01 / 0.02, max
-    0.05 / 0.1 per sequence. The tempered log-probs (T=0.5, the wrong convention) must be outside
-    the band, so the check can fail."""
+    """Behaviour log-probs = log softmax of the logits / T at the sampled tokens, T the temperature
+    that sampled (recorded in meta["sampling"]), so a teacher-forced fp32 forward of the same
+    adapter at T must give the same numbers. Both engines run fp32 here (vLLM on CPU adds each
+    row's delta scale*B@A@x after its own GEMM, as peft does), so only batching/kernel noise
+    remains: mean < 0.01 / 0.02, max 0.05 / 0.1 per sequence. The untempered log-probs (the old,
+    wrong convention) must be outside the band, so the check can fail."""
     engine = request.getfixturevalue("hf_engine_fp32" if kind == "transformers-fp32" else "vllm_engine")
     setup_agents(engine, adapters)
     out = engine.generate([Request("a1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5, seed=3))
     for s in out[0]:
-        diff = _teacher_gap(teacher, s)
+        assert s.meta["sampling"] == {"temperature": 0.5, "top_p": 1.0}
+        diff = _teacher_gap(teacher, s, temperature=0.5)
         assert diff.mean() < mean_tol and diff.max() < max_tol, (diff.mean().item(), diff.max().item())
-        tempered = _teacher_gap(teacher, s, temperature=0.5)
-        assert tempered.mean() > mean_tol, tempered.mean().item()
+        untempered = _teacher_gap(teacher, s)
+        assert untempered.mean() > mean_tol, untempered.mean().item()
 
 
 @pytest.mark.vllm
@@ -249,7 +250,7 @@ def test_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(model_path, fp32_
         assert _greedy(eng, ["f1", "base", "f2"]) == [fp32_greedy[1], fp32_greedy["base"], fp32_greedy[2]]
         out = eng.generate([Request("f1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5))
         for s in out[0]:
-            diff = _teacher_gap(teacher, s)
+            diff = _teacher_gap(teacher, s, temperature=0.5)
             assert diff.mean() < 0.02 and diff.max() < 0.1, (diff.mean().item(), diff.max().item())
     finally:
         eng.close()
@@ -274,7 +275,7 @@ def test_transformers_fp16_base_gemms_give_fp32s_greedy_tokens_and_logprobs(mode
     assert _greedy(eng, ["h1", "base", "h2"]) == [fp32_greedy[1], fp32_greedy["base"], fp32_greedy[2]]
     out = eng.generate([Request("h1", PROMPT)], 2, Sampling(max_new_tokens=32, temperature=0.5, seed=3))
     for s in out[0]:
-        diff = _teacher_gap(teacher, s)
+        diff = _teacher_gap(teacher, s, temperature=0.5)
         assert diff.mean() < 0.01 and diff.max() < 0.05, (diff.mean().item(), diff.max().item())
 
 
@@ -370,6 +371,27 @@ def test_sampled_logprobs_processor_pairs_each_step_with_its_token():
     got = proc.finish(seq)                                                       # (rows, 3)
     want = torch.stack([torch.log_softmax(s, -1).gather(1, t).squeeze(1) for s, t in zip(steps, picked)], 1)
     assert got.shape == (2, 3) and torch.allclose(got, want)
+
+
+def test_sampled_logprobs_are_those_of_the_distribution_that_draws():
+    """At temperature T the log-probs are log softmax(scores / T); with top-p, of the nucleus
+    renormalised (what transformers' warpers draw from); greedy (T = 0): untempered."""
+    import torch
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from collab_app.engines.engine_hf import SampledLogprobs
+
+    torch.manual_seed(0)
+    scores, tok = torch.randn(2, 11), torch.tensor([[1], [4]])
+    seq = torch.tensor([[5], [7]])
+    for T, p in ((0.7, 1.0), (1.3, 0.6), (0.0, 1.0)):
+        proc = SampledLogprobs(T, p)
+        assert torch.equal(proc(seq, scores.clone()), scores)
+        drawn = scores if T == 0 else TemperatureLogitsWarper(T)(seq, scores.clone())
+        if T > 0 and p < 1:
+            drawn = TopPLogitsWarper(p)(seq, drawn)
+        want = torch.log_softmax(drawn, -1).gather(1, tok)[:, 0]
+        assert torch.allclose(proc.finish(torch.cat([seq, tok], 1))[:, 0], want)
 
 
 def test_row_segments_group_consecutive_rows_of_one_adapter():

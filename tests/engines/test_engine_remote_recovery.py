@@ -9,6 +9,7 @@ restarts a real vLLM server.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +33,7 @@ class FakeVLLM:
         self.served: list[str] = []          # the model of every completion answered with 200
         self.forget_on_load = False          # accept loads but keep nothing (a 404 that persists)
         self.drop_streams = 0                # the next k streams end after one chunk, without [DONE]
+        self.logprobs_mode = "processed_logprobs"   # the engine's start-up check asks (non-streamed)
         self._lock = threading.Lock()
         self._httpd = None
         self.port = 0
@@ -88,6 +90,14 @@ class FakeVLLM:
 
             def _complete(self, body):
                 model = body["model"]
+                if not body.get("stream"):   # the log-prob mode probe: one token's top log-probs
+                    t = 1.0 if fake.logprobs_mode == "raw_logprobs" else body["temperature"]
+                    logits = [0.0, -1.0, -2.0, -3.0, -4.0]
+                    norm = math.log(sum(math.exp(x / t) for x in logits))
+                    top = {f"token_id:{tok}": x / t - norm for tok, x in zip(TOKENS + (104, 105), logits)}
+                    self._send(200, {"choices": [{"index": 0, "text": ".", "logprobs": {"top_logprobs": [top]},
+                                                  "finish_reason": "length"}]})
+                    return
                 with fake._lock:
                     known = model == BASE or model in fake.loaded
                     drop = fake.drop_streams > 0 and known
@@ -239,6 +249,22 @@ def test_a_stream_dropped_mid_way_starts_its_row_over(fake, model_path):
         assert [[(s.text, s.token_ids, s.logprobs, s.adapter_version) for s in row] for row in got] == \
                [[(s.text, s.token_ids, s.logprobs, s.adapter_version) for s in row] for row in want]
         assert fake.drop_streams == 0
+    finally:
+        eng.close()
+
+
+def test_a_server_with_untempered_logprobs_is_refused_and_samples_record_their_sampling(fake, model_path):
+    """vLLM's default --logprobs-mode (raw_logprobs) gives untempered log-probs at any temperature:
+    the trainer's ratio would be off by the temperature, so the engine refuses the server at start
+    and names the flag. A processed_logprobs server's samples record the sampling that drew them."""
+    fake.logprobs_mode = "raw_logprobs"
+    with pytest.raises(EngineError, match="--logprobs-mode processed_logprobs"):
+        RemoteVLLMEngine(model_path, fake.url)
+    fake.logprobs_mode = "processed_logprobs"
+    eng = _engine(fake, model_path)
+    try:
+        (row,) = eng.generate(REQS[:1], 2, SAMPLING)
+        assert [s.meta["sampling"] for s in row] == [{"temperature": 0.7, "top_p": 1.0}] * 2
     finally:
         eng.close()
 
