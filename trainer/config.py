@@ -83,7 +83,7 @@ class MAGRPOConfig:
     temperature: float = 0.8
     """rollout sampling temperature (> 0: siblings must differ to give an advantage)."""
     top_p: float = 1.0
-    """rollout nucleus sampling."""
+    """rollout nucleus sampling: 1 only (the trainer cannot reproduce a truncated distribution's log-probs; groups sampled with top_p < 1 are refused for training)."""
     max_new_tokens: int = 128
     """new tokens per agent completion."""
 
@@ -165,7 +165,8 @@ class MAGRPOConfig:
              f"temperature must be > 0 for rollouts, got {self.temperature}: greedy decoding makes all G "
              f"siblings identical, so every advantage is 0. Use e.g. --temperature 0.8 "
              f"(evaluation is greedy by default: --eval-temperature).")
-        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(self.top_p == 1.0, f"top_p must be 1, got {self.top_p}: the trainer's log-probs cannot reproduce "
+                                f"nucleus truncation, so every group sampled with top_p < 1 would be refused")
         need(self.eval_temperature >= 0, f"eval_temperature must be >= 0 (0 = greedy), got {self.eval_temperature}")
         need(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         need(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")

@@ -1,4 +1,5 @@
-"""Groups for a trainer's update whose behaviour log-probs are the trainer's own."""
+"""Groups for a trainer's update whose behaviour log-probs are the trainer's own (at temperature 1,
+recorded as the samples' sampling)."""
 from __future__ import annotations
 
 import torch
@@ -21,7 +22,8 @@ def on_policy_groups(trainer, shift=0.0, returns=(1.0, 0.0), late=False):
                 lp, mask = sequence_logprobs(trainer.model, prompts, comps)
             version = trainer.versions[agent] - (1 if late else 0)
             samples.append([Sample(agent=agent, adapter_version=version, prompt_token_ids=p, text="x", token_ids=c,
-                                   logprobs=[v + shift for v in lp[i, :len(c)].tolist()])
+                                   logprobs=[v + shift for v in lp[i, :len(c)].tolist()],
+                                   meta={"sampling": {"temperature": 1.0, "top_p": 1.0}})
                             for i, (p, c) in enumerate(zip(prompts, comps))])
         groups.append(Group(task="tldr", example_id=f"e{e}", turn=0, prompts=["x", "y"], samples=samples,
                             joint=[(0, 0), (1, 1)], returns=list(returns), rewards=list(returns),

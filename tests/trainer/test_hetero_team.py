@@ -60,7 +60,9 @@ def _group(tr, returns) -> Group:
         prompt, comps = DATA[agent]
         lp = _logps(tr, agent)
         samples.append([Sample(agent=agent, adapter_version=tr.versions[agent], prompt_token_ids=prompt, text="x",
-                               token_ids=c, logprobs=[lp[i] / len(c)] * len(c)) for i, c in enumerate(comps)])
+                               token_ids=c, logprobs=[lp[i] / len(c)] * len(c),
+                               meta={"sampling": {"temperature": 1.0, "top_p": 1.0}})   # the log-probs' own
+                        for i, c in enumerate(comps)])
     return Group(task="tldr", example_id="e", turn=0, prompts=["x", "y"], samples=samples, joint=[(0, 0), (1, 1)],
                  returns=list(returns), rewards=list(returns), levels=[{}, {}])
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainer.config import MAGRPOConfig
-from trainer.magrpo import Group, MAGRPOTrainer, adapter_parameters, advantages, turn_weights
+from trainer.magrpo import Group, MAGRPOTrainer, adapter_parameters, advantages, sample_weights
 
 
 # ------------------------------------------------------------------------------- pure pieces
@@ -31,17 +31,16 @@ def test_raw_advantages_with_std_do_not_explode_on_a_flat_group():
     assert advantages([1.0, 3.0], "raw", normalize_std=True) == pytest.approx([1 / (1 + 1e-4), 3 / (1 + 1e-4)])
 
 
-def _g(turn, G=2):
+def _g(turn, G=2, parent=None):
     return Group(task="t", example_id="e", turn=turn, prompts=["p"], samples=[[None] * G], joint=[(0,), (1,)],
-                 returns=[0.0, 1.0])
+                 returns=[0.0, 1.0], parent=parent)
 
 
-def test_every_turn_weighs_the_same():
+def test_every_turn_of_a_rollout_tree_weighs_the_same():
     # one root group (G=2) and its two children (2 x G=2 samples): per-sample weights 1/4 and 1/8,
     # so each turn's samples add up to 1/2 (before: 1/6 each, turn 1 diluted to 1/3 of the loss)
-    w = turn_weights([_g(0), _g(1), _g(1)])
-    assert w == {0: 0.25, 1: 0.125}
-    assert turn_weights([_g(0), _g(0)]) == {0: 0.25}                          # one turn: the plain mean
+    assert sample_weights([_g(0), _g(1, parent=(0, 0)), _g(1, parent=(0, 1))]) == [0.25, 0.125, 0.125]
+    assert sample_weights([_g(0), _g(0)]) == [0.25, 0.25]                     # one turn: the plain mean
 
 
 # ------------------------------------------------------------------------------- with the model
@@ -111,3 +110,25 @@ def test_a_group_that_waited_too_long_is_dropped_and_reported(trainer):
     m = trainer.update(old)
     assert m["groups_dropped_stale"] == 2 and m["stale_group_ids"] == [10, 11] and m["group_ids"] == []
     assert trainer.versions == before
+
+
+def test_lateness_counts_versions_since_arrival_not_clock_time():
+    """With arrived_versions (the store's newest version per agent when the group arrived) lateness
+    is the trainer's version minus that, the most over agents, never negative, and no clock is read:
+    a group stamped an hour in the future (a clock stepped back) or past is as late as its versions say."""
+    me = SimpleNamespace(agents=["helper", "main"], versions={"helper": 5, "main": 3},
+                         saved_at={"helper": [time.time() - 10] * 5, "main": [time.time() - 10] * 3})
+
+    def late(arrived, created_at):
+        g = Group(task="t", example_id="e", turn=0, prompts=["p", "q"], samples=[[], []], joint=[], returns=[],
+                  created_at=created_at, arrived_versions=arrived)
+        return MAGRPOTrainer.lateness(me, g)
+
+    for clock in (time.time() + 3600, time.time() - 3600):
+        assert late({"helper": 5, "main": 3}, clock) == 0
+        assert late({"helper": 2, "main": 3}, clock) == 3
+        assert late({"helper": 4, "main": 1}, clock) == 2
+        assert late({"helper": 7, "main": 3}, clock) == 0      # a newer lineage's numbers: not negative
+        assert late({"main": 2}, clock) == 1                   # an agent not named counts 0
+    assert late(None, time.time() - 3600) == 5                 # no versions (offline): by clock, as before
+    assert late(None, time.time() + 3600) == 0

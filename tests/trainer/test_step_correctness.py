@@ -42,7 +42,8 @@ def _group(trainer, joint, returns) -> Group:
         prompt, comps = DATA[agent]
         lp = _logps(trainer, agent)
         samples.append([Sample(agent=agent, adapter_version=trainer.versions[agent], prompt_token_ids=prompt,
-                               text="x", token_ids=c, logprobs=[lp[i] / len(c)] * len(c))
+                               text="x", token_ids=c, logprobs=[lp[i] / len(c)] * len(c),
+                               meta={"sampling": {"temperature": 1.0, "top_p": 1.0}})   # the log-probs' own
                         for i, c in enumerate(comps)])
     return Group(task="tldr", example_id="e", turn=0, prompts=["x", "y"], samples=samples, joint=joint,
                  returns=list(returns), rewards=list(returns), levels=[{}] * len(joint))
