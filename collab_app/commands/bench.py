@@ -53,6 +53,8 @@ at a wall-clock budget, evaluated before/after).
 real page, headless Chromium, next to the same rounds through the API).
 `collab bench abuse ...` runs collab_app.commands.bench_abuse:cli_main(argv) (one network with many
 identities against honest raters: share of trained groups, latency, ratings kept, refusals).
+`collab bench faults ...` runs collab_app.commands.bench_faults:cli_main(argv) (scripted raters while
+faults are injected: ratings accepted vs stored vs trained, and per fault whether learning resumed).
 """
 from __future__ import annotations
 
@@ -577,10 +579,15 @@ def cli_main(argv: list[str]) -> int:
         from collab_app.commands.bench_abuse import cli_main as abuse
 
         return int(abuse(argv[1:]) or 0)
+    if argv and argv[0] == "faults":
+        from collab_app.commands.bench_faults import cli_main as faults
+
+        return int(faults(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), "
                                 "`train` (MAGRPO step), `online` (scripted raters against `collab serve`), "
                                 "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget), `page` (a person's round in headless "
-                                "Chromium next to the API), `abuse` (one network with many identities against honest raters)")
+                                "Chromium next to the API), `abuse` (one network with many identities against honest raters), "
+                                "`faults` (scripted raters while faults are injected)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
@@ -626,6 +633,9 @@ def cli_main(argv: list[str]) -> int:
     sub.add_parser("abuse", help="one network with many identities rating to push a preference beside honest raters "
                                  "on other networks, against a real `collab serve` behind a trusted proxy hop "
                                  "(collab_app.commands.bench_abuse; own options)")
+    sub.add_parser("faults", help="scripted raters against a real `collab serve` while faults are injected: a full "
+                                  "disk, the trainer killed mid-step, a locked store, wiped adapters, a clock step, "
+                                  "a truncated adapter (collab_app.commands.bench_faults; own options)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)
