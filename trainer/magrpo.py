@@ -779,10 +779,11 @@ class MAGRPOTrainer:
         arrival, not from the generating version: a pinned old version serving fresh groups gives
         lateness 0 (those samples are off-policy; the ratio handles it). With
         group.arrived_versions (the caller's record of each agent's newest version then): this
-        trainer's version minus that one, an agent it does not name counting 0; no clock is read.
+        trainer's version minus that one (an agent it does not name had no version recorded yet:
+        version 0, the base); no clock is read.
         Without (offline rollouts): the versions saved after group.created_at, one process's clock."""
         if group.arrived_versions is not None:
-            return max(0, max(self.versions[a] - int(group.arrived_versions.get(a, self.versions[a]))
+            return max(0, max(self.versions[a] - int(group.arrived_versions.get(a, 0))
                               for a in self.agents))
         return max(sum(t > group.created_at for t in self.saved_at[a]) for a in self.agents)
 

@@ -129,6 +129,7 @@ def test_lateness_counts_versions_since_arrival_not_clock_time():
         assert late({"helper": 2, "main": 3}, clock) == 3
         assert late({"helper": 4, "main": 1}, clock) == 2
         assert late({"helper": 7, "main": 3}, clock) == 0      # a newer lineage's numbers: not negative
-        assert late({"main": 2}, clock) == 1                   # an agent not named counts 0
+        assert late({"main": 2}, clock) == 5                   # an agent not named had no version yet: 0
+        assert late({}, clock) == 5                            # arrived before any version row (the base)
     assert late(None, time.time() - 3600) == 5                 # no versions (offline): by clock, as before
     assert late(None, time.time() + 3600) == 0
