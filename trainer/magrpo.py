@@ -164,9 +164,11 @@ def agent_returns(group: Group, agent: int, cross_credit: str = "mean") -> list[
     return [pick(rs) for rs in took_part]
 
 
-ADV_TOL = 1e-9
-"""Returns closer than ADV_TOL * max(1, |R|max) count as equal: float leftovers (1e-16) of a
-zero-variance group must not take a full AdamW step and write a version."""
+ADV_TOL = 1e-4
+"""Returns closer than ADV_TOL * max(1, |R|max) count as equal. AdamW's step hardly depends on the
+gradient's size (m / sqrt(v)), so a spread of float leftovers (1e-16) or of noise (1e-6) would
+move the adapter as much as a real signal and write a version; every signal a task's levels or a
+rating (1/8 of the return's scale per star) express is far above 1e-4 of the scale."""
 
 
 def advantages(returns: list[float], mode: str = "mean", normalize_std: bool = False,

@@ -22,6 +22,13 @@ def test_float_leftovers_of_a_flat_group_are_exactly_zero():
         assert advantages(returns, mode, normalize_std=True) == [0.0] * 4
 
 
+def test_a_spread_of_noise_is_no_signal_but_a_small_real_one_is():
+    # AdamW would take as large a step on a 1e-6 spread as on a strong signal: noise is flat
+    assert advantages([0.5, 0.5 + 1e-6, 0.5], "mean") == [0.0] * 3
+    assert advantages([10.0, 10.0 + 5e-4], "mean") == [0.0, 0.0]             # relative to the returns' scale
+    assert advantages([0.5, 0.501], "mean") == pytest.approx([-0.0005, 0.0005])
+
+
 def statistics_spread(xs):
     return max(xs) - min(xs)
 
