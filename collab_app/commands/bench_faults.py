@@ -74,7 +74,9 @@ Reported (JSON, and a table unless --json):
 Limits: one machine, one SQLite store; the raters read a round --think-s seconds and rate at once,
 so the box's CPU bounds the rounds, groups and steps between faults (on 2 cores beside other work a
 step of the embedded model can take minutes: a fault's window must hold a step for `resumed` to be
-judged fairly); steps are seen at --poll-s resolution.
+judged fairly); the faults come one after another, so one that learning has not recovered from when
+the next starts makes the next one's verdict false too (run it alone, `--faults X`, to judge it
+alone); steps are seen at --poll-s resolution.
 """
 from __future__ import annotations
 
