@@ -647,6 +647,14 @@ def _fmt(v, nd=2) -> str:
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def target_lines(targets: dict, fmt, width: int, none: str) -> list[str]:
+    """A bench's targets as text: {name: {"value", "target", "pass" (True / False / None)}}, one
+    line each after a "targets:" line, PASS / FAIL / `none` at the end."""
+    verdicts = {True: "PASS", False: "FAIL", None: none}
+    return ["targets:"] + [f"  {name:<24}{fmt(t['value']):>10}  {t['target']:<{width}} {verdicts[t['pass']]}"
+                           for name, t in targets.items()]
+
+
 def table(res: dict) -> str:
     """The result side by side: honest raters | attacker, then the targets."""
     h, a = res["sides"]["honest"], res["sides"]["attacker"]
@@ -673,10 +681,7 @@ def table(res: dict) -> str:
                  f"honest {s['honest']}, unknown {s['unknown']}); every group a step took then: "
                  f"{res['by_step_window']['total']} (attacker {res['by_step_window']['attacker']}); "
                  f"train steps in all: {res['train_steps']}")
-    lines.append("targets:")
-    for name, t in res["targets"].items():
-        verdict = {True: "PASS", False: "FAIL", None: "n/a (no figure)"}[t["pass"]]
-        lines.append(f"  {name:<24}{_fmt(t['value'], 3):>10}  {t['target']:<40} {verdict}")
+    lines += target_lines(res["targets"], lambda v: _fmt(v, 3), width=40, none="n/a (no figure)")
     c = res["config"]
     lines.append(f"(quiet {c['quiet_minutes']} min, attack {c['minutes']} min; G={c['num_generations']}, "
                  f"{c['max_new_tokens']} tokens, K={c['min_groups']}, engine {c['engine']}; trainer shares "

@@ -1061,6 +1061,8 @@ def _fmt(v, nd: int = 2) -> str:
 
 
 def table(res: dict) -> str:
+    from collab_app.commands.bench_abuse import target_lines
+
     r = res["ratings"]
     lines = [f"ratings: accepted {r['accepted']}, stored {r['stored']}, lost {r['lost']}; refused {r['refused']}, "
              f"unanswered {r['unanswered']}",
@@ -1080,10 +1082,7 @@ def table(res: dict) -> str:
                  "step / to the step that trained a group generated after it; after: which step that was)")
     for g in res["closed_groups"]:
         lines.append(f"closed group {g['id']}: {g['status']}: {g.get('reason') or '(no reason stored)'}")
-    lines.append("targets:")
-    for name, t in res["targets"].items():
-        verdict = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
-        lines.append(f"  {name:<24}{_fmt(t['value']):>10}  {t['target']:<48} {verdict}")
+    lines += target_lines(res["targets"], _fmt, width=48, none="n/a")
     c = res["config"]
     lines.append(f"(G={c['num_generations']}, {c['max_new_tokens']} tokens, K={c['min_groups']}, trainer "
                  f"'{c['trainer_args']}', engine {c['engine']}; disk: {res['mechanisms'].get('disk')} holding "
