@@ -94,6 +94,13 @@ class FakeProc:
     kill = terminate
 
 
+def _wait_until(done, timeout_s: float) -> None:
+    """Poll `done()` until true or `timeout_s` passed (the assertions after it say what was missing)."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_back_off_is_capped_and_starts_afresh_after_a_healthy_run():
     clock = {"t": 0.0}
     # 11 crashes at start, one healthy run of 400 s that then crashes, a crash at start, then a run that lasts
@@ -104,9 +111,7 @@ def test_back_off_is_capped_and_starts_afresh_after_a_healthy_run():
     waits: list = []
     _no_sleep(child, waits)
     child.start()
-    deadline = time.monotonic() + 30
-    while len(waits) < 13 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_until(lambda: len(waits) >= 13, 30)
     try:
         assert [w for w, _ in waits] == [2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600,   # capped at 10 min
                                          2, 4]                                            # afresh after 400 s
@@ -128,9 +133,7 @@ def test_a_start_that_fails_is_retried_too():
     waits: list = []
     _no_sleep(child, waits)
     child.start()
-    deadline = time.monotonic() + 10
-    while len(calls) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_until(lambda: len(calls) >= 3, 10)
     try:
         assert len(calls) == 3 and [w for w, _ in waits] == [2, 4]
         assert waits[0][1].startswith("trainer crashed 1 time in a row (did not start), restarting in 2 s; "
