@@ -366,7 +366,7 @@ def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
     done = []
     if not os.path.isdir(adapters_dir):
         return done
-    steps: dict[tuple, list] = {}   # (group ids, stale ids) -> versions of that step
+    steps: dict[tuple, tuple[dict, list]] = {}   # (group ids, stale ids) -> (its metrics, its versions)
     for agent in sorted(os.listdir(adapters_dir)):
         if agent.startswith(".") or not os.path.isdir(os.path.join(adapters_dir, agent)):
             continue
@@ -379,14 +379,14 @@ def reconcile(store, adapters_dir: str) -> list[tuple[str, int]]:
             row = dict(agent=agent, version=version, path=path, base_model=meta.get("base_model"),
                        metrics={"reconciled": True, "task_step": meta.get("step"), "saved_at": meta.get("created_at")})
             if m.get("group_ids"):
-                steps.setdefault((tuple(m["group_ids"]), tuple(m.get("stale_group_ids") or ())), []).append(row)
+                steps.setdefault((tuple(m["group_ids"]), tuple(m.get("stale_group_ids") or ())), (m, []))[1].append(row)
             else:
                 store.record_adapter_version(step=None, **row)
             done.append((agent, version))
-    for (used, stale), rows in steps.items():
+    for (used, stale), (saved, rows) in steps.items():
         last = store.train_steps(last=1)
         step = (last[-1]["step"] if last else 0) + 1
-        metrics = {**(adapters.read_meta(rows[0]["path"]).get("metrics") or {}), "reconciled": True, "step": step}
+        metrics = {**saved, "reconciled": True, "step": step}
         metrics.pop("group_ids", None), metrics.pop("stale_group_ids", None), metrics.pop("refused_groups", None)
         store.record_train_step(step, metrics, list(used), stale_group_ids=list(stale), versions=rows,
                                 stale_reason="waited too long for the trainer (recorded after a restart)")
