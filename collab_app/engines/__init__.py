@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # Which engine was faster on the interactive workload a person waits for, with two LoRA adapters
 # loaded (`collab bench generate`: 1 prompt x 2 agents x G=4, 128 new tokens, streamed), on both
-# CPU kinds measured (docs/results, "One decoder pass for the whole team"): AVX2-only fp32, one core
+# CPU kinds measured (docs/CPU.md): AVX2-only fp32, one core
 # beside the trainer: vLLM 25.5 s per round vs transformers+peft 42.1 s; AVX512_BF16 (bf16): vLLM
 # 8.1 s vs 96.6 s (merged-weights engine, before the one-pass path).
 CPU_LORA_FASTER = "vllm"

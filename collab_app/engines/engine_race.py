@@ -1,62 +1,30 @@
-"""`auto` decides on this machine: which local engine serves on a CPU (issue 19, item 4).
+"""`auto` decides on this machine: which local engine serves on a CPU, eager or compiled.
 
 engines/calibrate.py measures the base GEMMs; which engine is faster end to end (vLLM's paged
 attention, scheduling and one decoder pass, against transformers+peft's `generate`) depends on
-more than the GEMMs and differs between CPUs (docs/results: vLLM 11.3 s vs transformers 13.7 s a
-round on a Xeon with AMX, 14.7 vs 17.6 s on an AVX2 EPYC). So both engines run the same short
-interactive round here, each in a child process of its own (no second engine's OpenMP threads or
-allocator in its process), on the cores this process may use (as `collab serve`'s
-engine decodes while its trainer child is not in a step: the child lends it its cores; the split
-itself lives in collab_app/online, a room above this one), dtype "auto" as serve resolves it:
+more than the GEMMs and differs between CPUs. So each contestant runs the same short interactive
+round here, in a child process of its own, on the cores this process may use, built with serve's
+keywords (`child_engine_kwargs`: serve's agent slots and in-graph LoRA lanes for vLLM):
 
     2 agents with random rank-8 LoRA adapters x G=4 samples x NEW_TOKENS tokens, streamed;
     one warm-up round, then the best of ROUNDS timed rounds.
 
-Each contestant is built with serve's keywords and, for vLLM, serve's default agent slots and
-in-graph LoRA lanes (`child_engine_kwargs`: one slot per role of tasks.SERVED_BY_DEFAULT, 6, and
-the largest team's agents, 2, as lanes): a compiled engine's graph holds its lanes, and
-inductor's cache keeps a graph per lane count.
+The rounds are interleaved (every child started first, then each pass asks every child for one
+round in turn, each child quiet first: `wait_quiet`), so a VM whose speed drifts slows every
+contestant alike. Children start together only while the machine's available memory holds
+MEMORY_HEADROOM x the largest peak seen; otherwise they race in groups (the entry's `groups`,
+`why`). Where the engine runs bf16 a third contestant, `vllm-compiled` (VLLMEngine(enforce_eager=
+False)), compiles at install; where it wins by COMPILE_MARGIN the entry says `"compile": true` and
+every vLLM engine on this CPU is built compiled (`engines._build`).
 
-The rounds are interleaved: every contestant's child is started first (one after the other, so
-start-ups never overlap), then each of ROUNDS passes asks every child for one round in turn (the
-order rotates), while the others wait idle; before each round every child has gone quiet
-(`wait_quiet`: a child's OpenMP worker spins a core for up to ~3 s after its round, and a round
-timed meanwhile took up to twice as long). On a VM whose speed drifts (compiled/eager moved
-between 0.59 and 0.99 within 12 minutes on one: docs/results "What is left of a compiled step"),
-a contestant timed minutes after another measured another machine; interleaved, a drift falls on
-all of them. The children hold their engines together meanwhile, each with a 1 GiB vLLM KV cache
-(VLLM_CPU_KVCACHE_SPACE, unless set) instead of the 2 GiB it serves with: a 32-token round needs
-a few MB of it. Together they can peak at ~6.5 GB (three children on a Xeon, docs/results), so a
-child starts beside the others only while the machine's available memory holds MEMORY_HEADROOM x
-the largest peak a started child reported (the next one's own size is unknown until it runs);
-otherwise the started ones are raced and closed first, and the rest form the next group. Groups
-are timed apart (the drift problem again): the entry's `groups` and its `why` say so.
-
-A third contestant where the engine runs bf16 (calibrate's choice here, vLLM's own GEMMs):
-`vllm-compiled`, the same vLLM engine compiled by torch.compile (VLLMEngine(enforce_eager=False):
-vLLM traces the model once and inductor fuses the small ops between the GEMMs; docs/results: a
-serve round 5.5 -> 4.3 s on a Xeon with AMX). Where it wins by COMPILE_MARGIN, the cached entry says
-`"compile": true` and every vLLM engine on this CPU is built compiled (`engines._build`); its
-first start compiles for one to two minutes; this race does it at install for serve's default
-lanes (the first `make run` after it started in 35.6 s instead of 96.7 s on the Xeon of
-docs/results once the race built 6 slots), and every later start loads the traced model from
-vLLM's AOT cache (engines/vllm_team.py compiled_model_kept_on_disk): vLLM's init ~10 s against
-~3 s eager, where it was ~25 s while each start traced the model again. On fp32 CPUs it does not run (engine_vllm's doc says why).
-
-The faster round wins; start-up is reported, not weighed (it is paid once per serve). Cached per
-machine and model in $COLLAB_HOME/calibration.json beside the dtype decision (key: calibrate's
-machine key + the engines raced and their ENGINES_REVISION); re-run when the key changes. Only a
-race that every contestant run here finished is cached, so a failed start is tried again next time. `make_engine("auto")` runs
-it on a CPU where both engines are candidates (about a minute, once); `collab serve --vllm-compile
-on|off` overrides its compile decision; COLLAB_CALIBRATE=0 turns it off (the tests): then the order is `engines.CPU_LORA_FASTER`, and the log says that it was not measured here.
+The faster round wins; start-up is reported, not weighed. Cached per machine and model in
+$COLLAB_HOME/calibration.json (calibrate's machine key + the engines raced and their
+ENGINES_REVISION); only a race every contestant finished is cached. `make_engine("auto")` runs it
+where both engines are candidates; `collab serve --vllm-compile on|off` overrides the compile
+decision; COLLAB_CALIBRATE=0 turns it off (the tests: `engines.CPU_LORA_FASTER` decides).
 `collab models` prints it (and runs it at install).
 
-Left out: the rounds beside a training step (the trainer child's cores are borrowed by both
-engines alike), longer rounds (the per-step cost is what differs; 32 tokens show it: on the real
-AVX2 EPYC of docs/results, vLLM / transformers 0.998 at 32 tokens and 0.976 at 128, medians of 4
-and 3 quiet rounds, `docs/results/race_lengths.py`; the transformers engine's KV cache grew by a copy
-per step before it was written in place, which made its long rounds slower than its short ones
-predicted), GPUs (vLLM whenever it is installed: multi-LoRA kernels).
+Why each rule, what is left out, and the measured effects: docs/CPU.md "The engine race".
 """
 from __future__ import annotations
 
@@ -81,15 +49,14 @@ ROLES = {"helper": "You write one small Python helper function for the task. Cod
 TASK = "Task: reverse the words of a sentence."
 # compiled vLLM must beat eager vLLM's round by this factor to be chosen: the two differ by less than
 # this race's noise on some rounds (2.77 vs 3.3 s, then 3.5 vs 3.4 s on the same VM 7 minutes
-# apart, docs/results "A compiled engine loaded, not traced"), and it costs a few seconds more at
+# apart), and it costs a few seconds more at
 # every start (~1-2 minutes at the first)
 COMPILE_MARGIN = 0.9
 TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
 ROUND_TIMEOUT_S = 120   # one round of a started child
 # Before each round the children are let go quiet: a child's OpenMP worker spins on after its round
-# (GOMP_SPINCOUNT, collab_app/__init__: ~1.2 s on the Xeon, 2.6-2.9 s of a whole core on the real
-# AVX2 EPYC Zen 3 of docs/results "The engine race on a real AVX2 CPU"), and a round timed meanwhile
-# shares the cores with it. There a 32-token round right after the other child's took 5.2-5.4 s
+# (GOMP_SPINCOUNT, collab_app/__init__: ~1.2 s with AMX, 2.6-2.9 s of a whole core on an AVX2 CPU),
+# and a round timed meanwhile shares the cores with it. On the AVX2 CPU a 32-token round right after the other child's took 5.2-5.4 s
 # against 2.7-3.0 s after its own; 2 s of sleep were not always enough (2.4-3.7 s), 4 s were
 # (2.7-3.2 s). Waiting for the CPU time to stop, not a fixed sleep: the spin's length is the CPU's.
 QUIET_CPU_S = 0.02      # a child is quiet when it used less CPU than this over QUIET_POLL_S
@@ -99,14 +66,8 @@ QUIET_MAX_S = 10.0
 # child's peak so far (module doc): a start peaks above the steady size while weights convert
 MEMORY_HEADROOM = 1.25
 # Part of the cache key: bumped when this project's engines change speed enough to move the race,
-# so an upgraded install races again instead of trusting a verdict on the old code. 2: the LoRA
-# deltas inside the compiled graph (vllm_team.graph_lora_linear; compiled rounds 12-24% shorter).
-# 3: in-graph LoRA lanes for the largest team instead of a slot per served agent (serve's compiled
-# rounds ~11% shorter with its six agents, paired A/B on the EPYC: docs/results "In-graph LoRA lanes").
-# 4: the transformers engine calibrated on its own GEMMs and attending in fp32 at decode on a bf16
-# CPU (its streamed round 0.63x on the EPYC Zen 4: docs/results "The transformers engine on a bf16 CPU").
-# 5: the transformers engine's KV cache written in place (8-row rounds of 128 tokens 0.94x on a real
-# AVX2 EPYC) and the race's rounds timed only once every child is quiet (`wait_quiet`).
+# so an upgraded install races again instead of trusting a verdict on the old code (each bump's
+# reason: this line's git log).
 ENGINES_REVISION = 5
 
 
@@ -357,10 +318,9 @@ def child_engine_kwargs(kind: str) -> dict:
     """make_engine's keywords for a contestant: serve's (web/serve.py engine_kwargs; vLLM drops
     decode_thread), eager or compiled said here (not by an older race), and for vLLM serve's
     default agent slots and in-graph LoRA lanes. The lanes shape a compiled engine's graph (its
-    in-graph LoRA buffers; one slot per agent before 2026-11-30): with the 2 agents it races, the
-    race compiled a graph that `make run` (then 6 slots) could not find in inductor's cache, and
-    the first `make run` compiled again (97 against 34 s of start-up on the Xeon of docs/results);
-    the thread count does not enter the cache."""
+    in-graph LoRA buffers): a race compiled with other lanes than serve's leaves `make run` a graph
+    it cannot find in inductor's cache, and its first start compiles again (~97 against ~34 s of
+    start-up with AMX); the thread count does not enter the cache."""
     if not kind.startswith("vllm"):
         return {"decode_thread": True}
     return {"decode_thread": True, "enforce_eager": kind == "vllm", "num_agents": serve_slots(),

