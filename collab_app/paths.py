@@ -41,8 +41,7 @@ def compile_cache_dir() -> str:
     engine then spends ~100 s instead of ~30 s starting (docs/ENGINES.md). One folder per machine
     tag because a COLLAB_HOME outlives its CPU (a Space's /data on another host, a home folder
     shared between machines) and torch 2.13's graph cache does not tell vector ISAs apart: a kernel
-    cached on this Xeon under AVX-512, loaded with ATEN_CPU_CAPABILITY=avx2, counted half of what
-    it should (docs/results "A compiled engine's kernels kept across reboots")."""
+    cached under AVX-512, loaded with ATEN_CPU_CAPABILITY=avx2, counted half of what it should."""
     from collab_app.machine import machine_tag
 
     return os.path.join(home(), "compiled", machine_tag())

@@ -35,7 +35,7 @@ class MAGRPOConfig:
 
     # -- groups and joint actions (paper §4) --------------------------------------------------
     num_generations: int = 8
-    """G: completions each agent samples per prompt (the group size). 8 with 2 prompts per step: the same 16 samples per agent and step as 4 x 4, and a better held-out team at equal minutes on HumanEval (two seeds) and TL;DR (docs/results "More cooperation: two training levers")."""
+    """G: completions each agent samples per prompt (the group size). 8 with 2 prompts per step: the same 16 samples per agent and step as 4 x 4, and a better held-out team at equal minutes on HumanEval (two seeds) and TL;DR (docs/results/README.md)."""
     joint_mode: Literal["aligned", "cross"] = "aligned"
     """aligned: sample g of every agent forms joint action g (G joint actions); cross: Cartesian product (G^N)."""
     cross_credit: Literal["mean", "max"] = "mean"

@@ -60,8 +60,8 @@ def cpu_capability() -> str:
 
 def cpu_has_native_bf16(capability: str) -> bool:
     """AMX or AVX512_BF16 (torch.cpu's probes read the hardware) while torch's own dispatch runs
-    AVX-512 kernels: with ATEN_CPU_CAPABILITY capped below that (e.g. "AVX2+AMX+AVX512_BF16", the
-    AVX2 emulation of docs/results) torch runs as on an AVX2 CPU, where bf16 is ~36x slower."""
+    AVX-512 kernels: with ATEN_CPU_CAPABILITY capped below that (e.g. "AVX2+AMX+AVX512_BF16", an
+    AVX2 emulation) torch runs as on an AVX2 CPU, where bf16 is ~36x slower."""
     return capability.split("+")[0].startswith("AVX512") and ("AMX" in capability or "BF16" in capability)
 
 
@@ -93,10 +93,9 @@ def _fp32_attention(query) -> bool:
     query position (a decode step) or under autograd (the trainer's forward). torch's CPU flash
     kernel in bf16 does per-block work on the keys and values (packing, conversion) for each query
     head and query block, which one query position cannot amortize (inferred from the timings, not
-    read in torch's source); with the inputs converted once, the same sums cost a fraction: on the EPYC Zen 4
-    (AVX512_BF16), 16 rows x 136 keys 1.08 -> 0.31 ms a layer, 8 rows x 600 keys 2.35 -> 0.45 ms,
-    forward + backward of 16 rows x 136 tokens 49 -> 30 ms (docs/results "The transformers
-    engine on a bf16 CPU"). A prefill without autograd (many query positions) ran as fast either way and
+    read in torch's source); with the inputs converted once, the same sums cost a fraction: on a CPU with
+    AVX512_BF16, 16 rows x 136 keys 1.08 -> 0.31 ms a layer, 8 rows x 600 keys 2.35 -> 0.45 ms,
+    forward + backward of 16 rows x 136 tokens 49 -> 30 ms. A prefill without autograd (many query positions) ran as fast either way and
     stays in 16 bits (tried: prefills in fp32 too, so that a prompt's last token gets the same
     logits from a prefill (n=1) as from the decode step after the engine's shared prefill (n > 1);
     test_learning's rise then fell to 0.10 at its seed, from 0.78-1.20 over three seeds: not kept).
@@ -144,8 +143,8 @@ def gqa_attention(model, device: str) -> None:
     """Switch a model on `device` "cpu" that runs transformers' "sdpa" attention to `_sdpa_gqa_forward` (same
     masks, same sums; 16-bit decode steps and training forwards in fp32, `_fp32_attention`). Why:
     decoding 16 left-padded rows of SmolLM2-135M (3 key/value heads for 9 query heads) on the
-    2-core AVX2 EPYC, the copies of the key/value heads took 2.1 ms per layer and step against
-    0.48 ms for the whole masked attention without them, ~20% of a step (docs/results "One prefill per prompt, no copied key/value heads"). Left alone: GPUs (CUDA's
+    2-core AVX2 CPU, the copies of the key/value heads took 2.1 ms per layer and step against
+    0.48 ms for the whole masked attention without them, ~20% of a step. Left alone: GPUs (CUDA's
     fused kernels take no mask with GQA, so there the copy is the fast path) and models on
     another attention implementation."""
     if getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa" or str(device) != "cpu":

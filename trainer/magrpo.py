@@ -51,8 +51,7 @@ prompt runs once (shared KV cache, gradients through it): one group fwd+bwd, 1 t
 padded -> 2.4-2.9 s shared. On top of the prompt the siblings go in passes of similar length
 (`length_passes`) and only real positions reach the LM head: a row padded to its group's longest
 completion cost as much as a full one (tldr, 2 agents x G=4 x 64 tokens of the untrained team: an
-update's work 510 -> 437 GFLOP, 0.90x in a paired A/B on one AVX2 core; docs/results "Rows in
-passes of similar length"). With kl_coef = 0 the KL forward is a 2-row logged estimate, not a
+update's work 510 -> 437 GFLOP, 0.90x in a paired A/B on one AVX2 core). With kl_coef = 0 the KL forward is a 2-row logged estimate, not a
 full extra forward. bf16 autocast adds nothing where the base is already bf16 (dtype auto picks
 bf16 on CPUs with native bf16; LoRA matmuls are rank 8 and stay fp32).
 
@@ -655,7 +654,7 @@ class MAGRPOTrainer:
         self.pause: Callable[[], float] | None = None
         # Checked at the same points, before `pause`: True = abandon the step (StepStopped). The
         # trainer service sets it to its stop event, so SIGTERM ends a step within one layer's time
-        # instead of a whole step's (30-60 s under the AVX2 emulation of docs/results), and the step's groups stay ready.
+        # instead of a whole step's (30-60 s on an AVX2 CPU), and the step's groups stay ready.
         self.stop_requested: Callable[[], bool] | None = None
         # Called once a step's compute is over, before it saves: the service gives back cores it
         # borrowed at the pause points (cpushare.CoreLease.narrow), so a round that starts during
@@ -910,8 +909,7 @@ class MAGRPOTrainer:
         rows' sampling temperature. `logp` (rows, T) is the adapter's side, the step's own forward
         of those rows (the adapter has not stepped yet): only the base's side costs a forward
         here. That forward was ~1/3 of a step while both sides were recomputed (tldr, 2 agents x
-        G=4 x 64 tokens, fp32 on one core: 5.1-5.5 of 13.6-14.2 s; docs/results "The KL estimate
-        from the step's own forward"). The two sides come from batches of different shapes (B rows
+        G=4 x 64 tokens, fp32 on one core: 5.1-5.5 of 13.6-14.2 s). The two sides come from batches of different shapes (B rows
         vs `rows`): in bf16 that alone moves a log-prob by ~1e-3 (k3 ~ d^2/2 ~ 1e-6 a token), far
         below a KL worth reading; in fp32 ~1e-7."""
         model, eos = self.model_of[agent], self.eos_of[agent]

@@ -35,9 +35,8 @@ GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=; eager, they
 `transformers` is the transformers engine as the app builds it (base GEMMs by the calibration, or
 fp16 weights on an x86 CPU in fp32 for a 16-bit checkpoint; borrowing as `vllm`),
 `transformers-torch` the same with torch's own GEMMs.
-(Before 2026-11-27 `vllm` ran eager and, under `--beside-training`, without borrowing, whatever
-serve did; `vllm-borrow` and `vllm-compiled-borrow` were the borrowing variants: docs/results
-figures taken before then name their variants that way.)
+(In the results archive's older figures `vllm` is eager and does not borrow under
+`--beside-training`; `vllm-borrow` and `vllm-compiled-borrow` are the borrowing variants there.)
 `--engines plain` (a default): the baseline a reader knows, eager
 transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
 no adapters, not streamed, in torch's 4 KiB pages: THP_MEM_ALLOC_ENABLE=0, engines/huge_pages.py).
@@ -71,7 +70,7 @@ from pathlib import Path
 
 from collab_app import THP_VAR
 from collab_app.engines import engine_race
-from collab_app.engines.model import make_random_lora  # noqa: F401 - where benches, tests and docs/results scripts find it
+from collab_app.engines.model import make_random_lora  # noqa: F401 - where benches, tests and result scripts find it
 
 TASKS = [
     "reverse the words of a sentence", "count vowels in a string", "merge two sorted lists",

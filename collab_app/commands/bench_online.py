@@ -31,7 +31,7 @@ the server stopped, so it takes no CPU from the raters' rounds.
 Limits: every round is a full generate of the team (G joint answers); the rater rates at once
 unless `--think-s` gives it a person's reading time, so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
 MAGRPO steps, in the time given. The server's per-session limits (10 rounds a minute by default,
-for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report / docs/results.
+for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report.
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def seed_home(home: str) -> None:
 
 
 def use_home(home: str) -> str:
-    """For a bench that builds the app in its own process (docs/results scripts): make `home`
+    """For a bench that builds the app in its own process (the result scripts): make `home`
     (it must not exist), seed it (seed_home) and point this process at it (COLLAB_HOME, and
     COLLAB_MODEL = the embedded model unless already set). Returns its absolute path."""
     home = os.path.abspath(home)
@@ -185,7 +185,7 @@ def start_server(cfg, home: str, port: int, *extra: str, launcher: list[str] | N
     """serve_command's server, in its own session (stop_server ends it and its trainer child),
     logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another, with this
     machine's calibration (seed_home). `launcher` replaces `python -m collab_app.web.serve` (a
-    docs/results script that wraps serve with timers); `env` adds to the server's environment."""
+    result script that wraps serve with timers); `env` adds to the server's environment."""
     seed_home(home)
     cmd = serve_command(cfg, home, port, *extra)
     if launcher:

@@ -20,7 +20,7 @@ Measured (seconds per step, mean of the steps after the first):
   for the reason in collab_app/commands/bench.py (its CPU LoRA ops), so `auto` takes transformers on CPU.
 - 2-vCPU AMD EPYC Zen 4 (AVX512_BF16, bf16), `--engines vllm --steps 3` (2026-11-30): 34.1-36.3 s
   a step with vLLM on the trainer's thread (decode_thread=False), 39.4-40.8 s with vLLM on a thread
-  of its own before (update 22.5-24.3 vs 26.7-27.5 s): docs/results "An idle engine's thread".
+  of its own (update 22.5-24.3 vs 26.7-27.5 s).
 - one H100, `--engines transformers --steps 3`: 26.3 (rollout 18.8, reward 5.1 = one candidate
   looping until the sandbox timeout in one step, update 1.8, save+load 0.64; 206 tok/s). There the
   rollout (HF `generate`, launch-bound at this model size) is the whole cost; vLLM was not

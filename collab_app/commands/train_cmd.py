@@ -160,8 +160,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     trainer = MAGRPOTrainer(cfg, task, cfg.adapters_dir)
     # decode_thread=False: rollouts and steps alternate on this thread, so an in-process vLLM engine
     # shares the trainer's OpenMP team instead of keeping a second one alive beside it, which made
-    # libgomp throttle both (engine_vllm.VLLMEngine's decode_thread; docs/results "An idle engine's
-    # thread slowed the rest of its process")
+    # libgomp throttle both (engine_vllm.VLLMEngine's decode_thread; docs/CPU.md)
     kw = {"seed": cfg.seed, "num_agents": cfg.num_agents, "decode_thread": False}
     if cfg.lora_r > 8:  # VLLMEngine's default max_lora_rank
         kw["max_lora_rank"] = cfg.lora_r

@@ -20,8 +20,7 @@ default of the rule and of the trainer service):
                    w = 0.5: a person's preference moves the team while the task's checks keep
                    what the task asks for in every return. Under "human_first" a rater who wants
                    something the checks do not hold (e.g. shorter answers) gets it at the task's
-                   expense: the team trades the task away (docs/results: "Learning a preference
-                   without forgetting the task").
+                   expense: the team trades the task away (docs/results/README.md).
 
 `human_timeout_s` (measured from the group's creation) decides what happens to a group that is
 still not ready when it runs out: in "human_first" / "weighted" unrated samples **fall back to

@@ -64,7 +64,7 @@ Ratings are never touched here (the store's own transactions keep them).
 A stop (SIGTERM / SIGINT, `stop_event`) during a step abandons it at its next pause point (after a
 decoder layer's forward or backward: MAGRPOTrainer.stop_requested), inside step 2 before its saves: as a kill there,
 nothing was written and the groups stay ready, but the process ends within a layer's time instead
-of finishing a step that nothing will publish (30-60 s under the AVX2 emulation of docs/results). Not under torchrun:
+of finishing a step that nothing will publish (30-60 s on an AVX2 CPU). Not under torchrun:
 every rank is inside the step's collectives, so the step is finished first, as before.
 
 Status and pause live in the store's `app_state` table (`STATUS_KEY`, `PAUSE_KEY`; helpers

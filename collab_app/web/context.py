@@ -221,7 +221,7 @@ class AppContext:
     """least seconds between two updates of a round streaming into the page. Each update costs
     Gradio 6.31 ~20-30 ms of Python per page (every output the update leaves alone, gr.skip(), is
     rebuilt as a component: ui._Panel has ~35), under the GIL the in-process engine's decode loop
-    needs: at 0.1 s a round in the page took 2-3x the API's (docs/results "A round in the real page")."""
+    needs: at 0.1 s a round in the page took 2-3x the API's."""
     trainer_child: Any = field(default=None, repr=False)
     """the trainer child `collab serve` supervises (serve.ChildTrainer: its `describe()` says why it
     is not training, for the Training tab), or None (an external trainer, none, tests)."""

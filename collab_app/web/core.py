@@ -296,7 +296,7 @@ def warm_up(ctx, new_tokens: int = 2) -> float | None:
     Why: an engine does some work only the first time it meets a long prompt. vLLM eager in fp32
     (what `auto` serves under the AVX2 emulation) took 3.5 s to a person's first words in the
     first round after start-up and 0.5-0.7 s in the next; after this batch (4.8 s at start-up) the
-    first round's were 0.71 s (docs/results "The first round after start-up"). `collab serve` runs
+    first round's were 0.71 s. `collab serve` runs
     it before the page opens, so start-up pays instead of the first person."""
     from dataclasses import replace
 

@@ -164,7 +164,7 @@ class _Panel:
         alone (~0.6 ms of Python, GIL held, beside the in-process engine) where a plain value
         costs it a postprocess (~0.13 ms), and it sends the page only what changed (its stream
         diff). The ratings, dropdowns and rows stay left alone, so a rating the person picked
-        mid-round is never reset (docs/results "the page's updates name every Markdown")."""
+        mid-round is never reset."""
         yield self.hide("*starting ...*")
         shown = dict.fromkeys(self.markdowns(), "")        # component -> text on the page (hide() cleared them)
         seen: set[int] = set()
@@ -230,7 +230,6 @@ class _Panel:
 
         # show_progress hidden: the status line says what the round does; Gradio's own overlay and
         # timer on each of the ~35 outputs cost the person's browser ~40% more CPU per round
-        # (docs/results "A round in the real page")
         gen_kw = dict(concurrency_id="generate", concurrency_limit=self.ctx.generate_concurrency,
                       show_progress="hidden", **PRIVATE)
         generate_btn.click(on_generate, start_inputs + [state], outs, **gen_kw)
