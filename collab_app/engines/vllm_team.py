@@ -340,8 +340,7 @@ def compiled_model_kept_on_disk():
       DYNAMO_TRACE_ONCE mode with plain inductor, whose artifact torch bundles whole
       (`BundledAOTAutogradSerializableCallable`): nothing is left to finalize, but the missing
       method made every load fail ("'function' object has no attribute 'finalize_loading'") and
-      compile from scratch, so the engine ran with VLLM_USE_AOT_COMPILE=0 until now. A no-op is
-      given to that class for the build.
+      compile from scratch. A no-op is given to that class for the build.
     - vLLM's key hashes every vLLM environment variable, VLLM_CPU_OMP_THREADS_BIND included: the
       cores `collab serve` pins its engine to (online/cpushare.py) are not the engine race's
       (`collab models` at install), so serve's first start missed the race's artifact and

@@ -6,38 +6,27 @@ request into the arguments here and formats what comes back; every check (input,
 limits) happens here, once, and a refusal is a `UserError` whose `code` the door maps (access.py).
 
 - `play_round(ctx, episode, caller, num_generations, sampling)`: one round of the episode's team,
-  streamed as events; the group (G joint answers with their automatic rewards) is stored before
-  the last event. Every round counts against `ctx.limits` (access.Limits) for its caller.
+  streamed as events (the candidates' texts grow as the engine writes them; candidate g's
+  automatic check starts in a thread pool as soon as it is complete); the group is stored once
+  all G are written and checked, before the last event. Every round counts against `ctx.limits`.
 - `store_feedback(ctx, caller, form, target, answer, comment, token)`: one feedback form (stars,
   a reward in [0, 1], a ranking, a pick of the best) checked, limited and stored in one
-  all-or-nothing write; returns a `Feedback` with the rating ids and whether they can still
-  train the team (a rating of a group already trained, expired or set aside is kept as a late
-  row and trains nothing: the Feedback says so, and why). Forms map onto the 1..5 scale as
-  online/returns.py says.
+  all-or-nothing write; the `Feedback` it returns says whether the ratings can still train the
+  team, and why not (a late rating of a closed group is kept and trains nothing). Forms map onto
+  the 1..5 scale as online/returns.py says.
 - Episodes: `new_episode`, `start_coding` (a HumanEval problem or the person's own problem and
   tests), `start_writing`, `another_round` (multi-turn): plain dicts, kept per user by a door.
 
 No Gradio or FastAPI here, and no torch / vllm at import time (the engine and store arrive
 through `ctx`, a context.AppContext).
 
-Streaming (`play_round`): the candidates' texts grow in the events as the engine writes them; the
-automatic check of candidate g (all agents' sample g) starts as soon as it is complete, in a
-thread pool, so checks overlap the rest of the generation; the group is stored once all G are
-written and checked (ratings need its joint_sample ids).
-
-Safe in public:
-- A caller is server-issued (access.Caller): groups are stored under its session, and only that
-  session (or the admin token) may rate them; a caller without a session can do neither.
-- A person's own coding problem (their tests are code) is refused unless the sandbox allows
-  untrusted code (`ctx.untrusted_allowed`), in `start_coding` and again in `play_round`; an app
-  reachable from this machine only runs it at the best isolation there is (`ctx.trusts_its_person`).
-- A round's checks run on behalf of its caller's client network (tasks.sandbox.on_behalf_of):
-  one network's checks hold at most a share of the sandbox's slots and wait for one at most
-  max_wait(), then the check says the sandbox was busy.
-- `play_round` counts each agent's prompt in tokens (the engine's tokenizer, chat template and
-  role prompt included) against `max_model_len - max_new_tokens` before anything reaches the
-  batcher, so an over-long prompt fails alone with a message and never breaks a merged batch of
-  other sessions; and it checks all of that before any limit is counted.
+Safe in public: a caller is server-issued (access.Caller) and only its session (or the admin
+token) may rate its groups; a person's own coding problem runs only where the sandbox allows
+untrusted code (`ctx.untrusted_allowed`, checked in `start_coding` and again in `play_round`); a
+round's checks run on behalf of its caller's client network (tasks.sandbox.on_behalf_of: one
+network holds at most a share of the sandbox's slots); and each agent's prompt is counted in
+tokens against `max_model_len - max_new_tokens` before anything reaches the shared batcher or any
+limit is counted, so an over-long prompt fails alone with a message.
 """
 from __future__ import annotations
 

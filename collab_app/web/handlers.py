@@ -8,32 +8,24 @@ Who acts and what they may do is access.py's (`Caller`, `check_admin`, `Limits`)
 
 No Gradio here (ui.py wires these to components), so they are tested without a browser and are
 quick to import: no torch / vllm at import time (the engine and store arrive through `ctx`).
-
 Per-user state is a plain dict (`new_episode()`), kept by the UI in `gr.State`, so one person's
 work never reaches another session. Bad input raises `UserError` with a message saying what to
 fix; ui.py shows it (gr.Error) and the app stays up.
 
-Feedback forms (collab_app/online/returns.py maps each onto 1..5): stars per candidate
-(`rate`, `rate_candidates`), "pick the best" (`pick_best`), a full ranking (`rank`). Who rates
-is the server's business (`Caller`): the server-issued session, or the Hugging Face login on a
-Space, never a typed name. A rating is accepted only from the session that generated the group,
-or with the admin token; re-rating replaces the rater's own rating. A person's own coding
-problem trains the shared team only while an admin allows it (`set_custom_training`; the flag is
-returns.CUSTOM_TRAINING_KEY in the store's app_state, obeyed by the trainer service).
+Feedback forms (online/returns.py maps each onto 1..5): stars per candidate (`rate`,
+`rate_candidates`), "pick the best" (`pick_best`), a full ranking (`rank`). A rating is accepted
+only from the session that generated the group, or with the admin token; re-rating replaces the
+rater's own rating. A person's own coding problem trains the shared team only while an admin
+allows it (`set_custom_training`). A rating that will not train is answered "saved, but it will
+not train the team (why)", never a bare "saved".
 
 A round on the page is `round_events`: it ends in "done" or in a "failed" event with a message
 (an unexpected error also leaves its traceback in the log), never in an exception the page would
-swallow. A rating that will not train (its group already trained, expired or set aside, or a
-person's own problem while that is not allowed) is answered "saved, but it will not train the
-team (why)", never a bare "saved" (core.store_feedback reads it back).
-
-- The Training tab's status and figures come from `training_view`, computed once per
-  `ctx.shared_ttl_s` for every visitor, from column-limited queries (no token ids / log-probs);
-  the status says why the trainer child is not training (`trainer_process_line`). Admins see the
-  set-aside and expired groups with why (`closed_groups_table`) and put chosen ones back
-  (`put_back_groups`).
-- Export (`exported`) writes to a fresh temp dir outside COLLAB_HOME that is removed once the
-  caller is done with the files (Gradio has copied them into its cache by then).
+swallow. The Training tab's status and figures come from `training_view`, computed once per
+`ctx.shared_ttl_s` for every visitor from column-limited queries; admins see the set-aside and
+expired groups with why (`closed_groups_table`) and put chosen ones back (`put_back_groups`).
+Export (`exported`) writes to a fresh temp dir outside COLLAB_HOME, removed once the caller is
+done with the files.
 """
 from __future__ import annotations
 

@@ -1,73 +1,29 @@
 """Who a web caller is, as the server says: a signed session cookie, the
 client's network, and the Gradio session hashes bound to that cookie.
 
-Gradio takes `session_hash` from the request as the client sends it (each gradio_client picks
-its own; a page's is in every request it makes), and keys its per-session state (`gr.State`)
-and message stream (`/queue/data?session_hash=...`) on it. So a session hash is no identity:
-whoever learns one could act as, and read, that session. Here:
+Gradio takes `session_hash` from the request as the client sends it and keys its per-session
+state (`gr.State`) and message stream on it, so a session hash is no identity: whoever learns one
+could act as, and read, that session. Here:
 
-- `SessionIdentity.issue()` makes a server-issued session: a random id and an HMAC-SHA256 of it
-  under a secret (`COLLAB_SESSION_SECRET`, read once by `collab serve` and dropped from the
-  environment, else 32 random bytes made at start: sessions then end with a restart). The
-  token travels as the HttpOnly cookie `collab_session`; nothing a visitor can read holds the
-  secret. A session ends `MAX_AGE_S` (30 days) after it was issued, and after `IDLE_S` (7 days)
-  without a request: the token carries when it was last seen, and a request with a token last
-  seen more than `REFRESH_S` ago gets it re-signed with the new time (Set-Cookie).
-- **SameSite** (`SessionIdentity.cookie`): on a Hugging Face Space `Secure; SameSite=None;
-  Partitioned`, elsewhere `SameSite=Lax` (plus `Secure` over https). A Space's page is
-  https://huggingface.co/spaces/owner/name, which shows the app in an iframe from
-  https://owner-name.hf.space. `hf.space` is on the Public Suffix List (publicsuffix/list
-  commit 0105cc35, Sept 2024, "Add hf.space and static.hf.space"), so owner-name.hf.space is a
-  site of its own and the iframe is a cross-site (third-party) context under huggingface.co: a
-  `Lax` or `Strict` cookie is not sent on the iframe's own requests (huggingface/
-  lerobot-dataset-visualizer#73 hit exactly this and moved to `None; Secure; Partitioned`).
-  So `SameSite=None` is the strictest that works there, with `Partitioned` (CHIPS): the cookie
-  is kept per top-level site (huggingface.co, or hf.space when the app is opened directly), so
-  no other site that frames the app shares it. What `None` would otherwise allow, a third-party
-  page sending the visitor's cookie along with its own requests, the Origin checks below refuse.
-- `IdentityMiddleware` (ASGI, added by `ui.launch`) runs before Gradio on every request:
-  - **cross-origin**: a request whose `Origin` is not the app's own (the Host it was sent to,
-    `X-Forwarded-Host` behind a trusted proxy, on a Space `https://$SPACE_HOST` and
-    `https://huggingface.co`, and `$COLLAB_ALLOWED_ORIGINS`), or whose `Sec-Fetch-Site` is
-    `cross-site` / `same-site` other than a GET navigation (a link to the page, the Space's
-    iframe), gets 403 before it gets or spends a session. Requests with neither header (API
-    clients, gradio_client, curl) are no browser's and pass. `/v1` (openai_api.py: callers are
-    API keys, never cookies) stays callable from anywhere.
-  - **session**: a valid cookie names the session; a request without one gets a fresh session
-    (Set-Cookie on its response), at most `max_new_sessions_per_minute` per client network;
-    beyond, none (its events then may not generate or rate: handlers refuse callers without a
-    session).
-  - **bodies**: a request with a body (anything but GET, HEAD, OPTIONS) must be JSON
-    (`application/json`, `application/*+json`: the media type read case-insensitively) or
-    `multipart/form-data` (Gradio's uploads), else 415; a body over `MAX_BODY` is 413, never let
-    through unread; JSON that does not parse, or multipart that does not, is 400.
-  - **binding**: every Gradio session hash the request names (query `session_hash`, the
-    `/heartbeat/<hash>`-style path segments, the JSON body's or a multipart form's
-    `session_hash`) is bound to the cookie's session on first use; a later request naming that
-    hash under another session, or under none, gets 403 before Gradio sees it: a replayed hash
-    reaches neither that page's `gr.State` nor its stream. Bindings are kept per session (at most
-    `max_hashes_per_session`) and per network (at most `max_bindings_per_network`): past either,
-    the session's / network's own least recently used binding goes. Only when the whole table
-    (`max_bindings`) is full does a binding of another network go: first one unused for
-    `stale_binding_s`, else one of the network holding the most bindings, and only if it holds
-    more than the binder's network would; else the binder's own, else the bind is refused (503).
-    So a flood from one network only ever evicts its own bindings.
-  - **queue**: requests that start an event (`/queue/join`, `/call/<api>`, `/run/<api>`) are
-    counted per client network before Gradio: at most `max_queue_joins_per_minute` a minute
-    and `max_queue_entries` joined and unfinished at once (finished = gone from Gradio's
-    queue, at the latest after `queue_entry_ttl_s`; where Gradio's queue cannot be seen, a join
-    counts only while its request runs); beyond, 429 with Retry-After. Gradio's queue
-    (`max_size`) counts every waiting event, so one network could otherwise fill it.
-  - non-http scopes are refused (a websocket is closed with 1008: Gradio 6 uses none);
-    `lifespan` passes.
-  The session id and network go into the request's ASGI state, where `ui._caller` reads them.
-- The client network (`client_network`): the socket address uvicorn reports, or, behind a
-  trusted proxy only (`COLLAB_TRUSTED_PROXY_HOPS=n`, default 1 where `SPACE_ID` is set, else 0),
-  the n-th address from the right of X-Forwarded-For (each trusted proxy appends one; what a
-  client wrote in front of them is ignored). An IPv6 client counts as its /64.
+- `SessionIdentity.issue()`: a server-issued session, a random id HMAC-signed under
+  `COLLAB_SESSION_SECRET` (else random bytes made at start), carried by the HttpOnly cookie
+  `collab_session` (`SameSite=None; Secure; Partitioned` on a Space, whose page frames the app
+  cross-site; `Lax` elsewhere), ending after `MAX_AGE_S`, or `IDLE_S` without a request.
+- `IdentityMiddleware` (ASGI, added by `ui.launch`), before Gradio on every request: refuses
+  cross-origin browser requests (403; `/v1` stays callable from anywhere), issues sessions (at
+  most `max_new_sessions_per_minute` per network), checks bodies (JSON or multipart, at most
+  `MAX_BODY`), binds every Gradio session hash a request names to the cookie's session (a hash
+  replayed under another session gets 403; the binding table is bounded per session, per network
+  and in all, and a flood from one network only evicts its own bindings), and counts the
+  requests that start an event per network (429 with Retry-After). The session id and network go
+  into the request's ASGI state, where `ui._caller` reads them.
+- `client_network`: the socket address, or behind a trusted proxy only
+  (`COLLAB_TRUSTED_PROXY_HOPS`) the n-th address from the right of X-Forwarded-For; an IPv6
+  client counts as its /64.
 
 In memory, per process: a restart forgets bindings and counts (and, without
-COLLAB_SESSION_SECRET, every session).
+COLLAB_SESSION_SECRET, every session). Each rule and its reason: docs/ARCHITECTURE.md "Who a web
+caller is".
 """
 from __future__ import annotations
 

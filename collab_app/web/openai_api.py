@@ -1,73 +1,29 @@
 """An OpenAI-compatible door to the team, so that other apps use it and teach it.
 
 Routes (JSON; errors in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`):
+- `GET /v1/models`, `GET /v1/models/{model}`: the teams, one "model" per task of the app, with a
+  `collab` object (roles, agents, adapter versions, reward levels, the server's G);
+- `POST /v1/chat/completions`: `model` (a task), the last user message as the prompt, `n` joint
+  answers (= G), sampling, `stream`; a coding prompt is a HumanEval prompt as shipped or the
+  caller's own problem with tests in the `"collab"` extension. Each choice carries its joint
+  answer and a `collab` object (ids, reward, parts); streaming sends progress chunks, then each
+  choice's whole joint answer;
+- `POST /v1/ratings` (alias `/v1/feedback`): stars, a reward in [0, 1], a ranking or a pick of
+  the best; the answer says whether the rating will train (`trains`, `late`, `notes`).
 
-- `GET /v1/models`, `GET /v1/models/{model}`: the teams, one "model" per task of the app
-  (`humaneval`, `tldr`, ...), with a `collab` object (coding/writing, roles, agents, adapter
-  version each serves, reward levels and maximum, the server's G).
-- `POST /v1/chat/completions`: `model` (a task), `messages` (the last one, role "user", is the
-  prompt: a function signature + docstring for a coding team, the text for a writing team),
-  `n` (joint answers = G of the group; default the server's G; 1 allowed but a group of 1 has no
-  siblings and teaches nothing), `max_tokens` / `max_completion_tokens` (new tokens per agent),
-  `temperature`, `top_p`, `stream`, `stream_options.include_usage`. A coding prompt is either a
-  HumanEval problem's prompt as shipped (its hidden tests are the reward) or the caller's own
-  problem with its tests in the extension `"collab": {"tests": "...", "entry_point": "..."}`
-  (openai client: `extra_body=`); like the app's own problems, those train the shared team only
-  while an admin allows it. Response: `choices[g].message.content` = the joint answer
-  (`Task.combine`), `choices[g].collab` = {joint_sample_id, reward {total, max_total, levels,
-  details} or null, check_error, parts [{role, agent, adapter_version, text, finish_reason,
-  completion_tokens}]}, top-level `collab` = {group_id, joint_sample_ids, task, example_id,
-  num_generations, trains, notes, rate}. Streaming (SSE): `collab` progress chunks with the
-  agents' text so far (`choices: []`), then per choice one `delta.content` with the whole joint
-  answer, then the finish chunk (finish_reason, per-choice `collab`), usage if asked, `[DONE]`.
-  The joint answer is combined from finished agent outputs (combining partial outputs is not a
-  prefix of the final answer), so `delta.content` does not grow token by token.
-- `POST /v1/ratings` (alias `/v1/feedback`), one form per request, optional `comment`:
-  `{joint_sample_id, rating: 1..5}` (whole stars, as the app), `{joint_sample_id, reward: 0..1}`,
-  `{group_id, ranks: [r1..rG]}` (1 = best, a permutation), `{group_id, best: k}` (1-based).
-  Response `{"object": "collab.rating", form, rater, rating_ids, joint_sample_ids, values, trains,
-  late, notes}`: `trains` false (and a note saying why) when the rating is kept but will train
-  nothing (its group was already trained, expired or set aside: `late`; or a person's own
-  problem while an admin does not allow those to train).
+One core, two doors: this module only translates requests into `core.play_round` and
+`core.store_feedback` and their results into OpenAI's shapes; the core's refusals
+(access.UserError) map to statuses in `_from_user_error` (429 with Retry-After for limits).
 
-One core, two doors: this module only translates requests into the core's arguments and its
-results into OpenAI's shapes. A round is `core.play_round` with the request's n and sampling
-(the shared batcher, the same automatic checks, the same `store.add_group`), a rating is
-`core.store_feedback` (returns.py's mapping, the generating session's check; a `reward` r in
-[0, 1] is stored as the 1..5 rating 1 + 4r, which returns.py maps back to r * the task's max
-reward). The core's refusals carry a code (access.UserError) that `_from_user_error` maps to a
-status: 429 with Retry-After for limits, 403 not_entitled, 404 not_found, 503 store_busy (with
-Retry-After; nothing stored), else 400.
+Keys: `Authorization: Bearer <key>` from $COLLAB_API_KEYS and/or a file (`load_api_keys`); no key
+configured = every route answers 404 (never open by default). A key's id (`api:` + a SHA-256
+prefix) is its session and its rater, so only the key that generated a group may rate it; the
+per-key limits are access.Limits, as the app's per session. Bodies are bounded in size and JSON
+depth; a stream whose client stops reading ends after `stream_stall_s` (`_RoundStream`).
 
-Keys: `Authorization: Bearer <key>`; keys from $COLLAB_API_KEYS (comma-separated) and/or a file
-(one per line, `#` comments), see `load_api_keys`. No key configured = every route answers 404
-saying how to turn it on: never open by default. A key's id is `api:` + the first 16 hex digits
-of its SHA-256: it is the session id its groups are stored under and the rater of its ratings
-(the key itself is never stored or logged), so only the key that generated a group may rate it.
-Per key, like the app's per session (one policy: access.Limits, the API's quota set from this
-config): rounds and ratings per minute (a ranking or pick of G counts G), rounds generating at
-once (`max_rounds_in_flight`), 429 with Retry-After; at most `max_concurrent_rounds` API rounds
-at once over all keys (429 "server_busy" beyond); the global rating budget counts API ratings
-too. A refused request stores nothing. The app's other checks apply unchanged (prompt length in
-tokens, own problems only where the sandbox isolates untrusted code).
-
-Bodies: over `max_body_bytes` get 413; not JSON, not an object, or nested deeper than
-`max_json_depth` (json.loads recurses: "[" * 100000 ran out of stack and answered 500) get 400
-`invalid_json`. Streams: a client that leaves ends its round (Starlette's disconnect listener); a
-client that stops reading but keeps its connection never sends a disconnect, and the server's send
-would wait for the socket to drain for ever, holding the round's slot, so a chunk not accepted
-within `stream_stall_s` ends the round and the connection (`_RoundStream`).
-
-Mounting: `openai_routes(ctx, cfg)` gives the routes for `ui.launch(..., app_kwargs={"routes":
-...})` (Gradio passes app_kwargs to the FastAPI app it builds); `mount_openai(app, ctx, cfg)`
-adds them to any FastAPI app (e.g. one you `gr.mount_gradio_app` on).
-
-Left out, on purpose: multi-turn through the API (a round's history is per-agent outputs plus
-task feedback, which a chat transcript does not carry: earlier messages are ignored and said so
-in `collab.notes`), a coding prompt with neither tests nor a HumanEval match (nothing to score
-it), tools / response_format / logprobs / stop / penalties (refused with 400, not ignored),
-admin actions and rating other keys' groups, cancelling a non-streamed round when its client
-disconnects (the group is still stored; a stream's disconnect does stop it, as a closed page).
+Mounting: `openai_routes(ctx, cfg)` for `ui.launch(..., app_kwargs={"routes": ...})`;
+`mount_openai(app, ctx, cfg)` for any FastAPI app. The full request and response shapes, the
+limits and what is left out on purpose: docs/ARCHITECTURE.md "The OpenAI-compatible door".
 """
 from __future__ import annotations
 

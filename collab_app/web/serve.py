@@ -8,47 +8,19 @@ What runs where:
   and the hot-swap watcher (collab_app/online/hotswap.py) that loads each new adapter version the
   trainer publishes, between requests;
 - `--trainer child` (default): `collab trainer` as a child process on the same store and
-  adapters dir. It is restarted whenever it dies, with a back-off that grows with crashes in a
-  row (at most 10 min) and starts afresh after a healthy run, never given up for good; the
-  Training tab says why it is not training (`ChildTrainer.describe`: crashes, the restart's wait,
-  the last error line of its stderr). It is stopped with SIGTERM (it finishes its
-  current step) when this process exits, and stops by itself if this process is killed
-  (`--parent-pid`). `external`: run `collab trainer --db URL` yourself (another machine with a
-  GPU, PostgreSQL store, shared adapters dir); `off`: collect data only.
-  The child samples nothing unless `--self-play`; its self-play engine is transformers, because
-  the serving engine already holds this machine's cores and a second vLLM would double the memory.
+  adapters dir (`ChildTrainer`), restarted whenever it dies with a back-off that grows with
+  crashes in a row, never given up for good; the Training tab says why it is not training. It is
+  stopped with SIGTERM when this process exits, and stops by itself if this process is killed
+  (`--parent-pid`). `external`: run `collab trainer --db URL` yourself; `off`: collect data only.
+  The child samples nothing unless `--self-play` (then with a transformers engine).
 - on CPU, with a child trainer, the cores are split between this process and the child
-  (`--engine-cores`, collab_app/online/cpushare.py): they never spin on the same cores.
+  (`--engine-cores`, collab_app/online/cpushare.py; docs/CPU.md).
 
-In public:
-- Admin actions need COLLAB_ADMIN_TOKEN, which must be strong (>= 16 characters, >= 8
-  different ones, no common word or straight run: context.admin_token_problem); a weak one stops
-  the start with a message saying how to make one. Without a token admin actions are off;
-  `--loopback-admin` makes clients on this machine admin without one. Do not use it behind a
-  reverse proxy on the same machine: every visitor then arrives from 127.0.0.1 (uvicorn turns a
-  proxy's X-Forwarded-For into the client address only when the proxy sends one).
-- The process runs with umask 077 (set first thing in `serve`; the trainer child inherits it):
-  the SQLite store, adapters and anything else it writes are 0600 / 0700; COLLAB_HOME is 0700.
-- `--max-rounds-in-flight` (default 1): rounds one session may have generating at once.
-
-Secrets apart (collab_app/secret_env.py says why):
-- COLLAB_SANDBOX_ALLOW_WEAK=1 on a public app (0.0.0.0 or any non-loopback host, `--share`,
-  SPACE_ID set: context.is_public) stops the start with exit 2 before anything is created:
-  there, code and tests typed by visitors would run with this process's uid and could read its
-  store, adapters and served files. COLLAB_SANDBOX_ALLOW_WEAK_PUBLIC=1 as well says the operator
-  accepts that (a warning is logged and the start goes on).
-- A public app whose sandbox is "plain" without Landlock (a Space: Docker's default seccomp blocks
-  user namespaces) would run model-written code unconfined, as this process's user: the start
-  stops with exit 2 unless COLLAB_SANDBOX_ALLOW_UNCONFINED=1 accepts it (`check_unconfined_sandbox`;
-  the rule is tasks.sandbox.check_public_host, and the page's isolation line says which holds).
-- After the start-up checks, before the model, the engine or the trainer child start:
-  COLLAB_ADMIN_TOKEN, COLLAB_API_KEYS, HF_TOKEN / HUGGING_FACE_HUB_TOKEN and COLLAB_DB are read
-  once and dropped from os.environ (COLLAB_SESSION_SECRET already is, by identity.session_secret),
-  and the process makes itself non-dumpable (prctl PR_SET_DUMPABLE 0), so a process of the same
-  uid without CAP_SYS_PTRACE (a sandboxed check in "plain" mode) cannot open
-  /proc/<pid>/environ or /mem. The trainer child gets the store URL in its environment
-  (COLLAB_DB), never on its command line (/proc/<pid>/cmdline is readable by everyone), and does
-  the same at its start; log lines show the URL with its password masked.
+In public: a strong COLLAB_ADMIN_TOKEN or no admin (`--loopback-admin`: never behind a proxy on
+the same machine), umask 077, a weak or unconfined sandbox on a public host stops the start
+unless the operator accepts it, and the secrets are read once and dropped from the environment
+before the model, the engine or the trainer child start (collab_app/secret_env.py);
+docs/ARCHITECTURE.md "`collab serve` in public" has each rule.
 
 vLLM starts its engine core with multiprocessing `spawn`, which re-imports the main module: the
 console script `collab` and `python -m collab_app.web.serve` both call `cli_main` only under

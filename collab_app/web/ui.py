@@ -4,8 +4,8 @@ Tabs: Co-code, Co-write (generate G >= 2 joint answers, see who wrote what, rate
 round with the task's feedback; each only where the server serves such a task, `served_kinds`),
 Team, Training, Data. A round that fails ends with its message in the status line
 (handlers.round_events), never "starting ..." for good. All logic is in handlers.py (and the core
-behind it, core.py); this file
-only maps components to handler arguments and results to component updates.
+behind it, core.py); this file only maps components to handler arguments and results to
+component updates.
 
 API endpoints (gradio_client): `/generate`, `/rate`, `/rank`, `/pick_best`, `/stats` (see `_api`).
 The UI's own events are private to the browser (`api_visibility="private"`) because they carry
@@ -16,18 +16,15 @@ itself (its stream race: `collab_app.commands.bench_online.settle`); `bench_onli
 `client.predict` without it.
 
 Who rates is never typed: the rater id is the Gradio session (or the Hugging Face login on a
-Space with OAuth: a "Sign in" button appears there); the old "your name" box is gone.
+Space with OAuth: a "Sign in" button appears there).
 
-In public: the Co-code tab shows the sandbox's isolation and offers "My own coding
-problem" only where the sandbox allows untrusted code (else it says why and how to fix it) and
-a coding team is served.
-The Training tab's timer runs only while that tab is selected (activated by its `select`
-event, deactivated by every other tab's), and its status and figures come from one shared
-computation per TTL (handlers.training_view), PNGs encoded once. Admin actions pass the
-caller (its address, for loopback admin and the wrong-guess lockout). `/export` (admin token)
-hands out files written to a temp dir that is removed after Gradio copied them to its cache;
-that cache's copies are deleted after an hour (`delete_cache`). Nothing under COLLAB_HOME is
-ever in `allowed_paths`.
+In public: the Co-code tab shows the sandbox's isolation and offers "My own coding problem" only
+where the sandbox allows untrusted code (else it says why and how to fix it) and a coding team is
+served. The Training tab's timer runs only while that tab is selected, and its status and figures
+come from one shared computation per TTL (handlers.training_view). Admin actions pass the caller
+(its address, for loopback admin and the wrong-guess lockout). `/export` (admin token) hands out
+files written to a temp dir removed after Gradio copied them to its cache; that cache's copies are
+deleted after an hour (`delete_cache`). Nothing under COLLAB_HOME is ever in `allowed_paths`.
 """
 from __future__ import annotations
 
