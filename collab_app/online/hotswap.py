@@ -13,13 +13,10 @@ document this); the next batch runs on the new version. `lock` (the app's `engin
 additionally orders the watcher with the UI's own `sync_adapters` check before a generation.
 
 The trainer on another machine (docs/ARCHITECTURE.md "Beyond one machine"): rows come through
-the shared store (same `--db` URL), directories through shared storage. A row names the directory
-as the trainer saw it; when that path does not exist here (the share is mounted elsewhere on this
-host), the watcher takes the same layout under its own `adapters_dir`
-({adapters_dir}/{agent}/v000007, trainer/adapters.py).
-A version whose directory is not visible here yet (a network filesystem's attribute cache can
-hide a fresh rename for a few seconds, after the row already arrived) is retried on the next
-polls, not given up: the row is the promise that the directory is complete. When neither path
+the shared store, directories through shared storage; a row's path that does not exist here is
+looked up under this process's own `adapters_dir` ({adapters_dir}/{agent}/v000007). A version
+whose directory is not visible here yet (a network filesystem's attribute cache can hide a fresh
+rename for a few seconds after the row arrived) is retried on the next polls, not given up: the row is the promise that the directory is complete. When neither path
 exists here the row's path still goes to the engine, which may resolve it elsewhere (a remote
 vLLM server that mounts the share itself); if that load fails too it is retried later.
 
@@ -28,8 +25,8 @@ with a back-off (`retry_s` doubling up to `max_backoff_s`): the fault may be the
 version's (a remote vLLM server down or restarting), and a version given up for good would stay
 unserved until the app restarts, since only a newer version number would be tried. Corrupt files
 cost one failed load per back-off period; the engine keeps serving what it had meanwhile. A newer
-version is tried at once. Left out: unloading agents whose rows disappear (rows are
-never deleted), and adapters published elsewhere than a filesystem (a Hub repo revision).
+version is tried at once. Left out: unloading agents whose rows disappear (rows are never
+deleted), and adapters published elsewhere than a filesystem (a Hub repo revision).
 """
 from __future__ import annotations
 

@@ -4,53 +4,26 @@ The rule is a small flat dataclass (`ReturnRule`) so the trainer service and the
 it as flags (trainer/configcli.py). Everything here is a pure function of plain values (no
 store, no clock) so every rule and edge case is unit-tested directly.
 
-Human ratings: a person gives a joint sample 1-5 (`RATING_MIN`..`RATING_MAX`). A rater's
-*latest* rating counts (re-rating replaces their earlier one; the store keeps one row per rater
-and joint sample from schema v4 on, older stores may hold several), the human score is the mean over raters, mapped linearly from 1..5 onto the task's
-[0, max_reward] range (1 -> 0, 5 -> max_reward), so it is on the automatic reward's scale.
+Human ratings: a person gives a joint sample 1-5 (`RATING_MIN`..`RATING_MAX`); a rater's latest
+rating counts, the human score is the mean over raters, mapped linearly from 1..5 onto the task's
+[0, max_reward] range, so it is on the automatic reward's scale.
 
-Modes (the return R of one joint sample; h = human score, a = automatic total; `weighted` is the
-default of the rule and of the trainer service):
+Modes (h = human score, a = automatic total):
   - "auto":        R = a. Ratings are ignored.
   - "human":       R = h. Waits for every joint sample of the group to be rated.
-  - "human_first": R = h where rated, else a. Waits up to `human_timeout_s` for ratings, then
-                   falls back to a for the unrated ones (0 = never wait: the brief's plain rule).
-  - "weighted":    R = w*h + (1-w)*a when both exist; h alone on human-only tasks (no a);
-                   a alone for samples still unrated after `human_timeout_s`. The default, with
-                   w = 0.5: a person's preference moves the team while the task's checks keep
-                   what the task asks for in every return. Under "human_first" a rater who wants
-                   something the checks do not hold (e.g. shorter answers) gets it at the task's
-                   expense: the team trades the task away (docs/results/README.md).
+  - "human_first": R = h where rated, else a after `human_timeout_s`.
+  - "weighted":    R = w*h + (1-w)*a when both exist; h alone on human-only tasks; a alone after
+                   `human_timeout_s`. The default (w = 0.5): a person's preference moves the team
+                   while the task's checks keep what the task asks for in every return (under
+                   "human_first" the team trades the task away: docs/results/README.md).
+A group that cannot get a return at all without a person is expired after `human_timeout_s`.
 
-`human_timeout_s` (measured from the group's creation) decides what happens to a group that is
-still not ready when it runs out: in "human_first" / "weighted" unrated samples **fall back to
-the automatic reward**; a group that cannot get a return at all without a person (mode "human",
-or a human-only task with no automatic reward, or a failed automatic check under "auto") is
-**expired**: kept in the store with its ratings, never trained on. `math.inf` = wait forever.
-
-Feedback forms (`RATING_KINDS`, the store's `ratings.kind` column keeps which one a row came
-from, `ratings.detail` the form's own answer). Each form becomes one rating per candidate on the
-same 1..5 scale, so everything above (latest per rater, mean over raters, modes) is unchanged:
-  - "stars":     the person's 1..5 as given.
-  - "rank":      a full ranking of the G candidates (1 = best, a permutation of 1..G):
-                 rank r -> 5 - 4 (r - 1) / (G - 1)  (best 5, worst 1, evenly spaced; G=4 gives
-                 5, 3.67, 2.33, 1). Evenly spaced because a ranking says only the order: MAGRPO's
-                 mean-baseline advantage then follows the order with equal steps.
-  - "pick_best": the chosen candidate 5, every other one 1 (FastChat arena's "A is better":
-                 winner 1, losers 0, on our scale). A pick says nothing about the order of the
-                 rest, so they are equal; within the group the best gets advantage +4(G-1)/G
-                 (in rating units) and each other one -4/G.
-Only differences inside a group reach the gradient under the `mean` advantage, so the absolute
-levels matter only where one candidate mixes forms from several raters (then they average).
-
-Who may rate (enforced by collab_app/web/core.py store_feedback, not here): the session that generated the
-group, or an admin. Groups of a person's own coding problem (`PRIVATE_TASKS`) train the shared
-team only while the admin flag `CUSTOM_TRAINING_KEY` in the store's app_state allows it
-(`may_train_shared`); the trainer service is the one that must skip them.
-
-Deliberately left out: per-rater calibration (z-scoring each rater), ties in a ranking, and
-mixing scales inside a group is allowed (human for some samples, automatic for others) in
-"human_first" after the timeout; the group baseline in MAGRPO then absorbs only part of it.
+Feedback forms (`RATING_KINDS`): "stars" as given; "rank" r of G -> 5 - 4 (r - 1) / (G - 1);
+"pick_best": the chosen one 5, every other 1. Each becomes one 1..5 rating per candidate, so the
+rules above are unchanged. Who may rate is enforced by collab_app/web/core.py; a person's own
+coding problem trains the shared team only while the admin flag `CUSTOM_TRAINING_KEY` allows it
+(`may_train_shared`). Why each rule, and what is left out: docs/ARCHITECTURE.md "Returns in
+detail".
 """
 from __future__ import annotations
 

@@ -1,110 +1,26 @@
-"""`collab trainer`: the background trainer service (docs/ARCHITECTURE.md, "From a rating to a
-gradient and back").
+"""`collab trainer`: the background trainer service.
 
 A separate process that polls the store and runs one MAGRPO step (`MAGRPOTrainer.update`) on the
 ready groups of a task whenever `min_groups` (K) of them are waiting, or as soon as the oldest
-ready one has waited `max_wait_s` (T). One step, in this order:
+ready one has waited `max_wait_s` (T). One step: status "training" (the store's app_state,
+STATUS_KEY); `trainer.update(groups)` writes each changed agent's next adapter version to a temp
+dir and renames it into place; `store.record_train_step(...)` records the versions' rows, the
+used groups as trained and the too-late ones as expired in one transaction, only while this
+service holds the store's trainer lease (`TrainerLease`); status "idle". The serving process
+picks the new rows up (online/hotswap.py).
 
-    1. status "training"                       (store app_state, key STATUS_KEY)
-    2. trainer.update(groups)                  writes each changed agent's next adapter version
-                                               to a temp dir and renames it into place; says which
-                                               groups went into the step and which were too late
-    3. store.record_train_step(step, metrics, used ids, stale ids, ratings seen, versions, lease)
-                                               one transaction, only while this service holds
-                                               the store's trainer lease: the new versions' rows
-                                               (after the rename: a row names a complete dir), the
-                                               used groups marked trained, the too-late ones
-                                               retired (expired, with the reason); any other group
-                                               stays ready for the next step, and so does a used
-                                               group that got a rating while the step ran
-    4. status "idle"
+Also here: one MAGRPOTrainer per task team, built when that task first has ready groups;
+faults of a step make that task back off and its groups suspects, tried one at a time until an
+untrainable one is set aside (SUSPECTS_KEY); late groups train under the clipped importance
+ratio, only those past `max_staleness` are dropped; crash safety (`reconcile`, `check_lineage`:
+kill -9 at any point never applies a batch twice nor names two adapters with one version); a
+stop (SIGTERM) abandons a step at its next pause point (MAGRPOTrainer.stop_requested); status and
+pause in the store's app_state (`read_status`, `set_paused`) with a heartbeat every
+`heartbeat_s`; optional self-play (`--self-play`); data parallel under torchrun
+(trainer/distributed.py: rank 0 is this service, the other ranks follow its commands);
+heterogeneous teams (`--agent-models`). Online multi-turn is refused (`num_turns > 1`).
 
-Groups that cannot train: a group of one answer per agent (an API call with n=1) never becomes
-ready (store.MIN_GENERATIONS; counted in `Store.stats()["single_sample_groups"]`). Groups sampled
-with settings the trainer cannot reproduce (greedy, top_p < 1) are set aside with that reason.
-The machine's faults are never the group's: any error of a step (building the trainer, the
-update, its saves, the store's record) makes that task wait out a back-off (`retry_s`, doubling
-to 5 minutes; other tasks go on, so one broken task starves none) and its groups suspects
-(`SUSPECTS_KEY` in app_state, so a restart keeps them):
-- while a task has suspects, its steps take one suspect at a time, the least tried first;
-- a suspect that trains is cleared; one that raises alone right after a step that went through
-  waits for the next step of other groups (the control); if that trains too, the suspect is set
-  aside: status "untrainable" with its error as the reason (the store's `status_reason`), in the
-  status row's "set_aside" list and the log. A systematic fault (a full disk, memory, a store
-  that is down) fails the control too, so nothing is set aside and every group trains once the
-  machine recovers. Admins see set-aside and expired groups with their reasons (Training tab,
-  `collab doctor`) and can put them back (`Store.put_back`).
-
-Late groups (rated while the trainer moved on, or served by a pinned older version) are trained
-under the clipped importance ratio against the engine's behaviour log-probs (trainer/magrpo.py);
-only a group that waited while an agent wrote more than `max_staleness` versions is dropped.
-
-Online multi-turn is refused (`num_turns > 1`): self-play would store each turn's immediate
-reward and the store keeps no parent link, so gamma would silently do nothing. Turn-2 groups a
-person plays in the UI are trained on their own immediate returns (gamma = 0 online).
-
-The serving process picks the new rows up (collab_app/online/hotswap.py) and serves them.
-
-Crash safety (kill -9 at any point; tests/online/test_crash_safety.py does it):
-- a half-written version is a `.tmp-*` dir that no reader takes for a version and the next
-  trainer start deletes (trainer/adapters.py);
-- died (or the store failed) after 2, before 3: on start, or when the task's trainer is built
-  again, `reconcile` records every complete version dir on disk that has no row; a version's
-  collab.json names its step's groups, so that step is recorded with them, once: a batch is
-  never applied twice (tests/online/test_machine_faults.py);
-- one lineage: the store's rows and the adapters folder must agree before a trainer starts
-  (`check_lineage`): where the folder lost versions the store names (a Space restarted on
-  PostgreSQL without persistent storage) or a latest version cannot be read (it is moved aside),
-  the trainer continues from what the folder has under a number past the store's newest, so no
-  version number ever names two adapters;
-- one trainer per store (`TrainerLease`): a second service waits, taking over once the holder's
-  heartbeat has stopped for 3 beats + 10 s by its own clock, at once where the holder was a
-  process of this host that is gone.
-Ratings are never touched here (the store's own transactions keep them).
-A stop (SIGTERM / SIGINT, `stop_event`) during a step abandons it at its next pause point (after a
-decoder layer's forward or backward: MAGRPOTrainer.stop_requested), inside step 2 before its saves: as a kill there,
-nothing was written and the groups stay ready, but the process ends within a layer's time instead
-of finishing a step that nothing will publish (30-60 s on an AVX2 CPU). Not under torchrun:
-every rank is inside the step's collectives, so the step is finished first, as before.
-
-Status and pause live in the store's `app_state` table (`STATUS_KEY`, `PAUSE_KEY`; helpers
-`read_status`, `set_paused`), so the UI and the service need no other channel and an external
-`collab trainer` on the same database works the same. While an update runs a heartbeat thread
-refreshes the status every `heartbeat_s`, so the UI can tell a dead service (stale heartbeat).
-
-Tasks: one MAGRPOTrainer per task team, created when that task first has ready groups (its
-agents are the task's roles; "custom-coding" groups train the humaneval team). Optional
-self-play (`--self-play`): between human groups the service samples the train split of
-`--task` with its own engine and stores those groups with their automatic rewards.
-
-Data parallel (`torchrun --nproc_per_node N --no-python collab trainer ...`; trainer/distributed.py):
-rank 0 is the service above (store, status, rows, self-play); ranks > 0 only follow its commands
-("load" a task's trainer, "train" these groups, "idle", "stop"), each step's gradient work split
-over all ranks. Only rank 0 opens the store and publishes versions. A failure during a step is
-fatal under torchrun (the ranks' in-memory adapters could differ): the process exits, torchrun
-(`--max-restarts`) restarts every rank, and they resume from rank 0's adapters dir as after a crash.
-A failure outside a step (a store read, self-play) leaves every trainer as it was on every rank,
-so rank 0 keeps its trainers, backs off, sends "idle" and polls again: it never drops a trainer
-that the followers keep, which would make its next "load" rebuild (and broadcast the start-up
-state) alone while the followers wait for a command: a collective mismatch or an hour's hang.
-Without torchrun, a failed step drops only that task's trainer (its weights may be half-stepped,
-or stepped without their store rows): the next step rebuilds it from disk and reconciles the rows.
-
-The trainer on its own machine(s): the serving side finds new versions through the store rows
-(same `--db` URL, PostgreSQL across hosts: SQLite must not sit on a network filesystem) and
-loads the directories from shared storage; a row names the dir as the trainer sees it, and the
-watcher also looks under its own `adapters_dir` when the share is mounted elsewhere there
-(collab_app/online/hotswap.py). Version rows carry no pids or locks; the status row's pid is
-for display. Lateness counts versions recorded after a group arrived (the store's rows, no
-clocks); the UI's "alive" check compares heartbeat times from different hosts: keep their clocks
-in sync (NTP) for it.
-
-Heterogeneous teams (`--agent-models`, trainer/config.py): ROLE=MODEL entries put those roles on
-their own base in every task team; a positional list (one per agent) is `--task`'s team's, the
-other teams stay on `--model`. Each version's row records its agent's base (`base_model`).
-
-Left out: several trainer services sharing one store's work (the lease makes it one at a time),
-and a shared base model across task trainers (each loads its own: fine for the embedded 135M model).
+Each rule and its reason: docs/ARCHITECTURE.md "The trainer service in detail".
 """
 from __future__ import annotations
 

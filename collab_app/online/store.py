@@ -1,6 +1,5 @@
-"""The episode store (docs/ARCHITECTURE.md "Contracts"): groups, samples, rewards, ratings,
-adapter versions and training steps, over any SQLAlchemy URL (SQLite file by default, PostgreSQL
-at scale).
+"""The episode store (docs/ARCHITECTURE.md "Contracts"): groups, samples, rewards, ratings, adapter
+versions and training steps, over any SQLAlchemy URL (SQLite by default, PostgreSQL at scale).
 
 Every public method is one transaction and returns plain dataclasses (never live ORM objects),
 so callers in other threads / processes cannot trigger lazy loads or stale writes. A method
@@ -13,14 +12,12 @@ a read-then-write transaction (add_rating checks its joint sample first) can nev
 SQLITE_BUSY on lock upgrade, which busy_timeout cannot retry. Reads use a plain `BEGIN`.
 
 Ratings: one row per joint sample and rater. Re-rating replaces the rater's row in place
-(value, comment, form, time) and bumps its `revision`, so 60 re-ratings leave one row, not 60;
-nothing else changes a rating and nothing deletes one: the ORM refuses to, and
-database triggers (schema v2, narrowed in v4 to exactly that replacement) refuse to. A rating of a
+(value, comment, form, time) and bumps its `revision`; nothing else changes a rating and nothing
+deletes one (the ORM and database triggers refuse to). A rating of a
 group that is already trained, expired or set aside is stored as a `late` row (one per rater and
 joint sample, which that rater's further re-ratings replace): the export sees it, the rating in
 force when the group closed stays as it was, and the group is never made ready again by it.
-Rows written before schema v4 (when every re-rating appended) stay as they are; the latest per
-rater still counts.
+Stores older than schema v4 may hold several rows per rater; the latest counts.
 
 Schema: `schema_version` + `MIGRATIONS`, an ordered list of functions, each taking the schema
 one version up with frozen DDL (never the current ORM classes, which describe the latest
