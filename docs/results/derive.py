@@ -1,9 +1,10 @@
-"""Re-derive the headline figures of README.md's issue-13 section from the raw files beside it,
-so that the text and the data cannot drift apart unnoticed.
+"""Re-derive the headline figures of the issue-13 section (archive/2026-11.md, the dated record of
+November 2026) from the raw files beside this script, so that the text and the data cannot drift
+apart unnoticed.
 
-    .venv/bin/python docs/results/derive.py      # figure, what README.md says, what the files say
+    .venv/bin/python docs/results/derive.py      # figure, what the record says, what the files say
 
-Each check is a phrase of README.md with `{}` where a figure stands, and the figures the files
+Each check is a phrase of the record with `{}` where a figure stands, and the figures the files
 give for it; the phrase is looked up in its section (whitespace folded, − read as -) and every
 figure compared as printed text. Exit status 1 when any figure differs or a phrase is not found:
 fix the text (or, if the text was right, the derivation) until it exits 0.
@@ -25,6 +26,7 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 from collab_app.commands.evaluate import paired_difference  # noqa: E402
 from collab_app.web.plots import eval_minutes, load_metrics  # noqa: E402
 
+RECORD = os.path.join(HERE, "archive", "2026-11.md")   # the dated record that holds the sections below
 ISSUE13 = "### Issue 13:"
 CPU_RUN = "### On this CPU (2 cores, no GPU)"
 CPU_VLLM_RUN = "### On this CPU with the vLLM engine"
@@ -232,7 +234,7 @@ def section(readme: str, heading: str) -> str:
 
 
 def compare(readme: str) -> list[tuple[str, list[str] | None, list[str]]]:
-    """(phrase, figures README.md gives (None: phrase not found), figures derived) per check."""
+    """(phrase, figures the record gives (None: phrase not found), figures derived) per check."""
     rows = []
     for heading, phrase, derived in checks():
         text = fold(section(readme, heading))
@@ -245,7 +247,7 @@ def compare(readme: str) -> list[tuple[str, list[str] | None, list[str]]]:
 
 
 def main() -> int:
-    with open(os.path.join(HERE, "README.md")) as f:
+    with open(RECORD) as f:
         readme = f.read()
     rows = compare(readme)
     bad = 0
@@ -254,7 +256,7 @@ def main() -> int:
         bad += not ok
         label = re.sub(r"\s+", " ", phrase.replace("{}", "_"))[:70]
         print(f"{'ok ' if ok else 'BAD'} {label}")
-        print(f"      README: {', '.join(said) if said is not None else '(phrase not found)'}")
+        print(f"      record: {', '.join(said) if said is not None else '(phrase not found)'}")
         if not ok:
             print(f"      files:  {', '.join(derived)}")
     print(f"{bad} of {len(rows)} figures differ from the files" if bad else "every figure matches the files")

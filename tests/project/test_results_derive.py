@@ -1,5 +1,6 @@
-"""docs/results/derive.py: every headline figure of docs/results/README.md's issue-13 section (and
-the earlier runs' train-batch figures) re-derived from the raw JSON/JSONL beside it."""
+"""docs/results/derive.py: every headline figure of the issue-13 section of the dated record
+(docs/results/archive/2026-11.md) and the earlier runs' train-batch figures there, re-derived from
+the raw JSON/JSONL in docs/results."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,6 +12,7 @@ import pytest
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results")
 SCRIPT = os.path.join(RESULTS, "derive.py")
+RECORD = os.path.join(RESULTS, "archive", "2026-11.md")   # the month whose sections derive.py checks
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +24,8 @@ def derive():
 
 
 @pytest.fixture(scope="module")
-def readme():
-    with open(os.path.join(RESULTS, "README.md")) as f:
+def record():
+    with open(RECORD) as f:
         return f.read()
 
 
@@ -40,14 +42,14 @@ def test_every_figure_in_the_text_matches_the_files():
     ("| ours, step 30 | 18.6 | 1.818 |", "| ours, step 30 | 18.6 | 1.819 |"),
     ("+0.264** | +0.142 .. +0.386 | 17 / 12 / 3", "+0.264** | +0.142 .. +0.386 | 17 / 13 / 2"),
 ])
-def test_a_figure_that_disagrees_with_the_files_is_named(derive, readme, right, wrong):
-    assert right in readme
-    rows = derive.compare(readme.replace(right, wrong))
+def test_a_figure_that_disagrees_with_the_files_is_named(derive, record, right, wrong):
+    assert right in record
+    rows = derive.compare(record.replace(right, wrong))
     bad = [(phrase, said, derived) for phrase, said, derived in rows if said != derived]
     assert len(bad) == 1, bad
     assert bad[0][1] is not None and bad[0][1] != bad[0][2]
 
 
-def test_a_phrase_gone_from_the_text_is_a_mismatch_not_a_pass(derive, readme):
-    rows = derive.compare(readme.replace("fires on 11 of 48 training steps", "fires on some training steps"))
+def test_a_phrase_gone_from_the_text_is_a_mismatch_not_a_pass(derive, record):
+    rows = derive.compare(record.replace("fires on 11 of 48 training steps", "fires on some training steps"))
     assert [said for _, said, _ in rows if said is None] == [None]
