@@ -6,31 +6,18 @@
         collab.json                                       step, parent version, metrics, config, time
 
 A version is written into a temp dir in the same parent (`.tmp-v000003-XXXX`, a name that never
-parses as a version), every file in it fsynced, and `os.rename`d into place, which is atomic on one filesystem: readers see
-either no `v000003` or a complete one. `collab.json` is written last inside the temp dir and is
-the completeness marker, so a directory without it (copied by hand, left by another tool) is
-ignored too. Version 0 is the freshly initialised adapter (LoRA B = 0, i.e. the base model),
-saved before training so engines can load every agent from the start.
+parses as a version), every file in it fsynced, and `os.rename`d into place, which is atomic on
+one filesystem: readers see either no `v000003` or a complete one. `collab.json` is written last
+and is the completeness marker. Version 0 is the freshly initialised adapter (LoRA B = 0, i.e.
+the base model), saved before training so engines can load every agent from the start.
 
 Versions are immutable: saving an existing version is an error. One writer per agent (the
-trainer) is assumed; concurrent writers are not arbitrated (left out deliberately). Under
-torchrun that writer is rank 0 (trainer/distributed.py).
-
-Shared storage (the trainer on its own machine, docs/ARCHITECTURE.md "Beyond one machine"): the
-same guarantees hold on a POSIX network filesystem (NFS, Lustre, CephFS, EFS/Filestore): a rename
-inside one directory is atomic on the server, and nothing here takes a file lock or records a
-pid. Another host may see a fresh version dir a few seconds after its store row (attribute
-caching); the serving side's watcher retries it (collab_app/online/hotswap.py). Object-store
-mounts (s3fs, gcsfuse) rename a directory by copying its objects one by one: a reader can see
-half a version there, so do not publish onto them. A Hugging Face Hub repo revision as the target
-is not implemented.
-
-Version numbers are never reused, also across a lost folder: whoever knows that higher numbers
-were published elsewhere (the trainer service, from the store's rows) sets the agent's floor
-(`set_floor`, a `.next-version` file); the trainer's next start then saves the weights it
-resumes from (or a fresh adapter) as that number. A version that cannot be read (a truncated
-safetensors file) is moved aside (`quarantine`: `.corrupt-v000003-*`, kept for a post-mortem)
-and raises the floor past itself.
+trainer; under torchrun, rank 0) is assumed. The same guarantees hold on a POSIX network
+filesystem (a rename inside one directory is atomic on the server; no file locks, no pids);
+object-store mounts are no target (they rename by copying). Version numbers are never reused,
+also across a lost folder (`set_floor`, a `.next-version` file), and a version that cannot be
+read is moved aside (`quarantine`) and raises the floor past itself. Each rule and its reason:
+docs/ARCHITECTURE.md "Adapter versions on disk".
 """
 from __future__ import annotations
 

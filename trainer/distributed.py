@@ -3,31 +3,20 @@ few torch.distributed calls the trainer makes, all through torch.distributed's o
 
 torchrun starts one process per GPU (or per CPU share) and sets RANK / WORLD_SIZE / LOCAL_RANK /
 MASTER_ADDR / MASTER_PORT; `init()` joins that group (nccl on GPUs, gloo on CPU). Without those
-variables `init()` does nothing and every helper below is the identity (world size 1), so a
-plain `collab train` / `collab trainer` runs exactly as before.
+variables `init()` does nothing and every helper below is the identity (world size 1).
 
-How one step is split (trainer/magrpo.py, MAGRPOTrainer.update / _update_agent):
-- every rank holds the SAME groups in the same order (`collab trainer`: rank 0 reads them from
-  the store and broadcasts them; `collab train`: each rank rolls out its share of the prompts and
-  the groups are all-gathered), so advantages, turn weights and micro-batches agree everywhere;
-- rank r runs forward/backward on micro-batches r, r+W, r+2W, ... of each agent (a micro-batch
-  is one group's samples of that agent), W = world size;
-- an agent's loss is a weighted SUM over the step's samples (weight 1 / (turns x samples of the
-  turn), counted over ALL the step's groups, not a rank's share), so the one-process gradient
-  is the SUM of the ranks' gradients: all_reduce(SUM), not DDP's mean (which would divide by W);
-- every rank then clips the identical summed gradient and takes the same AdamW step, so the
-  adapters stay identical without shipping weights; rank 0 alone writes adapter versions,
-  store rows and logs (the others keep private copies for their own rollout engine).
+How one step is split (trainer/magrpo.py, MAGRPOTrainer.update / _update_agent): every rank
+holds the SAME groups in the same order; rank r runs forward/backward on micro-batches r, r+W,
+r+2W, ... of each agent; an agent's loss is a weighted SUM over all the step's samples, so the
+one-process gradient is the SUM of the ranks' gradients (all_reduce(SUM), not DDP's mean); every
+rank clips the identical summed gradient and takes the same AdamW step, so the adapters stay
+identical without shipping weights; rank 0 alone writes adapter versions, store rows and logs.
 
-Why not DistributedDataParallel: an update runs one backward per micro-batch on whichever agent
-`set_adapter` selected, and a rank may have fewer micro-batches than another (or none: 3 groups
-on 2 ranks); DDP needs the same forward/backward calls on every rank and averages. One
-all_reduce of each agent's flat gradient per step is what is needed, and nothing more.
-
-Control messages and Python objects (groups, the optimizer state at start) go over a gloo group
-(the default group itself on CPU): followers waiting for the next command block on a CPU socket,
-not in a GPU kernel. Left out: tensor/pipeline parallelism of the base model (a rank must hold
-the whole base; LoRA's optimizer state is small), and gradient compression.
+Not DistributedDataParallel: a rank may have fewer micro-batches than another (or none), and DDP
+needs the same forward/backward calls on every rank. Control messages and Python objects go over
+a gloo group, so followers waiting for a command block on a CPU socket, not in a GPU kernel.
+Left out: tensor/pipeline parallelism of the base model, and gradient compression. Each rule and
+its reason: docs/ARCHITECTURE.md "Data-parallel updates".
 """
 from __future__ import annotations
 
