@@ -5,53 +5,24 @@ No process that runs candidate code can produce a verdict: the verdicts are deci
 that never runs candidate code and holds the result fd and the MAC key; the candidate's code runs
 in workers that hold neither, and never saw a test (tasks/_sandbox_rpc.py: the wire between them).
 
-Processes (all at nice 19, set first thing, inherited by everything the candidate starts):
-- The supervisor (this process; its code comes compiled on stdin ahead of the request, see
-  sandbox.py's _BOOT): non-dumpable; reads the request (JSON on stdin: code, setup,
-  limits, view; NOT the tests or the MAC key, which wait in a sealed-off memfd, `secrets_fd`, for
-  the judge alone); loads _sandbox_rpc.py and, when asked for the probe, _cooperation_probe.py
-  (beside this file, out of view once isolated); in "namespaces"/"userns" mode unshares mount,
-  network, PID, IPC, UTS and cgroup namespaces (the new PID namespace applies to its children);
-  forks the init, closes its copies of the result and secrets fds, and waits.
-- The init (pid 1 of the new PID namespace when there is one; when it exits the kernel kills
-  every process left in it): non-dumpable, still (namespace) root; with `confine` it builds the
-  minimal filesystem view (build_root) and pivot_roots into it; makes two pipes per worker, forks
-  the judge, then the workers (the main one, and with the probe one for the helper `aux`), and
-  only then reads the key; reaps orphans until the judge ends, then reports how the main worker
-  ended ("W") and how the judge ended ("X"), and exits. Signals from its namespace cannot kill
-  it, so a worker's os.kill(os.getppid(), ...) changes nothing.
-- The judge: rlimits, no_new_privs, drop_privileges, Landlock where asked (restrict_with_landlock),
-  non-dumpable (no ptrace, no /proc/<judge>/mem or /fd for the workers, same uid or not); reads
-  the tests and the key from the memfd and closes it; waits for each worker's "ready"; runs setup
-  in its own namespace, asks the main worker to run setup + code in a fresh one, binds every name
-  the code defined to a handle (`Remote`), then runs each test in its own try, itself: calls of
-  the candidate's functions go to the worker and come back as plain data. A test passes only if
-  it ran to its end in the judge and the worker is still alive and sane afterwards. Reports each
-  verdict on the private result fd as one MAC'd line; then the probe (its own processes: see
-  _cooperation_probe.py); then os._exit (no atexit hooks, no threads joined). Visitors' tests run
-  here: the judge is confined exactly like the workers.
-- A worker (forked by the init before the key was read, so it never had it; or, to replace one
-  the probe had to kill, forked by the judge and exec'd as a fresh interpreter, so it keeps none
-  of the judge's memory): closes every fd but its pipes and 0-2; rlimits, no_new_privs,
-  drop_privileges, Landlock like the judge, and a Landlock domain of its own scoped for signals
-  where the kernel has ABI 6 (scope_signals: it cannot signal the judge); then serves the judge (_sandbox_rpc.Worker): setup +
-  code, calls, attribute reads. Whatever it does to itself, its frames, gc, ctypes, builtins,
-  signals it sends or fds it writes, it has no key and no result fd, and the judge never runs
-  its code.
+Processes (all at nice 19, inherited by everything the candidate starts):
+- the supervisor (this process, its code compiled on stdin ahead of the request): reads the
+  request (code, setup, limits, view; the tests and the MAC key wait in a sealed memfd for the
+  judge alone), unshares the namespaces in the strong modes, forks the init and waits;
+- the init (pid 1 of the new PID namespace where there is one): builds and enters the minimal
+  filesystem view (build_root), forks the judge and then the workers before it reads the key,
+  reaps orphans, and reports how the main worker ("W") and the judge ("X") ended;
+- the judge: confined (rlimits, no_new_privs, drop_privileges, Landlock where asked, not
+  dumpable); reads the tests and the key, runs setup and each test itself with the candidate's
+  names bound to `Remote` handles, reports each verdict as one MAC'd line, then the probe;
+- a worker: confined like the judge (and scoped for signals where Landlock has ABI 6), holding
+  only its pipes; serves the judge's calls (_sandbox_rpc.Worker).
 
-Result lines: "<mac hex> <message>" with messages
-  "S <ok 0|1> <error hex>"   setup + candidate code ran (or failed)
-  "T <index> <ok 0|1> <error hex>"
-  "F memory"                  a MemoryError: stop
-  "E"                         the main worker ended (or broke the protocol) while the judge
-                              needed it: the run stops here, "W" says how it ended
-  "D"                         the judge reported every test
-  "C <index> <status> <aux calls> <wrapper 0|1> <site hex>=<0|1>,...|-"
-                              cooperation probe of one passed test (only when asked; see
-                              _cooperation_probe.py), after "D"
-  "P"                         the probe finished
-  "W <wait status> <cpu s>"   the init: how the main worker ended (before "X")
-  "X <wait status> <cpu s>"   the init: how the judge ended (last line)
+Result lines: "<mac hex> <message>", messages "S" (setup + code ran), "T <index> ..." (a test),
+"F memory", "E" (the main worker ended while needed), "D" (every test reported), "C ..." (the
+cooperation probe of a passed test), "P" (probe finished), "W" and "X" (how the main worker and
+the judge ended; "X" is last). Each process's steps and each line's fields: docs/SANDBOX.md
+"The harness's processes, result lines and wire".
 """
 import binascii
 import builtins

@@ -10,27 +10,16 @@ value the test computed; the worker can send any value, as an honest function co
 any value, but never make the judge run its code (no __eq__, __bool__, __hash__ of its own).
 
 Two pipes per worker, frames of a 4-byte big-endian length and a payload:
-- judge -> worker: pickled requests. The worker is the candidate's process; it unpickles only
-  what the judge sent. Handles travel as persistent ids ("R", id), the probe's poison as ("P",),
-  a test's own function as ("J", id): the worker gets a stub that calls it back in the judge.
+- judge -> worker: pickled requests (handles as persistent ids, the probe's poison, a test's own
+  function as a callback stub);
 - worker -> judge: JSON text of a tagged tree, decoded by the judge strictly (`Conn.decode`) into
-  exact builtin values: null/true/false/numbers/strings as themselves; ["L"|"T"|"S"|"F", items..]
-  list/tuple/set/frozenset; ["D", k, v, ...] dict; ["B"|"A", hex] bytes/bytearray; ["C", re, im]
-  complex; ["I", hex] a big int; ["R", id, type name] a handle to an object kept in the worker
-  (anything else: functions, modules, instances of the candidate's classes, generators). A reply
-  that is not exactly that ends the worker (`WorkerGone`): no honest program can produce one.
-
-Requests: ("init", setup, code, opts) a fresh namespace: exec setup, then code; the reply lists
-the names the code defined or changed (the probe sends it without waiting, `init_later`, and
-names its handles: a handle id that is a str means that name in the current namespace). ("call", id, args, kwargs) and ("op", name, id, arg) for a
-handle (getattr, getitem, iter, next, len, bool, str, repr, int, float, index). While serving a
-request the worker may call back: ["cb", id, args, kwargs] a test's function, ["cb", "aux",
-site, args, kwargs] (the cooperation probe's stub for the helper); the judge answers ("cbret",
-value) or ("cbexc", builtin exception name, message) and waits on. Replies: ["ready", pid],
-["ok", [[name, value], ...]], ["ret", value, [[arg position or keyword, new value], ...]]
-(list/dict/set/bytearray arguments the call changed in place: the judge applies them to its own
-objects, as an in-process call would have), ["exc", [builtin base names], type name, args or
-null, text], ["mem"] (a MemoryError: the worker is no longer trustworthy).
+  exact builtin values, or ["R", id, type name] handles to objects kept in the worker; a reply
+  that is not exactly that ends the worker (`WorkerGone`).
+Requests: "init" (a fresh namespace: setup, then code), "call" and "op" on a handle; while
+serving one the worker may call back ("cb": a test's function, or the probe's stub for `aux`).
+Replies: "ready", "ok", "ret" (with in-place changes to list/dict/set/bytearray arguments),
+"exc", "mem". Each tag and field: docs/SANDBOX.md "The harness's processes, result lines and
+wire".
 """
 import _pickle
 import builtins

@@ -6,100 +6,27 @@ Reward (max 4.0), levels in display order, matching `execution_reward_aux` of th
 
 - ``structure``: +0.4 if the helper's answer defines ``aux`` with a ``return <value>``; +0.6 if
   the main answer defines the entry function with a ``return <value>``. No entry function =>
-  STOP (every later level 0). A missing ``aux`` only loses its 0.4 (as in the reference, where
-  aux is optional for this gate).
+  STOP (every later level 0). A missing ``aux`` only loses its 0.4.
 - ``syntax``: +0.5 if the combined program parses (``ast.parse``); else STOP.
 - ``tests``: +1.0 x passed/total. HumanEval's ``check(candidate)`` is split into its top-level
-  statements; each one that mentions ``candidate`` and contains an ``assert`` is one test (so a
-  ``for`` loop of asserts is one test), with ``candidate`` bound to the entry function. Other
-  statements (``import math``, ``assert True``) run as part of the next test. All tests run in
-  one sandboxed process (tasks/sandbox.py), each separately: a failing test doesn't stop the rest.
-- ``cooperation`` (the paper's levels, decided at RUN time, never on the source text): 0 unless
-  some passing test shows that the entry function (main) called the helper's ``aux`` and used
-  the result of some call site; then +0.5, +1.0 more if main is not a thin wrapper around
-  ``aux``, and -0.5 if some call site of ``aux`` has its result ignored. Range 0 .. 1.5.
+  statements that mention ``candidate`` and assert; all run in one sandboxed process
+  (tasks/sandbox.py), each separately: a failing test doesn't stop the rest.
+- ``cooperation`` (0 .. 1.5, decided at RUN time, never on the source text): +0.5 if some passing
+  test shows main called ``aux`` and used a result, +1.0 more if main is not a thin wrapper
+  around ``aux``, -0.5 if some call site's result is ignored. "Used" is counterfactual
+  dependence: the sandbox's judge re-runs each passing test with aux's results replaced by other
+  values (tasks/_cooperation_probe.py make_probe) and main's return values must change.
 
-  How it is measured (make_probe in tasks/_cooperation_probe.py, by the sandbox's judge, which
-  runs no candidate code: main and aux run in two workers and every call between them passes
-  through the judge; after every test verdict is in): each test that passed is re-run in a fresh namespace with aux
-  and main wrapped. *Called*: an aux call made while main runs, that returned (aux's own
-  recursion not counted). *Used*: counterfactual dependence -- re-runs with aux's results
-  replaced by different values (~n / -x-1.5 / s+"\0" / elementwise, falsy<->truthy, larger
-  numbers; None and other types by a poison object that raises on any use). A replacement
-  depends on the value alone, so equal results always get equal replacements, as from a
-  different aux. Per call site two re-runs: its results ALONE, and TOGETHER with every call, at
-  any site, that returned a value equal to one of them (the same re-run when no other site did).
-  The site is used if main's return values change in both (a control re-run after the perturbed
-  ones must reproduce them, else the test counts for nothing; floats within a relative 1e-9 count as unchanged:
-  rounding is not a dependence). TOGETHER by itself would miss a dropped duplicate
-  (``r = aux(x); aux(x); return r + 1``); ALONE by itself would credit results that cancel out
-  (``return g(x) + aux(x) - aux(x)``: each call alone changes the sum, both together, as from a
-  different aux, change nothing). *Thin wrapper*: on every passing test where some site is used,
-  each main call returned a value equal to every result it got from used sites -- each result as
-  aux returned it (a copy, so that a list main changed in place is not aux's value any more) and
-  up to a conversion: an equal int/float/complex, or int(), float(), complex(), str(), list(),
-  tuple(), set(), frozenset() of a builtin result; never a bool (``aux(x) > 5`` is a predicate,
-  not a conversion). *Ignored*: a call site that ran during a
-  passing test and was used in none. Whatever the code looks like:
+Unlike the reference (regexes on source lines), cooperation is measured at run time, and the
+program keeps the problem's own context (imports, helpers the prompt defines) and the agents'
+imports; from each answer only its own function is taken. Code extraction (`extract_code`)
+copes with model chatter (fences, prose, several blocks, unparseable text around functions); the
+last definition that parses and returns a value wins.
 
-  - 0: ``_ = aux(x)`` beside an independent solution, ``if False: aux(x)``,
-    ``r = aux(x); return r * 0 + g(x)``, ``return g(x) if aux(x) == aux(x) else None``, and
-    ``return g(x) + aux(x) - aux(x)`` (nothing used: exactly what the same solution earns
-    without calling aux); ``return aux(x) + aux(y) - aux(y)`` and ``r = aux(x); aux(y); return r``
-    (a thin wrapper's 0.5, -0.5 for the ignored calls: an extra call never buys the +1.0).
-  - 0.5 (thin wrapper): ``return aux(x)``, ``r = aux(x); r = r; return r``,
-    ``return float(aux(x))`` / ``int(...)`` / ``list(...)`` / ``tuple(...)`` / ``str(...)``,
-    ``return aux(x) + 0.0``, ``return max(aux(x), aux(x))``.
-  - 1.5: ``return math.pi * aux(r)``, ``return aux(s).upper() + "!"``,
-    ``r = aux(xs); r.append(0); return r``, ``return max(aux(a), aux(b))`` (both used, and
-    different on some test); 1.0 with an ignored bare ``aux(0)`` beside.
-
-  Why this and not a static data-flow analysis of the AST: the AST says what could flow, not
-  what did (``if False:``, ``r * 0``, a branch that returns the same either way all look like
-  use); a taint-tracking proxy object changes the values the tests see (``type(x) is int``, C
-  functions) and so could change the verdicts. Perturbation runs the real code on the real
-  tests and only ever touches aux's return value.
-
-  What it still cannot catch: a result that is checked rather than used counts as used
-  (``return g(x) if aux(x) == g(x) else None`` -- dependence, not usefulness; likewise a
-  perturbed run that no longer returns in time counts as a change), and so does an identity
-  that holds for aux's actual results but not for the replacements (``g(x) + abs(aux(x)) -
-  aux(x)`` with aux never negative); a second result that could matter but does not on the tests
-  (``max(aux(x), aux(x - 1))`` with an increasing aux) makes main more than a wrapper; a
-  dependence that none of the replacements exercises on any passing test is missed (less
-  credit, never more: ``max(aux(a), aux(b))`` where aux(a) stays far below aux(b)); TOGETHER
-  matches at most 64 distinct container values per site (numbers and strings: all), and results
-  over 10,000 items or of the candidate's own classes are compared as objects, not copied (one
-  changed in place still looks passed on); tests the probe's budget did not reach can hide an
-  ignored call site (a missed -0.5); an identity ``aux`` through which main passes its own
-  answer (``return aux(solve(x))``) earns the wrapper's 0.5; side effects of aux (it sorts
-  main's list in place) earn nothing; main's worker reports its own call sites, so code that
-  remembers aux's first answers and reacts when they change still counts as "used"
-  (docs/SANDBOX.md, Verdicts). The probe has a time budget (a third of the wall-clock limit, at
-  most 5 s) and loses only itself if it hangs: tests it did not reach give no credit.
-
-Where we deliberately differ from the reference (which uses regexes on source lines):
-- cooperation is measured at run time as above, not by regexes; ``return math.pi * aux(r)`` is
-  not a thin wrapper here (main combines aux's part), and a bare ``aux(...)`` statement beside a
-  use is caught as "ignored" (the reference's regex for this rarely matches at all).
-- The program keeps the problem's own context (its imports and any helper functions the prompt
-  defines, e.g. ``encode_cyclic`` for ``decode_cyclic``) and the imports the agents wrote; the
-  reference keeps only the prompt's import lines. From each answer only its own function is
-  taken: ``aux`` from the helper, the entry function from main (a main answer that redefines
-  ``aux`` cannot override the helper's).
-
-Code extraction (`extract_code`) copes with model chatter: ```python / ```py / bare ``` fences
-(an unclosed last fence too), prose around code, no fences at all, several blocks, indented
-code, and unparseable text around parseable functions (a line scan by indentation). When a name
-is defined several times, the LAST definition that parses and returns a value wins (else the
-last that parses, else the last) -- Python's own "last def wins", minus obviously broken drafts.
-
-Single agent (``num_agents=1``): one agent writes both ``aux`` and the entry function in one
-answer; the same reward applies. The ``sequential`` baseline passes ``earlier`` to
-``agent_prompts`` (main then sees the helper's code); the ``naive`` baseline is just the
-untrained team with these prompts.
-
-Fixed split (HumanEval): eval = HumanEval/0..31 (the first 32 problems), train = the other 132.
+Single agent (``num_agents=1``): one agent writes both ``aux`` and the entry function. Fixed
+split (HumanEval): eval = HumanEval/0..31 (the first 32 problems), train = the other 132. The
+probe's rules, examples of each score, why not static analysis, and what it cannot catch:
+docs/ARCHITECTURE.md "The coding reward in full" (and docs/SANDBOX.md, Verdicts).
 """
 from __future__ import annotations
 

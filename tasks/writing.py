@@ -2,36 +2,16 @@
 and abstract expansion (agent 1 "background" = background/motivation, agent 2 "method" =
 method/implications), scored with the paper's four gated levels (max 3.0).
 
-Levels, in order; a level that STOPs leaves every later level at 0. c1/c2 = agent 1/2 text.
-Thresholds are those of the paper's code (OpenMLRL/LLM_Collab_Writing, rewards/tldr_rewards.py
-and rewards/arxiv_rewards.py at commit 45c74e5):
-
-1. ``length`` (+0.5): both texts have lo..hi whitespace tokens, inclusive (TLDR 8..256,
-   expansion 32..256); else STOP. The reference's expansion minimum is 128 words, which no
-   answer reaches at this project's default of 128 new tokens (trainer/config.py; the
-   embedded SmolLM2 tokenizer spends ~1.17 tokens per English word on the shipped texts, so
-   128 tokens hold ~100 words, and a single agent must fit both parts into them): here the
-   minimum is 32 words and the prompts ask for lengths that fit (`ExpansionTask.target_words`).
-   tests/tasks/test_task_defaults.py checks that a plausible answer of every task within the default
-   max_new_tokens earns a reward > 0.
-2. ``length_ratio`` (up to 1.0): r = chars(c2) / chars(c1). Best band -> 1.0; between the outer
-   and the best band -> linear, 0 at the outer edge (and the level still passes, at exactly 0);
-   outside the outer band -> 0 and STOP.
-   TLDR: best 1.6..3.2, outer 1.1..5.0. Expansion: best 1.0..1.3, outer 0.8..1.5 (another
-   revision of the reference uses 1.3..1.6 / 0.8..2.0; `ExpansionTask.ratio_band` is one line).
-3. ``unique_words`` (up to 0.5): r = distinct words(c2) / distinct words(c1), words = ``\\w+``
-   lowercased, stopwords included (the reference's default). TLDR: >= 2.0 -> 0.5, 1.3..2.0 ->
-   linear from 0, < 1.3 -> STOP. Expansion: best 0.7..1.3 -> 0.5, outer 0.5..1.7 linear, else STOP.
-   No words in c1 -> STOP.
-4. ``style`` (up to 1.0) = 0.4 x transition + 0.6 x min(J, cap) / cap.
-   transition = 0 with no transition-word category found, else 0.4 + 0.05 per further category
-   (12 categories; max 0.95); searched in c2 (TLDR) or in c1 + c2 (expansion).
-   J = Jaccard overlap of the two texts' word sets without stopwords (1.0 if both are empty);
-   cap = 0.03 (TLDR), 0.23 (expansion).
-
-Deliberate differences: the expansion length minimum above; transition words are matched as whole words/phrases (``\\b...\\b``); the
-reference matches substrings, so "as" in "was" or "so" in "also" counted as transitions and
-almost every text found several categories.
+Levels, in order; a level that STOPs leaves every later level at 0 (c1/c2 = agent 1/2 text;
+thresholds from the paper's code, OpenMLRL/LLM_Collab_Writing at commit 45c74e5):
+1. ``length`` (+0.5): both texts have lo..hi whitespace tokens (TLDR 8..256, expansion 32..256);
+2. ``length_ratio`` (up to 1.0): chars(c2) / chars(c1) in the best band -> 1.0, linear to 0 at the
+   outer band, outside it STOP;
+3. ``unique_words`` (up to 0.5): distinct words(c2) / distinct words(c1), same shape;
+4. ``style`` (up to 1.0) = 0.4 x transition words + 0.6 x min(Jaccard overlap, cap) / cap.
+Deliberate differences: the expansion's length minimum is 32 words, not 128 (the default 128
+new tokens hold ~100 words), and transition words are matched as whole words, not substrings.
+The bands, caps and categories: docs/ARCHITECTURE.md "The writing reward in full".
 
 Inputs: any text a person pastes (`TLDRTask.from_text(text)` makes an example) or an example
 dict with "id" and "text". Shipped examples: tasks/data/writing.json (sources and licenses in
