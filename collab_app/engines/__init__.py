@@ -228,7 +228,7 @@ def flags_quantize(device: str, dtype: str, stored_dtype: str | None) -> str | N
     (`stored_dtype`, its config's dtype: bfloat16 / float16), else None. From a 16-bit checkpoint
     fp16 weights are exact (bf16 values below 6e-5 in magnitude lose bits as fp16 subnormals: the
     embedded model's log-prob gap is 0.0) and halve what a decode step streams (1.7-1.9x on the
-    AVX2 EPYC; engine_hf's doc). An fp32 checkpoint would be rounded: it keeps torch's GEMMs. The
+    AVX2 CPU; docs/CPU.md). An fp32 checkpoint would be rounded: it keeps torch's GEMMs. The
     calibration (cpu_precision) measures instead where it runs."""
     import torch
 

