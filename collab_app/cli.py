@@ -10,7 +10,7 @@ import sys
 
 # name -> (module:function taking argv, one-line help)
 COMMANDS = {
-    "models": ("collab_app.engines.model:cli_main", "provision / show the embedded model (SmolLM2-135M-Instruct) and engines"),
+    "models": ("collab_app.commands.models:cli_main", "provision / show the embedded model (SmolLM2-135M-Instruct) and engines"),
     "bench": ("collab_app.commands.bench:cli_main", "benchmarks: `bench generate` (vLLM vs transformers), `bench train` (MAGRPO step)"),
     "eval": ("collab_app.commands.evaluate:cli_main", "evaluate the team and the baselines on a task split"),
     "train": ("collab_app.commands.train_cmd:cli_main", "offline MAGRPO training on a task's train split"),
@@ -34,6 +34,18 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def prepare_process() -> None:
+    """This process's CPU settings, made before any command imports torch
+    (collab_app/cpu/process.py): every command and the children it starts get them; the sandbox
+    counts CPUs within the cgroup's quota."""
+    from collab_app import paths
+    from collab_app.cpu import cores, process
+    from tasks import sandbox
+
+    process.prepare(paths.compile_cache_dir())
+    sandbox.set_cpu_budget(cores.cpu_budget)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -44,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"collab: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func = COMMANDS[name][0].split(":")
+    prepare_process()
     if name in SEALED_FIRST:   # before its module imports torch (or anything that starts threads)
         from collab_app import secret_env
         secret_env.seal()

@@ -2,8 +2,7 @@
 
 COLLAB_HOME ($COLLAB_HOME, else ~/.cache/collab) holds everything a run writes by default: the
 store (`collab.db`, unless $COLLAB_DB names another database), adapter versions (`adapters/`),
-the embedded model and its wheel (`models/`, `wheels/`, engines/model.py), the CPU calibration
-(`calibration.json`, engines/calibrate.py), the compiled engine's kernels and traced model
+the embedded model and its wheel (`models/`, `wheels/`, engines/model.py), the compiled engine's kernels and traced model
 (`compiled/<machine>/`, vLLM's part in `compiled/<machine>/vllm/`) and
 training runs (`runs/`). Every command and the app
 read these functions; a flag (`--db`, `--adapters-dir`, ...) overrides them where it exists.
@@ -13,14 +12,21 @@ from __future__ import annotations
 import os
 
 HOME_ENV = "COLLAB_HOME"
+MACHINE_ENV = "COLLAB_MACHINE_DIR"
 DB_ENV = "COLLAB_DB"
-COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"   # torch's own variable: where torch.compile keeps its kernels
-VLLM_CACHE_ENV = "VLLM_CACHE_ROOT"               # vLLM's own variable: where vLLM keeps a compiled model
 
 
 def home() -> str:
     """$COLLAB_HOME, else ~/.cache/collab (an empty value counts as unset)."""
     return os.environ.get(HOME_ENV) or os.path.expanduser("~/.cache/collab")
+
+
+def machine_dir() -> str:
+    """$COLLAB_MACHINE_DIR, else ~/.cache/collab/machine: what this machine measured about itself
+    (the CPU calibration and the engine race, `calibration.json`: engines/calibrate.py), shared by
+    every COLLAB_HOME on the machine, so a fresh home (a bench's server, a second project) measures
+    nothing again. Its entries are keyed by the machine: a folder shared between hosts is safe."""
+    return os.environ.get(MACHINE_ENV) or os.path.expanduser("~/.cache/collab/machine")
 
 
 def store_url() -> str:
@@ -42,7 +48,7 @@ def compile_cache_dir() -> str:
     tag because a COLLAB_HOME outlives its CPU (a Space's /data on another host, a home folder
     shared between machines) and torch 2.13's graph cache does not tell vector ISAs apart: a kernel
     cached under AVX-512, loaded with ATEN_CPU_CAPABILITY=avx2, counted half of what it should."""
-    from collab_app.machine import machine_tag
+    from collab_app.cpu.machine import machine_tag
 
     return os.path.join(home(), "compiled", machine_tag())
 

@@ -41,6 +41,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -301,11 +302,7 @@ class _Gate:
                                          f"once), got {raw!r}: fix or unset it")
                     self._limit = int(raw)
                 else:
-                    # affinity within the cgroup's CPU quota: in a quota-limited container affinity
-                    # lists every core of the node, and runs past the quota only time out
-                    from collab_app.online.cpushare import cpu_budget
-
-                    self._limit = cpu_budget()
+                    self._limit = _cpu_budget()
             return self._limit
 
     def set(self, n: int | None) -> None:
@@ -352,9 +349,27 @@ class _Gate:
 _GATE = _Gate()
 
 
+def _affinity_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):   # no affinity API (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+_cpu_budget: Callable[[], int] = _affinity_cpus
+
+
+def set_cpu_budget(budget: Callable[[], int] | None) -> None:
+    """How the default cap counts this process's CPUs (the entry points pass collab_app/cpu's
+    `cpu_budget`, which also applies a cgroup CPU quota: in a quota-limited container affinity
+    lists every core of the node, and runs past the quota only time out); None: the affinity mask."""
+    global _cpu_budget
+    _cpu_budget = budget or _affinity_cpus
+
+
 def set_max_concurrent(n: int | None) -> None:
     """At most `n` sandbox runs at once in this process (others wait); None: back to
-    COLLAB_SANDBOX_MAX_CONCURRENT, else the CPUs this process may use (cpushare.cpu_budget())."""
+    COLLAB_SANDBOX_MAX_CONCURRENT, else the CPUs this process may use (`set_cpu_budget`)."""
     _GATE.set(n)
 
 

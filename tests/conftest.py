@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 
 import pytest
 
-import collab_app  # noqa: F401 - first: sets GOMP_SPINCOUNT before anything loads torch (collab_app/__init__.py)
+from collab_app import paths
+from collab_app.cpu import process
+
+process.prepare(paths.compile_cache_dir())   # first, as an entry point does: before anything loads torch
 
 from helpers.engines import vllm_importable
 from helpers.tiny_model import tiny_model_path  # noqa: F401 - a session fixture: the second base of heterogeneous teams
 
-# dtype "auto" on a CPU measures this machine once per COLLAB_HOME (engines/calibrate.py, ~15 s);
-# tests that start `collab serve` in a fresh COLLAB_HOME would pay it every time. They get the
-# CPU-flags rule instead (the same answer wherever int8 loses); tests/engines/test_calibrate.py tests the
-# calibration and its wiring.
+# dtype "auto" on a CPU measures this machine once (engines/calibrate.py, ~15 s, cached per machine);
+# the tests get the CPU-flags rule instead (the same answer wherever int8 loses), and what a test
+# measures lands in a folder of the session's own, never in the person's cache;
+# tests/engines/test_calibrate.py tests the calibration and its wiring.
 os.environ.setdefault("COLLAB_CALIBRATE", "0")
+os.environ.setdefault("COLLAB_MACHINE_DIR", tempfile.mkdtemp(prefix="collab-test-machine-"))
 
 
 # ----------------------------------------------------------------------------- two lanes
@@ -59,7 +64,7 @@ def pytest_configure(config):
         return
     import sys
 
-    from collab_app.online.cpushare import THREAD_VARS   # the variables serve's CPU split sets for its children
+    from collab_app.cpu.cores import THREAD_VARS
     from helpers.lanes import worker_cores
 
     mine = worker_cores(int(workerinput["workerid"][2:]), int(workerinput["workercount"]),
@@ -217,7 +222,7 @@ def _module_memory_given_back():
     process-wide keep_freed_memory would keep). Without it the test process held 12-15 GB of a
     24 GiB box by the end of the suite (docs/results "What the suite's process keeps")."""
     yield
-    from collab_app.engines import huge_pages
+    from collab_app.cpu import huge_pages
 
     huge_pages.give_back_freed_memory()
 

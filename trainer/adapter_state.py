@@ -7,21 +7,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict
-from typing import TYPE_CHECKING
-
 import torch
 
 from trainer import adapters as versions_on_disk
 from trainer import distributed
 from trainer.config import MAGRPOConfig
 
-if TYPE_CHECKING:
-    from trainer.magrpo import MAGRPOTrainer
-
 log = logging.getLogger(__name__)
 
 
-def start(trainer: MAGRPOTrainer) -> None:
+def start(trainer) -> None:
     """Set the trainer's versions, step, version times, weights and AdamW moments: rank 0 from
     its adapters_dir, every other rank from rank 0."""
     if distributed.is_main():
@@ -51,7 +46,7 @@ def save(model, optimizer: torch.optim.Optimizer, cfg: MAGRPOConfig, adapters_di
     return path
 
 
-def _from_disk(trainer: MAGRPOTrainer) -> None:
+def _from_disk(trainer) -> None:
     """Resume from the latest readable versions in adapters_dir, or save version 0 of every agent;
     then, where an agent's floor (trainer/adapters.py) is above what it resumed from, save that
     state again as the floor's number, so a version number is never used twice."""
@@ -85,11 +80,11 @@ def _from_disk(trainer: MAGRPOTrainer) -> None:
                             "folder, or a version that could not be read): continuing from %s as version %d",
                             a, floor - 1, adapters_dir, "a fresh adapter" if parent is None else f"version {parent}",
                             floor)
-            trainer._save(a, {"step": trainer.step, "parent_version": parent, "metrics": {}})
+            trainer.save_version(a, {"step": trainer.step, "parent_version": parent, "metrics": {}})
         versions_on_disk.clear_floor(adapters_dir, a)
 
 
-def _resume_agent(trainer: MAGRPOTrainer, a: str) -> None:
+def _resume_agent(trainer, a: str) -> None:
     """Load agent `a`'s newest readable version; one that cannot be read (truncated or corrupt
     file) is quarantined and the one before it tried, down to none (then the fresh adapter the
     trainer was built with stays, saved at the floor by `_from_disk`)."""
@@ -134,7 +129,7 @@ def _resume_agent(trainer: MAGRPOTrainer, a: str) -> None:
         return
 
 
-def _sync_from_main(trainer: MAGRPOTrainer) -> None:
+def _sync_from_main(trainer) -> None:
     """Data parallel: every rank starts from rank 0's adapters, AdamW moments, versions, step and
     version times (rank 0 resumed them from its adapters_dir, which the others may not see);
     ranks > 0 then keep a copy of each current version in their scratch adapters_dir."""
@@ -151,4 +146,4 @@ def _sync_from_main(trainer: MAGRPOTrainer) -> None:
         trainer.train_seconds = state["train_seconds"]
         for a in trainer.agents:
             trainer.optimizers[a].load_state_dict(state["optimizers"][a])
-            trainer._save(a, {"step": trainer.step, "parent_version": None, "metrics": {}})
+            trainer.save_version(a, {"step": trainer.step, "parent_version": None, "metrics": {}})

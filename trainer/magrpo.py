@@ -79,8 +79,24 @@ class Group:
                                                      # (lateness in versions); None: by created_at
 
 
+@dataclass
+class TrainerHooks:
+    """What the process around a trainer does between the pieces of a step (each decoder layer's
+    forward and backward, a micro-batch, an agent). All optional; `collab trainer` sets them."""
+
+    pause: Callable[[], float] | None = None
+    """called at each pause point; returns the seconds it paused (the service's core lease: a
+    person's round waiting on this process's cores gets them, within a budget)."""
+    stop_requested: Callable[[], bool] | None = None
+    """checked at the same points, before `pause`: True abandons the step (StepStopped), so a
+    SIGTERM ends a step within one layer's time and the step's groups stay ready."""
+    pieces_done: Callable[[], None] | None = None
+    """called once a step's compute is over, before it saves: cores borrowed at the pause points
+    go back, so a round that starts during the save does not wait for it."""
+
+
 class StepStopped(Exception):
-    """update() was told to stop (MAGRPOTrainer.stop_requested) at one of its pause points: the step
+    """update() was told to stop (TrainerHooks.stop_requested) at one of its pause points: the step
     was abandoned before anything was saved. No version moved on disk; this process's in-memory
     adapters may be half-stepped, so a caller that goes on must rebuild the trainer from disk."""
 
@@ -608,19 +624,7 @@ class MAGRPOTrainer:
         self.train_seconds = 0.0   # rollout + update wall time of `train` so far (max_minutes, lr_schedule)
         self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
-        # Called between the pieces of a step (each decoder layer's forward and backward, a
-        # micro-batch, an agent: _layer_pauses); returns the seconds it paused. `collab trainer
-        # --core-lease` sets it (cpushare.CoreLease.pause: a person's round waiting on this
-        # process's cores gets them, within a budget); None = never.
-        self.pause: Callable[[], float] | None = None
-        # Checked at the same points, before `pause`: True = abandon the step (StepStopped). The
-        # trainer service sets it to its stop event, so SIGTERM ends a step within one layer's time
-        # instead of a whole step's (30-60 s on an AVX2 CPU), and the step's groups stay ready.
-        self.stop_requested: Callable[[], bool] | None = None
-        # Called once a step's compute is over, before it saves: the service gives back cores it
-        # borrowed at the pause points (cpushare.CoreLease.narrow), so a round that starts during
-        # the save does not wait for it. None = nothing to give back.
-        self.pieces_done: Callable[[], None] | None = None
+        self.hooks = TrainerHooks()   # what the process around it does between a step's pieces
         self._paused_s = 0.0   # seconds the current update() has paused (metric time/paused_s)
         adapter_state.start(self)   # resume from adapters_dir, or version 0; ranks > 0 from rank 0
 
@@ -628,7 +632,8 @@ class MAGRPOTrainer:
     def adapter_path(self, agent: str) -> str:
         return versions_on_disk.version_dir(self.adapters_dir, agent, self.versions[agent])
 
-    def _save(self, agent: str, meta: dict) -> str:
+    def save_version(self, agent: str, meta: dict) -> str:
+        """Save `agent`'s adapter and optimizer as its current version number (adapter_state.save)."""
         return adapter_state.save(self.model_of[agent], self.optimizers[agent], self.cfg, self.adapters_dir, agent,
                                   self.versions[agent], {**meta, "base_model": self.base_of[agent]})
 
@@ -684,8 +689,8 @@ class MAGRPOTrainer:
             if stats["trained_samples"]:
                 changed.append(agent)
             self._pause()
-        if self.pieces_done is not None:
-            self.pieces_done()
+        if self.hooks.pieces_done is not None:
+            self.hooks.pieces_done()
         self.step += 1
         m["time/update_s"] = time.perf_counter() - t_start   # pauses included: they are in time/paused_s
         m["time/paused_s"] = self._paused_s
@@ -694,7 +699,7 @@ class MAGRPOTrainer:
         t0 = time.perf_counter()
         for agent in changed:
             self.versions[agent] += 1
-            self._save(agent, {"step": self.step, "parent_version": self.versions[agent] - 1, "metrics": m})
+            self.save_version(agent, {"step": self.step, "parent_version": self.versions[agent] - 1, "metrics": m})
         saved_at = distributed.broadcast_object(time.time())   # rank 0's clock: lateness must agree on every rank
         for agent in changed:
             self.saved_at[agent].append(saved_at)
@@ -704,11 +709,11 @@ class MAGRPOTrainer:
 
     def _pause(self) -> None:
         # every call sits before the step's saves (update): raising here leaves the disk untouched
-        if self.stop_requested is not None and self.stop_requested():
+        if self.hooks.stop_requested is not None and self.hooks.stop_requested():
             # no step number: the service numbers its steps over all tasks, this trainer over its own
             raise StepStopped("the step under way stopped at a pause point; nothing of it was saved")
-        if self.pause is not None:
-            self._paused_s += self.pause()
+        if self.hooks.pause is not None:
+            self._paused_s += self.hooks.pause()
 
     @contextlib.contextmanager
     def _layer_pauses(self):
@@ -720,7 +725,7 @@ class MAGRPOTrainer:
         keeps the coarse points only. Hooks go at the end: nothing outside update() pauses. A stop
         hook alone (stop_requested) installs the same points: a stop is seen within one layer."""
         handles = []
-        if self.pause is not None or self.stop_requested is not None:
+        if self.hooks.pause is not None or self.hooks.stop_requested is not None:
             def after_layer(module, args, output):
                 self._pause()
                 hidden = output[0] if isinstance(output, tuple) else output
@@ -879,20 +884,8 @@ class MAGRPOTrainer:
         d = ref - logp.detach()[:, :ref.shape[1]]                                             # (rows, T')
         return torch.exp(d) - d - 1, mask
 
-    # -- offline training (trainer/offline.py) ------------------------------------------------
-    def batch(self, examples: list[dict], step: int) -> list[dict]:
-        """The prompts of `step` (offline.prompts_of_step)."""
-        from trainer.offline import prompts_of_step
-        return prompts_of_step(examples, self.cfg, step)
-
     def out_of_time(self) -> bool:
         return bool(self.cfg.max_minutes) and self.train_seconds >= 60.0 * self.cfg.max_minutes
-
-    def train(self, engine: Sampler, on_step=None) -> list[dict]:
-        """Offline MAGRPO on the task's train split (offline.train): rollout -> update -> new
-        versions -> engine.load_adapter, until cfg.num_steps or cfg.max_minutes."""
-        from trainer.offline import train
-        return train(self, engine, on_step)
 
 
 def group_metrics(groups: list[Group], level_names=()) -> dict[str, float]:

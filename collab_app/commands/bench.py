@@ -3,7 +3,7 @@
 Two workloads, each engine in its own subprocess (start-up and peak RSS its own):
 - interactive (what a person feels): 1 prompt, 2 agents with random LoRA adapters, G=4 samples
   per agent, 128 new tokens, streamed: median time to the first words and to the whole round;
-  `--beside-training` repeats it while `cpushare.training_load()` runs MAGRPO updates in a child
+  `--beside-training` repeats it while `training_load()` (commands/training_load.py) runs MAGRPO updates in a child
   process, `--think-s S` waits S seconds before each round, as a person reads;
 - rollout (`--prompts`, 0 = skip): 16 prompts x G=4 per agent in one batched call, in tokens/s.
 `--engines` picks the contestants: `vllm` (the engine as `collab serve` builds it on this machine:
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collab_app import THP_VAR
+from collab_app.cpu.process import THP_VAR
 from collab_app.engines import engine_race
 from collab_app.engines.model import make_random_lora  # noqa: F401 - where benches, tests and result scripts find it
 
@@ -65,7 +65,7 @@ VLLM_VARIANTS = {
 }
 HF_VARIANTS = ("transformers", "transformers-torch")   # the app's transformers engine; with torch's own GEMMs
 # Under --beside-training every engine that decodes in this process borrows the trainer's cores
-# between its steps, as `collab serve` (borrow_cores) does, except this one (cpushare.CoreLease).
+# between its steps, as `collab serve` (borrow_cores) does, except this one (lending.CoreLease).
 NO_BORROWING = {"vllm-noborrow"}
 
 ROLES = engine_race.ROLES   # one team for the bench and the engine race (engines/engine_race.py)
@@ -86,7 +86,7 @@ def _worker(args) -> None:
         # As `collab serve` with its trainer child: the engine on its share of the cores, applied
         # before the engine starts (vLLM binds its OpenMP threads at start-up); the training loop
         # of training_load() gets the rest. Both interactive measurements run under this split.
-        from collab_app.online.cpushare import apply_to_serving, plan
+        from collab_app.cpu.cores import apply_to_serving, plan
 
         split = plan(0)
         if split is not None:
@@ -128,7 +128,7 @@ def _worker(args) -> None:
     startup = time.perf_counter() - t0
     lent = 0   # engine parts decoding on the borrowed cores (none where vLLM decodes in another process)
     if lease_path:
-        from collab_app.online.cpushare import lend_trainer_cores
+        from collab_app.cpu.lending import lend_trainer_cores
 
         lent = lend_trainer_cores(engine, split, lease_path, lend_engine_cores=True)   # as serve does
     team = Team([Agent(name, role) for name, role in ROLES.items()])
@@ -186,7 +186,7 @@ def _worker(args) -> None:
     if args.beside_training:
         # A MAGRPO update loop in a child process (collab_app.online.cpushare) on the trainer's
         # cores, the way `collab serve` runs its trainer child.
-        from collab_app.online.cpushare import training_load
+        from collab_app.commands.training_load import training_load
 
         # pause_credit off: the loop's steps come back to back, so under the credit rule it would
         # pause as a trainer behind on its ratings does (hardly at all: the arm below); off, as serve's
@@ -239,7 +239,7 @@ def race_first(engine: str, model_path: str, status: Path | None = None) -> floa
     clock, so that `startup_s` is the engine's own (a first run's was 86 s, 67 s of them the race)."""
     if engine not in VLLM_VARIANTS or "enforce_eager" in VLLM_VARIANTS[engine]:
         return None
-    from collab_app.engines import auto_choice
+    from collab_app.engines.choose import auto_choice
 
     if status is not None:
         status.write_text("engine race (once per machine)")
@@ -252,7 +252,7 @@ def vllm_variant_kw(engine: str, model_path: str, dtype: str, quantize: str | No
     """VLLMEngine keywords of a vLLM variant beyond dtype and quantize: the variant's own, and
     where it names no enforce_eager, the app's compile rule (engines.vllm_compile_kw, as
     make_engine applies it): `vllm` runs compiled exactly where `collab serve` would."""
-    from collab_app.engines import vllm_compile_kw
+    from collab_app.engines.choose import vllm_compile_kw
 
     kw = {k: v for k, v in VLLM_VARIANTS[engine].items() if k != "quantize"}
     if "enforce_eager" not in kw:
@@ -268,7 +268,9 @@ def _auto_precision(model_path: str, kind: str) -> dict:
     failed calibration) {} = the engines' own "auto"."""
     import os
 
-    from collab_app.engines import cpu_precision, cuda_available
+    from collab_app.engines.calibrate import cpu_precision
+
+    from collab_app.engines.device import cuda_available
 
     if cuda_available() or os.environ.get("COLLAB_CALIBRATE", "1") == "0":
         return {}
@@ -409,7 +411,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
                                       mininterval=1 if sys.stderr.isatty() else 30) as bar:
         # an engine's worker serves as `collab serve` does (huge pages unless the environment says
         # otherwise); the baseline keeps torch's 4 KiB pages, as a reader's transformers has them
-        # (engines/huge_pages.py)
+        # (cpu/huge_pages.py)
         env = {**os.environ, THP_VAR: "0"} if engine == "plain" else {THP_VAR: "1", **os.environ}
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         proc = psutil.Process(child.pid)
@@ -428,7 +430,7 @@ def _run_engine(engine: str, args, model_path: str, adapters: list[str], tmp: Pa
 
 
 def _generate(args) -> int:
-    from collab_app.engines import cpu_capability
+    from trainer.dtypes import cpu_capability
     from collab_app.engines.model import ensure_model
 
     model_path = ensure_model(args.model)
@@ -478,7 +480,7 @@ def _generate(args) -> int:
 
 def _gpu_name() -> str | None:
     """The CUDA GPU the engines ran on, or None (a CPU-only machine)."""
-    from collab_app.engines import cuda_available
+    from collab_app.engines.device import cuda_available
 
     if not cuda_available():
         return None
@@ -580,7 +582,7 @@ def cli_main(argv: list[str]) -> int:
                    help="auto = bf16 where the CPU/GPU has it natively, else fp32 (trainer/dtypes.py)")
     g.add_argument("--rounds", type=int, default=3, help="interactive rounds (1 prompt, G per agent) to take the median of")
     g.add_argument("--beside-training", action="store_true",
-                   help="also time the interactive rounds while a MAGRPO update loop runs (cpushare.training_load)")
+                   help="also time the interactive rounds while a MAGRPO update loop runs (training_load.training_load)")
     g.add_argument("--think-s", type=float, default=0.0,
                    help="seconds before each interactive round, as a person reads the last (0 = back to back)")
     g.add_argument("--lora-scale", type=float, default=2.0, help="multiply the random LoRA weights (2: outputs clearly differ)")

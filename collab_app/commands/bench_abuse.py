@@ -379,9 +379,9 @@ def serve_command(cfg: BenchAbuseConfig, home: str, port: int) -> list[str]:
 
 
 def start_server(cfg: BenchAbuseConfig, home: str, port: int) -> subprocess.Popen:
-    from collab_app.commands.bench_online import seed_home, served_model
+    from collab_app.commands.bench_online import race_first, served_model
 
-    seed_home(home)
+    race_first(served_model())
     cmd = serve_command(cfg, home, port)
     env = {**os.environ, "COLLAB_HOME": home, "GRADIO_ANALYTICS_ENABLED": "False", "COLLAB_MODEL": served_model(),
            "COLLAB_TRUSTED_PROXY_HOPS": "1"}

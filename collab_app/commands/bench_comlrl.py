@@ -283,7 +283,7 @@ class ModelsEngine:
     def generate(self, requests, n, sampling):
         import torch
 
-        from collab_app.engines import chat_prompt_ids, check_lengths, check_requests
+        from collab_app.engines.requests import chat_prompt_ids, check_lengths, check_requests
         from collab_app.engines.engine_types import Sample
 
         check_requests(self, requests, n, sampling, set(self.models))

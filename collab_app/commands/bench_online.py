@@ -22,7 +22,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import statistics
@@ -129,28 +128,22 @@ def serve_command(cfg, home: str, port: int, *extra: str) -> list[str]:
             *(["--trainer-args", cfg.trainer_args] if cfg.trainer_args else []), *shlex.split(cfg.serve_args)]
 
 
-def seed_home(home: str) -> None:
-    """Give a bench's fresh COLLAB_HOME this machine's dtype calibration and engine race as
-    `collab models` / `make run` left them in the current COLLAB_HOME, so the server starts as a
-    person's does (an absent one is measured at its start, inside the bench's start-up time). The
-    compiled kernels and traced model need no copy: collab_app put $TORCHINDUCTOR_CACHE_DIR and
-    $VLLM_CACHE_ROOT (the person's paths.compile_cache_dir, vllm_cache_dir) in this process's
-    environment at import, and the server inherits them."""
-    from collab_app.engines.calibrate import cache_path
+def race_first(model_path: str) -> None:
+    """This machine's engine race for the served model, run now where it is missing (cached per
+    machine: paths.machine_dir): the bench's server then starts as a person's later starts do, and
+    no background race runs beside what the bench measures (serve.race_in_background)."""
+    from collab_app.engines.choose import auto_choice
 
-    src, dst = cache_path(), os.path.join(home, cache_path().name)
-    if src.exists() and not os.path.exists(dst):
-        shutil.copy(src, dst)
+    auto_choice(model_path, measure=True)
 
 
 def use_home(home: str) -> str:
     """For a bench that builds the app in its own process (the result scripts): make `home`
-    (it must not exist), seed it (seed_home) and point this process at it (COLLAB_HOME, and
-    COLLAB_MODEL = the embedded model unless already set). Returns its absolute path."""
+    (it must not exist) and point this process at it (COLLAB_HOME, and COLLAB_MODEL = the embedded
+    model unless already set). Returns its absolute path."""
     home = os.path.abspath(home)
     os.makedirs(home)
     os.environ["COLLAB_MODEL"] = served_model()
-    seed_home(home)
     os.environ["COLLAB_HOME"] = home
     return home
 
@@ -165,10 +158,10 @@ def served_model() -> str:
 def start_server(cfg, home: str, port: int, *extra: str, launcher: list[str] | None = None,
                  env: dict[str, str] | None = None) -> subprocess.Popen:
     """serve_command's server, in its own session (stop_server ends it and its trainer child),
-    logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another, with this
-    machine's calibration (seed_home). `launcher` replaces `python -m collab_app.web.serve` (a
+    logging to home/serve.log, on the embedded model unless COLLAB_MODEL names another, raced first
+    (race_first). `launcher` replaces `python -m collab_app.web.serve` (a
     result script that wraps serve with timers); `env` adds to the server's environment."""
-    seed_home(home)
+    race_first(served_model())
     cmd = serve_command(cfg, home, port, *extra)
     if launcher:
         cmd = [*launcher, *cmd[3:]]   # the serve flags after `python -m collab_app.web.serve`
@@ -383,7 +376,7 @@ def held_out(cfg: BenchOnlineConfig, states: list[dict], engine=None) -> list[di
     each agent forms joint answer g, as the server's candidates do), seeded where the engine honours
     a per-request seed (the transformers engine; vLLM on CPU keeps only its engine-wide seed)."""
     from collab_app.commands.evaluate import generate_joint
-    from collab_app.engines import make_engine
+    from collab_app.engines.choose import make_engine
     from collab_app.engines.engine_types import Sampling
     from collab_app.engines.model import ensure_model
     from tasks import load_task

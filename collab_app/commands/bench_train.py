@@ -44,12 +44,13 @@ PHASES = ("rollout_s", "reward_s", "update_s", "save_load_s", "total_s")
 
 def _worker(engine_kind: str, steps: int, out_path: str, seed: int) -> None:
     """One engine: start it, run `steps` MAGRPO steps, write per-step timings as JSON."""
-    from collab_app.engines import make_engine
+    from collab_app.engines.choose import make_engine
     from collab_app.engines.model import ensure_model
     from collab_app.commands.train_cmd import EngineSampler
     from tasks import load_task
     from trainer.config import MAGRPOConfig
     from trainer.magrpo import MAGRPOTrainer, rollout
+    from trainer.offline import prompts_of_step
 
     cfg = MAGRPOConfig(**WORKLOAD, model=ensure_model(), engine=engine_kind, num_steps=steps, seed=seed, keep_versions=0)
     task = load_task(cfg.task)
@@ -69,7 +70,7 @@ def _worker(engine_kind: str, steps: int, out_path: str, seed: int) -> None:
         rows, examples = [], task.examples("train")
         for step in range(steps):
             t_step, timings = time.perf_counter(), {}
-            groups = rollout(sampler, task, trainer.batch(examples, step), cfg, seed=seed + step, timings=timings)
+            groups = rollout(sampler, task, prompts_of_step(examples, trainer.cfg, step), cfg, seed=seed + step, timings=timings)
             m = trainer.update(groups)
             t0 = time.perf_counter()
             trainer.load_into(sampler)

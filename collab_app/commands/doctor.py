@@ -4,7 +4,7 @@ Sections (plain text, or one JSON object with `--json`):
 - cpu: the CPU's model, torch's capability and whether it computes bf16 natively (dtype auto's
   rule, trainer/dtypes.py);
 - cpu_budget: the affinity mask, the cgroup CPU quota, the budget both give
-  (collab_app/online/cpushare.py), the core split `collab serve` would make with this
+  (collab_app/cpu/), the core split `collab serve` would make with this
   `--engine-cores` and the sandbox's concurrency cap;
 - sandbox: the isolation level a live run gets (tasks/sandbox.py probes it now);
 - engine: the engine `auto` would pick and why, the dtype, and what each agent is served
@@ -91,7 +91,7 @@ class DoctorConfig:
 def cpu_info() -> dict:
     import torch
 
-    from collab_app.machine import cpu_model
+    from collab_app.cpu.machine import cpu_model
     from trainer.dtypes import cpu_capability, cpu_has_native_bf16, resolve_device, resolve_dtype
 
     cap = cpu_capability()
@@ -102,26 +102,26 @@ def cpu_info() -> dict:
 
 
 def budget_info(engine_cores: int) -> dict:
-    from collab_app.online import cpushare
+    from collab_app.cpu import cores as cpu_cores
     from tasks import sandbox
 
-    cores = cpushare.affinity_cores()
-    limit = cpushare.cgroup_cpu_limit()
+    cores = cpu_cores.affinity_cores()
+    limit = cpu_cores.cgroup_cpu_limit()
     try:
-        split = cpushare.plan(engine_cores)
+        split = cpu_cores.plan(engine_cores)
         split_text = split.describe() if split else _no_split_why(engine_cores)
     except ValueError as e:
         split, split_text = None, f"refused: {e}"
     return {"affinity": cores, "os_cpu_count": os.cpu_count(),
             "quota_cpus": limit[0] if limit else None, "quota_file": limit[1] if limit else None,
-            "budget": cpushare.cpu_budget(), "usable_cores": cpushare.usable_cores(),
+            "budget": cpu_cores.cpu_budget(), "usable_cores": cpu_cores.usable_cores(),
             "split": {"engine": list(split.engine), "trainer": list(split.trainer)} if split else None,
             "split_text": split_text, "sandbox_max_concurrent": sandbox.max_concurrent(),
             "sandbox_max_concurrent_env": os.environ.get(sandbox.MAX_CONCURRENT_ENV) or None}
 
 
 def _no_split_why(engine_cores: int) -> str:
-    from collab_app.engines import cuda_available
+    from collab_app.engines.device import cuda_available
 
     if engine_cores == -1:
         return "none (--engine-cores -1): engine and trainer child share every core"
@@ -152,7 +152,7 @@ def agent_names(tasks: list[str]) -> list[str]:
 def engine_choice(kind: str, model: str = "") -> dict:
     """The engine `make_engine(kind)` would build, without starting it (collab_app/engines/__init__.py;
     on a CPU the engine race cached for `model` if any: never raced here)."""
-    from collab_app.engines import auto_choice
+    from collab_app.engines.choose import auto_choice
 
     kind = kind if kind != "auto" else os.environ.get("COLLAB_ENGINE", "auto")
     vllm = importlib.util.find_spec("vllm") is not None
@@ -250,7 +250,8 @@ def _reference(model_path: str, dtype: str, device: str, rows: list[tuple[str, s
 
 def probe(cfg: DoctorConfig, agents: list[str], versions: list[dict], adapters_dir: str) -> dict:
     """Start the engine, serve each agent's current adapter, compare greedy output with transformers+peft."""
-    from collab_app.engines import chat_prompt_ids, make_engine
+    from collab_app.engines.requests import chat_prompt_ids
+    from collab_app.engines.choose import make_engine
     from collab_app.engines.engine_types import Request, Sampling
     from collab_app.engines.model import ensure_model
     from trainer.adapters import latest_version, version_dir

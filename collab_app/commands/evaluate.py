@@ -184,7 +184,7 @@ def summarize(task, rewards, examples) -> dict:
 
 
 def evaluate(cfg: EvalConfig, engine=None) -> dict:
-    from collab_app.engines import make_engine
+    from collab_app.engines.choose import make_engine
     from collab_app.engines.engine_types import Sampling
     from collab_app.engines.model import ensure_model
     from tasks import load_task

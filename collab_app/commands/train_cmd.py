@@ -106,6 +106,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     from trainer import distributed
     from trainer.config import MAGRPOConfig
     from trainer.configcli import parse_config
+    from trainer import offline
     from trainer.magrpo import MAGRPOTrainer
 
     cfg, _ = parse_config(MAGRPOConfig, argv, prog="collab train",
@@ -162,7 +163,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     trainer.load_into(sampler)
     if not main:   # data parallel, rank > 0: rollouts and gradients only; rank 0 evaluates and writes
         try:
-            trainer.train(sampler)
+            offline.train(trainer, sampler)
         finally:
             engine.close()
             distributed.close()
@@ -191,7 +192,7 @@ def cli_main(argv: list[str] | None = None) -> int:
 
     try:
         before = evaluate("before")
-        trainer.train(sampler, on_step=on_step)
+        offline.train(trainer, sampler, on_step=on_step)
         after = evaluate("after")
     finally:
         run.close()

@@ -30,9 +30,12 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from collab_app.machine import cpu_flags, cpu_model
+from collab_app import paths
+from collab_app.cpu.machine import cpu_flags, cpu_model
+from trainer.dtypes import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -263,9 +266,7 @@ def calibrate(model_path: str, threads: int | None = None, refresh: bool = False
 
 
 def cache_path() -> Path:
-    from collab_app.engines.model import collab_home
-
-    return collab_home() / "calibration.json"
+    return Path(paths.machine_dir()) / "calibration.json"
 
 
 def cached_entry(key: str) -> dict | None:
@@ -294,3 +295,28 @@ def store_entry(key: str, entry: dict) -> None:
         tmp.replace(path)
     except OSError as e:
         log.warning("not cached (%s): %s", path, e)
+
+
+def cpu_precision(path: str, kind: str, threads: int | None = None) -> dict:
+    """dtype "auto" on a CPU: what this machine's calibration chose for engine `kind`
+    (engines/calibrate.py, cached in COLLAB_HOME): {"dtype": ..., "quantize": "fp16"|"int8"|None}
+    (the transformers engine from torch's GEMMs, every other kind from vLLM's: each serves the base
+    GEMMs measured fastest for it within the accuracy rules). A folder the calibration cannot read
+    (an HF id) or a failed measurement: the CPU-flags rule."""
+    from collab_app.engines.calibrate import calibrate
+
+    try:
+        # on a thread that ends with it: torch work on a thread leaves that thread's OpenMP workers
+        # behind, and two live teams on a machine's cores slow both (engine_hf's doc, "Threads")
+        with ThreadPoolExecutor(1, thread_name_prefix="calibrate") as one:
+            entry = one.submit(calibrate, path, threads=threads,
+                               engine="transformers" if kind == "transformers" else "vllm").result()
+    except Exception as e:  # noqa: BLE001 - calibration is an optimisation, never a reason not to start
+        log.warning("calibration failed (%s: %s); dtype from the CPU flags (%s)", type(e).__name__, e,
+                    resolve_dtype("auto", "cpu"))
+        return {}
+    log.info("dtype of the %s engine on this CPU (calibrated %s): %s", kind, entry["measured_at"], entry["why"])
+    out = {"dtype": entry["dtype"]}
+    if kind in ("vllm", "transformers"):   # both serve the measured base GEMMs (None included)
+        out["quantize"] = entry.get("quantize")
+    return out

@@ -46,9 +46,12 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, 
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation.streamers import BaseStreamer
 
-from collab_app.engines import (DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, checkpoint_dtype,
-                               flags_quantize, resolve_dtype)
-from collab_app.engines import huge_pages
+from trainer.dtypes import DTYPES, resolve_dtype
+
+from collab_app.engines.device import QUANTIZE, checkpoint_dtype, flags_quantize
+
+from collab_app.engines.requests import chat_prompt_ids, check_lengths, check_requests
+from collab_app.cpu import huge_pages
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.cpu_sampler import sample_rows
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
@@ -431,7 +434,7 @@ class TransformersEngine:
         self._agents = AgentTable()  # agent -> (peft adapter name, version)
         self._names = itertools.count(1)
         self._lock = threading.Lock()
-        self.spare_cores = None   # cpushare.SpareCores: `collab serve` lends the trainer child's cores between its steps
+        self.spare_cores = None   # lending.SpareCores: `collab serve` lends the trainer child's cores between its steps
         if seed is not None:
             torch.manual_seed(seed)
 

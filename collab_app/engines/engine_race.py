@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ COMPILE_MARGIN = 0.9
 TIMEOUT_S = 300   # per engine: start-up and warm-up (12-50 s measured, ~65-85 s compiling)
 ROUND_TIMEOUT_S = 120   # one round of a started child
 # Before each round the children are let go quiet: a child's OpenMP worker spins on after its round
-# (GOMP_SPINCOUNT, collab_app/__init__: ~1.2 s with AMX, 2.6-2.9 s of a whole core on an AVX2 CPU),
+# (GOMP_SPINCOUNT, cpu/process.py: ~1.2 s with AMX, 2.6-2.9 s of a whole core on an AVX2 CPU),
 # and a round timed meanwhile shares the cores with it. On the AVX2 CPU a 32-token round right after the other child's took 5.2-5.4 s
 # against 2.7-3.0 s after its own; 2 s of sleep were not always enough (2.4-3.7 s), 4 s were
 # (2.7-3.2 s). Waiting for the CPU time to stop, not a fixed sleep: the spin's length is the CPU's.
@@ -100,7 +99,7 @@ def race(model_path: str, refresh: bool = False) -> dict:
     engines one after the other). `engine` is "vllm" or "transformers"; `compile` is whether
     `vllm-compiled` won."""
     from collab_app.engines.calibrate import cached_entry, store_entry
-    from collab_app.machine import cpu_model
+    from collab_app.cpu.machine import cpu_model
 
     key = race_key(model_path)
     found = cached_entry(key)
@@ -145,7 +144,7 @@ def _compile_unfit(model_path: str) -> str | None:
     """Why `vllm-compiled` does not run here, or None: engine_vllm's rule for the dtype and base
     GEMMs that calibrate chose on this machine. Skipped, not failed: a race is cached only when
     every contestant that ran finished."""
-    from collab_app.engines import cpu_precision
+    from collab_app.engines.calibrate import cpu_precision
     from collab_app.engines.engine_vllm import cpu_compile_unfit
 
     precision = cpu_precision(model_path, "vllm")
@@ -165,7 +164,7 @@ class _Child:
         self._log = tempfile.TemporaryFile(mode="w+")         # its stderr: the tail names a failure
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # module doc: the children coexist
-        self._proc = subprocess.Popen([sys.executable, "-m", "collab_app.engines.engine_race", kind, model_path],
+        self._proc = subprocess.Popen([sys.executable, "-m", "collab_app.engines.race_child", kind, model_path],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                       text=True, env=env)
         self._lines: queue.Queue = queue.Queue()
@@ -327,52 +326,42 @@ def child_engine_kwargs(kind: str) -> dict:
             "lora_lanes": serve_lanes()}
 
 
-def _child(kind: str, model_path: str) -> None:
-    """In the child: build `kind` as `collab serve` does and warm it up, print its start-up, then
-    one timed round for each "round" line on stdin until stdin closes (module doc)."""
-    from collab_app.engines import make_engine
-    from collab_app.engines.engine_types import Sampling
-    from collab_app.engines.model import make_random_lora
-    from collab_app.engines.team import Agent, Team
+def _end_with_parent() -> None:
+    """A watchdog thread: when the process that started this one is gone (serve stopped, or was
+    killed), end this process group (the race and its children) at once."""
+    import signal
+    import threading
 
-    t = time.perf_counter()
-    engine = make_engine(kind.removesuffix("-compiled"), model_path, **child_engine_kwargs(kind))
-    startup = time.perf_counter() - t
-    try:
-        team = Team([Agent(name, role) for name, role in ROLES.items()])
-        with tempfile.TemporaryDirectory() as tmp:
-            for k, agent in enumerate(team.agents):
-                engine.register_agent(agent.name)
-                engine.load_adapter(agent.name, make_random_lora(model_path, Path(tmp) / f"lora{k}", k, scale=2.0), 1)
-        prompt = [[TASK] * 2]
-        team.generate(engine, prompt, 1, Sampling(max_new_tokens=8, temperature=0.8, seed=0))   # warm-up
-        print(json.dumps({"startup_s": round(startup, 1), "dtype": getattr(engine, "dtype", None),
-                          "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                          "peak_mb": _peak_rss_mb()}),
-              flush=True)
-        for line in sys.stdin:
-            words = line.split()
-            if not words or words[0] != "round":
-                continue
-            new_tokens = int(words[1]) if len(words) > 1 else NEW_TOKENS
-            t = time.perf_counter()
-            for _ in team.generate_stream(engine, prompt, NUM_GENERATIONS,
-                                          Sampling(max_new_tokens=new_tokens, temperature=0.8, seed=0)):
-                pass
-            print(json.dumps({"round_s": round(time.perf_counter() - t, 2)}), flush=True)
-    finally:
-        engine.close()
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="end-with-parent").start()
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory so far, MB (vLLM's engine core runs in it, engine_vllm;
-    inductor's compile workers, a pool of their own processes, are not counted)."""
-    import resource
+def main(argv: list[str] | None = None) -> int:
+    """`python -m collab_app.engines.engine_race [--after-s S] MODEL_PATH ...`: race the engines for
+    each model not raced on this machine yet. `collab serve` starts it in the background, niced,
+    once its page is up: this start serves the unmeasured default, later starts the winner."""
+    import argparse
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss          # KiB on Linux, bytes on macOS
-    return round(peak / 2 ** 20 if sys.platform == "darwin" else peak / 2 ** 10)
+    p = argparse.ArgumentParser(prog="python -m collab_app.engines.engine_race")
+    p.add_argument("--after-s", type=float, default=0.0, help="wait this long first (the server's page comes up)")
+    p.add_argument("models", nargs="+", help="local model folders")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-race %(levelname)s %(message)s")
+    _end_with_parent()
+    time.sleep(args.after_s)
+    for model_path in dict.fromkeys(args.models):
+        if cached(model_path) is None:
+            entry = race(model_path)
+            log.info("the next start of `collab serve` on this machine serves %s (%s)", entry.get("engine") or "the default",
+                     entry["why"])
+    return 0
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    _child(sys.argv[1], sys.argv[2])
+    sys.exit(main())

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from collab_app.engines import chat_prompt_ids, check_lengths, check_requests
+from collab_app.engines.requests import chat_prompt_ids, check_lengths, check_requests
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
 

@@ -38,8 +38,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from collab_app.engines import DTYPES, QUANTIZE, chat_prompt_ids, check_lengths, check_requests, cuda_available, resolve_dtype
-from collab_app.engines import huge_pages, vllm_team
+from trainer.dtypes import DTYPES, resolve_dtype
+
+from collab_app.engines.device import QUANTIZE, cuda_available
+
+from collab_app.engines.requests import chat_prompt_ids, check_lengths, check_requests
+from collab_app.cpu import huge_pages
+from collab_app.engines import vllm_team
 from collab_app.engines.agents import AgentTable
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
 
@@ -175,7 +180,7 @@ class VLLMEngine:
             self.token_ranks = self._call(self.llm.collective_rpc, "collab_token_ranks")[0]
             if not self.token_ranks.startswith("vLLM"):
                 log.warning("vLLM CPU: token ranks counted %s", self.token_ranks)
-        # cpushare.SpareCores: `collab serve` lends this engine the trainer child's cores between
+        # lending.SpareCores: `collab serve` lends this engine the trainer child's cores between
         # steps. Only in one process: a spawned engine core decodes in a process of its own.
         self.spare_cores = None
         if cpu_compiled:
@@ -369,7 +374,7 @@ class VLLMEngine:
 
     def _step(self, engine):
         """One vLLM step; before it, on the engine thread, borrow or give back the trainer child's
-        cores (`spare_cores`, set by `collab serve`: cpushare.SpareCores)."""
+        cores (`spare_cores`, set by `collab serve`: lending.SpareCores)."""
         if self.spare_cores is not None:
             self.spare_cores.before_step()
         return engine.step()

@@ -54,7 +54,7 @@ def this_platform() -> tuple[str, str]:
 def auto_candidates(cpu_prefer: str = "vllm") -> list[str]:
     """engine_candidates for this machine. Cheap: finds vllm's module without importing it (the
     import takes ~10 s; make_engine falls back to the next candidate if it fails)."""
-    from collab_app.engines import cuda_available
+    from collab_app.engines.device import cuda_available
 
     return engine_candidates(*this_platform(), cuda=cuda_available(),
                              vllm_importable=importlib.util.find_spec("vllm") is not None, cpu_prefer=cpu_prefer)

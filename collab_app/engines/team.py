@@ -49,7 +49,7 @@ class Team:
     def make_engines(self, kind: str = "auto", **kw) -> dict[str, Engine]:
         """One engine per distinct base model, agent name -> engine; agents registered and their
         start adapters (version 0) loaded. `kw` goes to `make_engine`."""
-        from collab_app.engines import make_engine
+        from collab_app.engines.choose import make_engine
 
         by_model: dict[str | None, Engine] = {}
         engines = {}
@@ -87,7 +87,7 @@ class Team:
                 raise EngineError(f"no engine for agent {a.name!r}; pass one engine or a dict with every agent")
             eng = engines[a.name]
             groups.setdefault(id(eng), (eng, []))[1].extend((e, i) for e in range(len(prompts)))
-        from collab_app.engines import stream
+        from collab_app.engines.requests import stream
 
         texts = [[[""] * n for _ in range(self.num_agents)] for _ in prompts]
         done: list[list[list[Sample | None]]] = [[[None] * n for _ in range(self.num_agents)] for _ in prompts]
@@ -164,7 +164,7 @@ class TeamEngine:
     def generate_stream(self, requests: list[Request], n: int, sampling: Sampling):
         """Progress over every request (in the caller's order), one engine's stream after another:
         the first base's rows stream while the later bases' rows are still empty."""
-        from collab_app.engines import stream
+        from collab_app.engines.requests import stream
 
         for i, r in enumerate(requests):
             if r.agent not in self.base_of:
@@ -187,7 +187,7 @@ class TeamEngine:
         lock (web/context.py says why)."""
         import copy
 
-        from collab_app.engines import chat_prompt_ids
+        from collab_app.engines.requests import chat_prompt_ids
 
         counts = []
         with self._tok_lock:
@@ -230,7 +230,7 @@ def make_team_engine(kind: str, model: str, agent_models: dict[str, str], **kw) 
     missing = `model`): the plain engine of `make_engine` when every agent is on `model` (a
     homogeneous team: exactly as before), else a TeamEngine with one engine per distinct base.
     `kw` goes to each make_engine; num_agents (vLLM's adapter slots) is each base's own count."""
-    from collab_app.engines import make_engine
+    from collab_app.engines.choose import make_engine
     from collab_app.engines.model import ensure_model
 
     model = ensure_model(model or None)

@@ -341,7 +341,7 @@ def compiled_model_kept_on_disk():
       method made every load fail ("'function' object has no attribute 'finalize_loading'") and
       compile from scratch. A no-op is given to that class for the build.
     - vLLM's key hashes every vLLM environment variable, VLLM_CPU_OMP_THREADS_BIND included: the
-      cores `collab serve` pins its engine to (online/cpushare.py) are not the engine race's
+      cores `collab serve` pins its engine to (collab_app/cpu/) are not the engine race's
       (`collab models` at install), so serve's first start missed the race's artifact and
       compiled again (the binding places threads; it does not change the graph). It is left out
       of the key for the build.

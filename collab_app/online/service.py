@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from collab_app import paths
-from collab_app.online.cpushare import YIELD_SHARE
+from collab_app.cpu.lending import YIELD_SHARE
 from collab_app.online.returns import ReturnRule
 from tasks import team_of
 from trainer.config import MAGRPOConfig
@@ -94,13 +94,13 @@ class ServiceConfig(MAGRPOConfig):
     keep_versions: int = 0
     """keep all versions (0): store rows name every version and an admin may pin (roll back to) any of them."""
     core_lease: str = ""
-    """lock file through which `collab serve`'s engine borrows this trainer's cores while it is not working (cpushare.CoreLease; '' = off; serve sets it)."""
+    """lock file through which `collab serve`'s engine borrows this trainer's cores while it is not working (lending.CoreLease; '' = off; serve sets it)."""
     borrow_engine_cores: str = ""
-    """with core_lease: the serving engine's cores (e.g. "0"), on which a step also works while no round is being generated (cpushare.CoreLease; '' = own cores only; serve sets it)."""
+    """with core_lease: the serving engine's cores (e.g. "0"), on which a step also works while no round is being generated (lending.CoreLease; '' = own cores only; serve sets it)."""
     yield_share: float = YIELD_SHARE
     """with core_lease: most share of a step's time it may pause while a person's round waits for its cores (0.5 = a step takes at most twice its working time; 0 = never pause)."""
     pause_credit: bool = True
-    """with yield_share: pause only as long as this trainer was idle before (banked, at most cpushare.PAUSE_CREDIT_CAP_S): free at a person's pace, none while ratings pile up (--no-pause-credit: yield_share alone)."""
+    """with yield_share: pause only as long as this trainer was idle before (banked, at most lending.PAUSE_CREDIT_CAP_S): free at a person's pace, none while ratings pile up (--no-pause-credit: yield_share alone)."""
     max_rater_share: float = 1.0
     """most of a step's K groups one rater may decide: max(1, floor(share*K)), the rest wait (1 = off, for one person's local app; `collab serve` passes 0.25 when public)."""
     max_network_share: float = 1.0
@@ -516,11 +516,11 @@ class TrainerService:
             self.trainers[task_name] = MAGRPOTrainer(cfg, task, self.cfg.adapters_dir)
             lease = self._core_lease()
             if lease is not None:   # a person's round waiting on these cores may get them mid-step
-                self.trainers[task_name].pause = lease.pause
-                self.trainers[task_name].pieces_done = lease.narrow   # the engine's cores back before saving
+                self.trainers[task_name].hooks.pause = lease.pause
+                self.trainers[task_name].hooks.pieces_done = lease.narrow   # the engine's cores back before saving
             if _dist().world_size() == 1:   # a stop abandons the step at its next pause point (run);
                 # data parallel: every rank is inside the step's collectives, so it ends the step first
-                self.trainers[task_name].stop_requested = self.stop_event.is_set
+                self.trainers[task_name].hooks.stop_requested = self.stop_event.is_set
             if _dist().is_main():
                 reconcile(self.store, self.cfg.adapters_dir)   # version 0 of a fresh team gets its rows
         return self.trainers[task_name]
@@ -737,6 +737,7 @@ class TrainerService:
         from collab_app.engines.team import make_team_engine
         from tasks.base import Reward
         from trainer.magrpo import rollout
+        from trainer.offline import prompts_of_step
 
         trainer = self.trainer_for(self.cfg.task)
         if self._sampler is None:
@@ -745,7 +746,7 @@ class TrainerService:
                 self._sampler.engine.register_agent(agent)
         trainer.load_into(self._sampler)
         self.status.set("self-play", message=f"self-play round {self._self_play_round + 1} on {self.cfg.task}")
-        examples = trainer.batch(trainer.task.examples("train"), self._self_play_round)[:self.cfg.self_play_prompts]
+        examples = prompts_of_step(trainer.task.examples("train"), trainer.cfg, self._self_play_round)[:self.cfg.self_play_prompts]
         self._self_play_round += 1
         ids = []
         for g in rollout(self._sampler, trainer.task, examples, self.cfg):
@@ -854,7 +855,7 @@ class TrainerService:
         """The one CoreLease of cfg.core_lease (None = off): its `pause` needs the unit `held` opened."""
         if not self.cfg.core_lease:
             return None
-        from collab_app.online.cpushare import CoreLease
+        from collab_app.cpu.lending import CoreLease
 
         lease = getattr(self, "_lease", None)
         if lease is None or lease.path != self.cfg.core_lease:
@@ -872,7 +873,7 @@ class TrainerService:
         if not _dist().is_main():
             return self.follow()
         if self.cfg.core_lease:   # a predecessor killed mid-step may have left its want file
-            from collab_app.online.cpushare import CoreLease
+            from collab_app.cpu.lending import CoreLease
 
             CoreLease(self.cfg.core_lease).clear_stale()
         self.status.start()
@@ -941,7 +942,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     # environment; non-dumpable before anything else starts (self-play runs model code in the
     # sandbox, which on a Space has this process's uid): `collab trainer` sealed already, before
     # this module imported torch (cli.SEALED_FIRST); sealing again returns what it holds
-    from collab_app.online.cpushare import confine_after_torch
+    from collab_app.cpu.pin import confine_after_torch
     confine_after_torch()   # started by serve on both sides' cores (`pin --load-on`): now its own
     from collab_app.secret_env import seal
     held = seal()

@@ -319,7 +319,7 @@ class AppContext:
         tok = getattr(self.engine, "tokenizer", None)
         if tok is None:
             return None
-        from collab_app.engines import chat_prompt_ids
+        from collab_app.engines.requests import chat_prompt_ids
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 self._tokenizer = copy.deepcopy(tok)

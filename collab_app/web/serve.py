@@ -14,7 +14,7 @@ What runs where:
   (`--parent-pid`). `external`: run `collab trainer --db URL` yourself; `off`: collect data only.
   The child samples nothing unless `--self-play` (then with a transformers engine).
 - on CPU, with a child trainer, the cores are split between this process and the child
-  (`--engine-cores`, collab_app/online/cpushare.py; docs/CPU.md).
+  (`--engine-cores`, collab_app/cpu/cores.py; docs/CPU.md).
 
 In public: a strong COLLAB_ADMIN_TOKEN or no admin (`--loopback-admin`: never behind a proxy on
 the same machine), umask 077, a weak or unconfined sandbox on a public host stops the start
@@ -30,6 +30,7 @@ console script `collab` and `python -m collab_app.web.serve` both call `cli_main
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -44,11 +45,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-import collab_app
-
-collab_app.huge_pages_for_serving()   # before anything here imports torch (engines/huge_pages.py)
-
-from tasks import SERVED_BY_DEFAULT  # noqa: E402 - after the line above (it imports no torch, but keep the rule simple)
+from collab_app import paths
+from collab_app.cpu import process
+from collab_app.cpu.cores import cpu_budget
+from tasks import SERVED_BY_DEFAULT, sandbox
 
 ANONYMOUS_SHARE = 0.25
 """the trainer child's max_anonymous_share where Hugging Face sign-in is available (`--anonymous-share`)."""
@@ -131,9 +131,9 @@ class ServeConfig:
     engine_cores: int = 0
     """CPU cores for serving; the trainer child gets the others (0 = auto: half; -1 = share all, as before; no effect on GPU)."""
     borrow_cores: bool = True
-    """with the split, the engine also decodes on the trainer child's cores while the trainer is not in a step (cpushare.CoreLease)."""
+    """with the split, the engine also decodes on the trainer child's cores while the trainer is not in a step (lending.CoreLease)."""
     lend_engine_cores: bool = True
-    """with borrow_cores, a training step also works on the engine's cores while no round is being generated, and gives them back when one starts (cpushare.CoreLease)."""
+    """with borrow_cores, a training step also works on the engine's cores while no round is being generated, and gives them back when one starts (lending.CoreLease)."""
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -251,9 +251,9 @@ class ChildTrainer:
                  env: dict[str, str] | None = None, load_on: tuple[int, ...] | None = None,
                  base_delay_s: float = 2.0, max_delay_s: float = 600.0, healthy_s: float = 300.0,
                  clock=None):
-        """`cores`: run it on these cores only (collab_app/online/cpushare.py); None = any.
+        """`cores`: run it on these cores only (collab_app/cpu/); None = any.
         `load_on`: with `cores`, start it on these (a superset) until it has loaded torch, so its
-        OpenMP runs at full speed when it widens onto them (cpushare.pinned_command).
+        OpenMP runs at full speed when it widens onto them (pin.pinned_command).
         `env`: added to this process's environment as it is at each start (trainer_env: the store
         URL goes there, never into `argv`, which every user of the machine can read).
         `base_delay_s`, `max_delay_s`, `healthy_s`: the restart back-off (class doc); `clock`:
@@ -264,7 +264,7 @@ class ChildTrainer:
         self.env = dict(env or {})
         self.cmd = [sys.executable, "-m", "collab_app.cli", "trainer", *argv, "--parent-pid", str(os.getpid())]
         if cores:
-            from collab_app.online.cpushare import pinned_command
+            from collab_app.cpu.pin import pinned_command
 
             self.cmd = pinned_command(cores, self.cmd, load_on)
         self.base_delay_s, self.max_delay_s, self.healthy_s = base_delay_s, max_delay_s, healthy_s
@@ -469,20 +469,43 @@ def remote_engine_url(cfg: ServeConfig) -> str:
     return target if target.startswith(("http://", "https://")) else ""
 
 
-def race_before_the_split(cfg: ServeConfig, bases: list[str]) -> None:
-    """Engine `auto`: the engine race for each base, cached once per machine (`collab models` at
-    install) and run here where it is missing (a Space that starts on other hardware than it was
-    built on, a changed calibration key), BEFORE serve confines itself to its engine cores: the
-    race's child engines inherit this process's cores, and its cache key says every core. Later,
-    make_engine("auto") finds it cached. An engine chosen by hand (--engine, COLLAB_ENGINE) or a
-    remote one races nothing here, as in make_engine; a GPU or COLLAB_CALIBRATE=0 neither
-    (engines.auto_choice)."""
-    if cfg.engine != "auto" or remote_engine_url(cfg) or os.environ.get("COLLAB_ENGINE", "auto") != "auto":
-        return
-    from collab_app.engines import auto_choice
+RACE_AFTER_S = 60.0
+"""a background engine race starts this long after serve: the page and the engine come up first."""
 
-    for base in dict.fromkeys(bases):
-        auto_choice(base, measure=True)
+
+def race_in_background(cfg: ServeConfig, bases: list[str]) -> subprocess.Popen | None:
+    """Engine `auto` on a CPU where nobody has raced the engines for a base yet (choose.race_missing):
+    the race runs in a process of its own, niced, RACE_AFTER_S after this start, and caches its
+    verdict per machine; this start serves the unmeasured default and never waits for it, the next
+    start serves the winner. Started BEFORE serve confines itself to its engine cores: the race's
+    child engines inherit every core, as its cache key says. An engine chosen by hand (--engine,
+    COLLAB_ENGINE) or a remote one races nothing, a GPU or COLLAB_CALIBRATE=0 neither."""
+    if cfg.engine != "auto" or remote_engine_url(cfg) or os.environ.get("COLLAB_ENGINE", "auto") != "auto":
+        return None
+    from collab_app.engines.choose import race_missing
+
+    missing = race_missing(bases)
+    if not missing:
+        return None
+    cmd = [sys.executable, "-m", "collab_app.engines.engine_race", "--after-s", str(RACE_AFTER_S), *missing]
+    log.info("engine race: not run on this machine yet; it runs in the background from %.0f s after this start "
+             "(this start serves the default engine, the next one the winner)", RACE_AFTER_S)
+    nice = getattr(os, "nice", None)
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=(lambda: nice(10)) if nice else None)
+
+
+def stop_race(proc: subprocess.Popen | None) -> None:
+    """End a background race still running (its own session: the race and its engines' children)."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def trainer_lora_rank(cfg: ServeConfig) -> int:
@@ -547,17 +570,17 @@ def serve(cfg: ServeConfig) -> None:
     agent_models = {m.partition("=")[0]: ensure_model(m.partition("=")[2]) for m in cfg.agent_models}
     check_agent_roles(agent_models, cfg.tasks)
     child = lease_dir = lease_path = None
+    race = race_in_background(cfg, [model_path, *agent_models.values()])   # before the split: every core
     if cfg.trainer == "child":
         # Cores are given out, never shared: OpenMP barriers of two torch processes on the same
-        # cores spin against each other (a 16 s step took 9+ min beside rounds). cpushare's doc.
-        from collab_app.online.cpushare import apply_to_serving, plan
+        # cores spin against each other (a 16 s step took 9+ min beside rounds). docs/CPU.md.
+        from collab_app.cpu.cores import apply_to_serving, plan
 
         # with a remote engine (--engine-url, COLLAB_ENGINE=URL) the generating engine is another
         # process (or machine): no split here
         split = None if remote_engine_url(cfg) else plan(cfg.engine_cores)
         argv = trainer_argv(cfg, adapters_dir, model_path, agent_models)
         if split is not None:
-            race_before_the_split(cfg, [model_path, *agent_models.values()])
             apply_to_serving(split)   # before the engine or any thread starts: they inherit it
             log.info("CPU split: %s", split.describe())
             if cfg.borrow_cores:   # the engine decodes on the child's cores between its steps
@@ -593,7 +616,7 @@ def serve(cfg: ServeConfig) -> None:
                             admin_token=admin_token, agent_models=agent_models, **engine_kwargs(cfg))
         ctx.trainer_child = child   # the Training tab says why it is not training (ChildTrainer.describe)
         if lease_path:
-            from collab_app.online.cpushare import lend_trainer_cores
+            from collab_app.cpu.lending import lend_trainer_cores
 
             n = lend_trainer_cores(ctx.engine, split, lease_path, cfg.lend_engine_cores)
             log.info("the engine borrows the trainer child's cores %s between its steps (%d engine part%s)",
@@ -614,6 +637,7 @@ def serve(cfg: ServeConfig) -> None:
         launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share,
                app_kwargs={"routes": openai_routes(ctx, api_cfg)})
     finally:
+        stop_race(race)
         if watcher is not None:
             watcher.stop()
         if child is not None:
@@ -638,7 +662,16 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def prepare_serving_process() -> None:
+    """A serving process's CPU settings, before anything imports torch (collab_app/cpu/process.py):
+    the OpenMP spin and compile caches of every command, and huge pages for its tensors."""
+    process.prepare(paths.compile_cache_dir())
+    process.huge_pages_for_serving()
+    sandbox.set_cpu_budget(cpu_budget)
+
+
 def cli_main(argv: list[str] | None = None) -> int:
+    prepare_serving_process()
     from trainer.configcli import parse_config
 
     cfg, _ = parse_config(ServeConfig, argv, prog="collab serve",

@@ -63,20 +63,18 @@ def test_auto_precision_is_the_one_serve_would_use(monkeypatch):
     calibration (engines.cpu_precision: dtype, and for vLLM the base GEMMs), not the CPU-flags rule
     (they differ where the flags claim native bf16 that the kernels do not use, e.g.
     ATEN_CPU_CAPABILITY=avx2 on an AVX512_BF16 box)."""
-    import collab_app.engines as engines
-
     seen = []
-    monkeypatch.setattr(engines, "cuda_available", lambda: False)
-    monkeypatch.setattr(engines, "cpu_precision",
+    monkeypatch.setattr("collab_app.engines.device.cuda_available", lambda: False)
+    monkeypatch.setattr("collab_app.engines.calibrate.cpu_precision",
                         lambda path, kind, threads=None: seen.append(kind) or {"dtype": "float32", "quantize": "fp16"})
     monkeypatch.setenv("COLLAB_CALIBRATE", "1")
     assert bench._auto_precision("/m", "vllm") == {"dtype": "float32", "quantize": "fp16"} and seen == ["vllm"]
-    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {})   # calibration failed
+    monkeypatch.setattr("collab_app.engines.calibrate.cpu_precision", lambda path, kind, threads=None: {})   # calibration failed
     assert bench._auto_precision("/m", "transformers") == {}
     monkeypatch.setenv("COLLAB_CALIBRATE", "0")                                         # the test session's
     assert bench._auto_precision("/m", "vllm") == {}
     monkeypatch.setenv("COLLAB_CALIBRATE", "1")
-    monkeypatch.setattr(engines, "cuda_available", lambda: True)                        # a GPU: the engine's own
+    monkeypatch.setattr("collab_app.engines.device.cuda_available", lambda: True)                        # a GPU: the engine's own
     assert bench._auto_precision("/m", "vllm") == {}
 
 
@@ -112,9 +110,9 @@ def test_vllm_runs_compiled_and_borrows_exactly_where_serve_would(monkeypatch):
     that faster and the dtype / base GEMMs allow it (the rule make_engine applies), eager
     elsewhere; the named variants change one thing; only `vllm-noborrow` (and the engines that
     decode in another process, or the baseline) skip serve's borrowing of the trainer's cores."""
-    from collab_app import engines
+    from collab_app.engines import choose as engines
 
-    monkeypatch.setattr(engines, "cuda_available", lambda: False)
+    monkeypatch.setattr("collab_app.engines.device.cuda_available", lambda: False)
     asked = []
     monkeypatch.setattr(engines, "_race_compiles", lambda path: asked.append(path) or True)
     monkeypatch.setattr("collab_app.engines.engine_vllm.cpu_compile_unfit",
@@ -131,7 +129,7 @@ def test_vllm_runs_compiled_and_borrows_exactly_where_serve_would(monkeypatch):
     monkeypatch.setattr(engines, "_race_compiles", lambda path: False)  # the race kept eager here
     assert kw("vllm", "/m", "bfloat16", None) == {}
     assert kw("vllm-compiled", "/m", "bfloat16", None) == {"enforce_eager": False}
-    monkeypatch.setattr(engines, "cuda_available", lambda: True)                   # a GPU: vLLM's own default
+    monkeypatch.setattr("collab_app.engines.device.cuda_available", lambda: True)                   # a GPU: vLLM's own default
     monkeypatch.setattr(engines, "_race_compiles", lambda path: True)
     assert kw("vllm", "/m", "bfloat16", None) == {}
     assert bench.NO_BORROWING == {"vllm-noborrow"}
@@ -140,7 +138,7 @@ def test_vllm_runs_compiled_and_borrows_exactly_where_serve_would(monkeypatch):
 def test_the_engine_race_is_timed_apart_from_the_engines_start(monkeypatch, tmp_path):
     """A vLLM variant that leaves compiling to the race runs it (cached, or now) before the worker's
     core split and off the start-up clock (`race_s` beside `startup_s`); the others race nothing."""
-    from collab_app import engines
+    from collab_app.engines import choose as engines
 
     asked = []
     monkeypatch.setattr(engines, "auto_choice", lambda path, measure=False: asked.append((path, measure)) or ([], ""))

@@ -144,37 +144,31 @@ def test_the_bench_times_rounds_in_the_page_and_through_the_api(tmp_path, tiny_m
         store.close()
 
 
-def test_a_bench_home_starts_with_this_machines_calibration(tmp_path, monkeypatch):
-    """bench_online.seed_home (start_server calls it): the fresh home gets COLLAB_HOME's calibration
-    file, as `make run` would find it; one already there is kept; none to copy, nothing written."""
-    from collab_app.commands.bench_online import seed_home
+def test_a_fresh_home_finds_this_machines_calibration(tmp_path, monkeypatch):
+    """The calibration and the engine race are cached per machine (paths.machine_dir), not per
+    COLLAB_HOME: a bench's fresh home (or a second project's) measures nothing again."""
+    from collab_app.engines import calibrate
 
-    monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "machine"))
-    seed_home(str(tmp_path))
-    assert not (tmp_path / "calibration.json").exists()
-    (tmp_path / "machine").mkdir()
-    (tmp_path / "machine" / "calibration.json").write_text('{"measured": 1}')
-    home = tmp_path / "bench-home"
-    home.mkdir()
-    seed_home(str(home))
-    assert (home / "calibration.json").read_text() == '{"measured": 1}'
-    (home / "calibration.json").write_text('{"own": 2}')
-    seed_home(str(home))
-    assert (home / "calibration.json").read_text() == '{"own": 2}'
+    monkeypatch.delenv("COLLAB_MACHINE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "one"))
+    calibrate.store_entry("a key", {"dtype": "bfloat16"})
+    monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "two"))
+    assert calibrate.cached_entry("a key") == {"dtype": "bfloat16"}
+    assert calibrate.cache_path() == tmp_path / "user" / ".cache" / "collab" / "machine" / "calibration.json"
+    monkeypatch.setenv("COLLAB_MACHINE_DIR", str(tmp_path / "elsewhere"))
+    assert calibrate.cached_entry("a key") is None
 
 
-def test_an_in_process_bench_uses_a_fresh_seeded_home(tmp_path, monkeypatch):
-    """bench_online.use_home: makes the folder (never a used one), copies the machine's calibration,
-    and points the process at it; a model already named is kept."""
+def test_an_in_process_bench_uses_a_fresh_home(tmp_path, monkeypatch):
+    """bench_online.use_home: makes the folder (never a used one) and points the process at it; a
+    model already named is kept."""
     from collab_app.commands.bench_online import use_home
 
-    (tmp_path / "machine").mkdir()
-    (tmp_path / "machine" / "calibration.json").write_text('{"measured": 1}')
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path / "machine"))
     monkeypatch.setenv("COLLAB_MODEL", str(tmp_path / "some-model"))
     home = use_home(str(tmp_path / "run"))
     assert home == str(tmp_path / "run") and os.environ["COLLAB_HOME"] == home
-    assert (tmp_path / "run" / "calibration.json").read_text() == '{"measured": 1}'
     assert os.environ["COLLAB_MODEL"] == str(tmp_path / "some-model")
     with pytest.raises(FileExistsError):
         use_home(home)

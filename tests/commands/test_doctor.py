@@ -29,7 +29,7 @@ def home(tmp_path, monkeypatch):
 
 
 def test_report_names_what_this_machine_gives_without_making_a_store(home, capsys):
-    from collab_app.online import cpushare
+    from collab_app.cpu import cores
     from tasks.sandbox import isolation, max_concurrent
     from trainer.dtypes import cpu_capability
 
@@ -38,9 +38,9 @@ def test_report_names_what_this_machine_gives_without_making_a_store(home, capsy
     assert time.monotonic() - t0 < 60
     assert rep["cpu"]["capability"] == cpu_capability() and rep["cpu"]["model"]
     b = rep["cpu_budget"]
-    assert b["budget"] == cpushare.cpu_budget() and b["affinity"] == cpushare.affinity_cores()
+    assert b["budget"] == cores.cpu_budget() and b["affinity"] == cores.affinity_cores()
     assert b["sandbox_max_concurrent"] == max_concurrent()
-    assert (b["split"] is None) == (cpushare.plan(0) is None)
+    assert (b["split"] is None) == (cores.plan(0) is None)
     assert rep["sandbox"]["mode"] == isolation()["mode"]
     assert rep["engine"]["kind"] in ("vllm", "transformers")
     assert [a["agent"] for a in rep["engine"]["agents"]] == ["helper", "main", "summary", "detail"]
@@ -54,7 +54,7 @@ def test_report_names_what_this_machine_gives_without_making_a_store(home, capsy
 
 
 def test_budget_in_the_report_follows_a_cgroup_quota(home, capsys, monkeypatch, tmp_path):
-    import collab_app.online.cpushare as cs
+    import collab_app.cpu.cores as cs
 
     root = tmp_path / "cg"
     (root / "c").mkdir(parents=True)

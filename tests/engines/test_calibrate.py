@@ -50,6 +50,7 @@ def test_decide_takes_fp16_weights_when_faster_and_within_rounding_noise():
 
 def test_calibration_measures_once_per_machine_and_model(model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
+    monkeypatch.setenv("COLLAB_MACHINE_DIR", str(tmp_path))
     entry = cal.calibrate(model_path, threads=1)
     ms = entry["ms_per_step"]
     assert {"float32", "bfloat16"} <= set(ms) <= set(cal.KINDS) and all(v > 0 for v in ms.values())
@@ -83,7 +84,7 @@ def test_fbgemms_own_isa_cap_is_part_of_the_machine_key(model_path, monkeypatch)
 
 
 def test_engine_dtype_auto_on_cpu_follows_the_calibration(monkeypatch, tmp_path):
-    from collab_app import engines
+    from collab_app.engines import calibrate as engines
 
     # each engine gets the decision measured on its own GEMMs (engines/calibrate.py, "Per engine")
     decided = {"vllm": ("bfloat16", None), "transformers": ("float32", "fp16")}
@@ -103,10 +104,10 @@ def test_engine_dtype_auto_on_cpu_follows_the_calibration(monkeypatch, tmp_path)
 
 def test_collab_models_also_measures_the_cores_serve_gives_its_engine(model_path, monkeypatch, capsys):
     """`collab models` (make install) calibrates for every thread of the machine and for the
-    engine's share under `collab serve`'s core split (cpushare.plan): serve's engine then finds
+    engine's share under `collab serve`'s core split (cores.plan): serve's engine then finds
     its own key cached instead of measuring it while the first page waits."""
-    from collab_app.engines import model as M
-    from collab_app.online import cpushare
+    from collab_app.commands import models as M
+    from collab_app.cpu import cores
 
     import importlib.util
 
@@ -120,7 +121,7 @@ def test_collab_models_also_measures_the_cores_serve_gives_its_engine(model_path
 
     monkeypatch.setattr(cal, "calibrate", measured)
     monkeypatch.setattr(M, "_dtype_info", lambda: {"device": "cpu", "dtype": "bfloat16", "cpu_capability": "AVX512"})
-    monkeypatch.setattr(cpushare, "plan", lambda *a, **k: cpushare.CpuSplit(engine=(0, 1), trainer=(2, 3)))
+    monkeypatch.setattr(cores, "plan", lambda *a, **k: cores.CpuSplit(engine=(0, 1), trainer=(2, 3)))
     real_find_spec = importlib.util.find_spec
     for has_vllm, kinds in ((True, ("vllm", "transformers")), (False, ("transformers",))):
         # each engine's GEMMs (engines/calibrate.py, "Per engine"); no vLLM installed: the transformers engine's alone
@@ -137,7 +138,7 @@ def test_collab_models_also_measures_the_cores_serve_gives_its_engine(model_path
             assert f"2 threads, {gemms} GEMMs (collab serve's engine cores beside its trainer): measured on 2" in out
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     calls.clear()
-    monkeypatch.setattr(cpushare, "plan", lambda *a, **k: None)     # one core, a GPU: serve splits nothing
+    monkeypatch.setattr(cores, "plan", lambda *a, **k: None)     # one core, a GPU: serve splits nothing
     assert M.cli_main(["--model", model_path, "--no-engines", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [t for t, _ in calls] == [None] * len(calls) and "calibration_serve" not in listed
@@ -150,6 +151,7 @@ def test_the_transformers_engine_is_calibrated_on_its_own_gemms(model_path, tmp_
     each engine serves what is fastest for it (on the EPYC Zen 4 bf16 won for vLLM and fp16 weights
     for the transformers engine)."""
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
+    monkeypatch.setenv("COLLAB_MACHINE_DIR", str(tmp_path))
     timed = []
     real = cal._exact_linear
 

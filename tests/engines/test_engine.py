@@ -439,7 +439,9 @@ def test_vllm_borrows_the_trainers_cores_between_steps_and_gives_them_back(vllm_
     the trainer is idle, never while the trainer holds its cores; same greedy tokens either way."""
     import os
 
-    from collab_app.online.cpushare import CoreLease, CpuSplit, lend_trainer_cores
+    from collab_app.cpu.lending import CoreLease, lend_trainer_cores
+
+    from collab_app.cpu.cores import CpuSplit
 
     cores = sorted(os.sched_getaffinity(0))
     split = CpuSplit(engine=tuple(cores[:1]), trainer=tuple(cores[1:2] or cores[:1]))

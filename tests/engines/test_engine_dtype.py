@@ -157,12 +157,12 @@ def test_collab_models_reports_the_engines_device(monkeypatch, gpus, cuda, mps, 
     """`collab models` shows dtype auto on the device the transformers engine and trainer pick."""
     import torch
 
-    from collab_app.engines import model
+    from collab_app.commands import models
 
     gpus(cuda, mps)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(dtypes, "cpu_capability", lambda: "AVX2")
-    info = model._dtype_info()
+    info = models._dtype_info()
     assert (info["device"], info["dtype"]) == (want_device, want_dtype)
     assert isinstance(info["cpu_capability"], str)
 

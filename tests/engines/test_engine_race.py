@@ -17,12 +17,12 @@ def raced(monkeypatch, tmp_path):
     """COLLAB_HOME in tmp_path, calibration on, vLLM a candidate here, and scripted children:
     `times` maps engine -> round_s or an exception message; `runs` lists the children started;
     `peaks` (optional) maps engine -> the peak memory its start reports, MB."""
-    import collab_app.engines as engines
     from collab_app.engines import platform
 
     monkeypatch.setenv("COLLAB_HOME", str(tmp_path))
+    monkeypatch.setenv("COLLAB_MACHINE_DIR", str(tmp_path))
     monkeypatch.setenv("COLLAB_CALIBRATE", "1")
-    monkeypatch.setattr(engines, "cuda_available", lambda: False)
+    monkeypatch.setattr("collab_app.engines.device.cuda_available", lambda: False)
     monkeypatch.setattr(platform, "this_platform", lambda: ("Linux", "x86_64"))
     monkeypatch.setattr(platform.importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
     monkeypatch.setattr(engine_race, "race_key", lambda path: f"race {path}")
@@ -58,6 +58,24 @@ def raced(monkeypatch, tmp_path):
     model.mkdir()
     state["model"] = str(model)
     return state
+
+
+def test_make_engine_never_races_and_a_missing_race_is_named(raced, monkeypatch):
+    """A person may be waiting on make_engine("auto"): with nothing cached it serves the default at
+    once (no child started) and says why; race_missing names what `collab serve` races in the
+    background, and nothing once the race is cached."""
+    from collab_app.engines import choose, engine_vllm
+
+    raced["times"] = {"vllm": 3.1, "transformers": 2.4}
+    monkeypatch.setattr(engine_vllm, "VLLMEngine", lambda path, **kw: "vllm engine")
+    monkeypatch.setattr("collab_app.engines.calibrate.cpu_precision", lambda path, kind, threads=None: {})
+    assert choose.make_engine("auto", raced["model"]) == "vllm engine" and raced["runs"] == []
+    assert "not measured on this one yet" in choose.auto_choice(raced["model"])[1]
+    assert choose.race_missing([raced["model"], raced["model"], raced["model"] + "-absent"]) == [raced["model"]]
+    choose.auto_choice(raced["model"], measure=True)
+    assert raced["runs"] == ["vllm", "transformers"] and choose.race_missing([raced["model"]]) == []
+    monkeypatch.setenv("COLLAB_CALIBRATE", "0")
+    assert choose.race_missing([raced["model"] + "2"]) == []
 
 
 def test_the_faster_engine_here_is_chosen_and_raced_once(raced):
@@ -100,7 +118,7 @@ def test_a_compiled_vllm_that_wins_is_what_vllm_engines_are_built_as(raced, monk
     """Where the engine runs bf16, `vllm-compiled` races too; when it wins, auto still says vLLM
     and every vLLM engine built here (auto or by name, dtype auto) is compiled, unless the caller
     says enforce_eager; an fp32 or quantized build stays eager."""
-    import collab_app.engines as engines
+    import collab_app.engines.choose as engines
     from collab_app.engines import auto_choice, engine_vllm
 
     raced["unfit"] = None
@@ -113,7 +131,7 @@ def test_a_compiled_vllm_that_wins_is_what_vllm_engines_are_built_as(raced, monk
     built = []
     monkeypatch.setenv("CXX", sys.executable)   # a C++ compiler is found (the build rule's last check)
     monkeypatch.setattr(engine_vllm, "VLLMEngine", lambda path, **kw: built.append(kw) or "engine")
-    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
+    monkeypatch.setattr("collab_app.engines.calibrate.cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
     assert engines.make_engine("auto", raced["model"]) == "engine"
     engines.make_engine("vllm", raced["model"])
     engines.make_engine("vllm", raced["model"], enforce_eager=True)
@@ -125,7 +143,7 @@ def test_serve_vllm_compile_overrides_the_race_for_the_served_engine(raced, monk
     """`collab serve --vllm-compile on|off` decides where one race on a noisy machine should not:
     it becomes vLLM's enforce_eager (the race is then not consulted), the transformers engine that
     auto may fall back to drops it, and it is refused where no in-process vLLM serves."""
-    import collab_app.engines as engines
+    import collab_app.engines.choose as engines
     from collab_app.engines import engine_vllm
     from collab_app.web.serve import ServeConfig, engine_kwargs
 
@@ -143,7 +161,7 @@ def test_serve_vllm_compile_overrides_the_race_for_the_served_engine(raced, monk
     monkeypatch.setenv("CXX", sys.executable)
     monkeypatch.setattr(engine_vllm, "VLLMEngine", lambda path, **kw: built.append(("vllm", kw)) or "vllm")
     monkeypatch.setattr(engine_hf, "TransformersEngine", lambda path, **kw: built.append(("hf", kw)) or "hf")
-    monkeypatch.setattr(engines, "cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
+    monkeypatch.setattr("collab_app.engines.calibrate.cpu_precision", lambda path, kind, threads=None: {"dtype": "bfloat16", "quantize": None})
     for mode in ("auto", "on", "off"):
         engines.make_engine("auto", raced["model"], **engine_kwargs(ServeConfig(vllm_compile=mode)))
     engines.make_engine("transformers", raced["model"], **engine_kwargs(ServeConfig(vllm_compile="on", engine="auto")))

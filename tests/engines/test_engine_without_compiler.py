@@ -16,7 +16,7 @@ import pytest
 from helpers.engines import vllm_importable
 
 SCRIPT = """
-import collab_app
+from collab_app import paths; from collab_app.cpu import process; process.prepare(paths.compile_cache_dir())
 from collab_app.engines.engine_types import Request, Sampling
 from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
 eng = VLLMEngine({model!r}, dtype="float32", enforce_eager=True, num_agents=2, seed=0)

@@ -66,7 +66,7 @@ def test_corrupt_model_is_reprovisioned(home_copy):
     assert not M.verify(target)
     assert M.ensure_model() == str(target)
     assert M.verify(target)
-    assert M._sha256(st) == good  # the conversion is deterministic: same bytes as before
+    assert M.sha256(st) == good  # the conversion is deterministic: same bytes as before
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".") and p.is_dir()], "temp dirs left"
 
 
@@ -124,7 +124,9 @@ def test_unknown_model_id_gives_clear_error(monkeypatch):
 
 
 def test_models_cli_prints_path_and_checksum(model_path, capsys):
-    assert M.cli_main(["--json", "--no-engines"]) == 0
+    from collab_app.commands import models
+
+    assert models.cli_main(["--json", "--no-engines"]) == 0
     info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert info["path"] == model_path and len(info["sha256"]) == 64
     assert os.path.exists(info["path"])

@@ -16,7 +16,7 @@ from helpers.engines import vllm_importable
 
 CODE = r"""
 import json, sys, threading
-import collab_app
+from collab_app import paths; from collab_app.cpu import process; process.prepare(paths.compile_cache_dir())
 from collab_app.engines.engine_types import EngineError, Request, Sampling
 from collab_app.engines.engine_vllm import VLLMEngine
 

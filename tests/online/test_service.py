@@ -240,7 +240,7 @@ def test_a_stop_during_a_step_abandons_it_at_the_next_layer(sqlite_store, tmp_pa
             svc.stop_event.set()
         return 0.0
 
-    trainer.pause = pause
+    trainer.hooks.pause = pause
     with caplog.at_level(logging.INFO, logger="collab_app.online.service"):
         assert svc.run() == 0
     assert calls[-1] == (where == "backward")   # stopped in the phase asked for, at the next point: no later one

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from collab_app import paths
-from collab_app.machine import machine_tag
+from collab_app.cpu.machine import machine_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 

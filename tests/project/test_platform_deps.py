@@ -248,7 +248,7 @@ def test_engine_candidates_refuses_an_unknown_preference():
 ])
 def test_make_engine_auto_tries_the_platform_candidates(monkeypatch, platform, cuda, vllm, cpu_prefer,
                                                          vllm_starts, tried, why):
-    import collab_app.engines as engines
+    import collab_app.engines.choose as engines
     from collab_app.commands.doctor import engine_choice
     from collab_app.engines import model as engines_model
 

@@ -648,6 +648,22 @@ def test_no_privileges_are_left(strong_mode):
 
 # ----------------------------------------------------------------- concurrency and cgroups
 
+def test_the_default_cap_counts_cpus_through_the_entry_points_hook(monkeypatch):
+    """Without COLLAB_SANDBOX_MAX_CONCURRENT the cap is this process's CPUs: its affinity mask, or
+    what the entry point's hook says (collab_app/cpu's cpu_budget, which also applies a cgroup
+    quota); tasks/ imports nothing of collab_app for it."""
+    monkeypatch.delenv(sandbox.MAX_CONCURRENT_ENV, raising=False)
+    try:
+        sandbox.set_max_concurrent(None)
+        assert sandbox.max_concurrent() == len(os.sched_getaffinity(0))
+        sandbox.set_cpu_budget(lambda: 5)
+        sandbox.set_max_concurrent(None)
+        assert sandbox.max_concurrent() == 5
+    finally:
+        sandbox.set_cpu_budget(None)
+        sandbox.set_max_concurrent(None)
+
+
 def test_concurrent_runs_are_capped_process_wide(monkeypatch):
     job = ("import time\nt0 = time.time()\ntime.sleep(0.3)\nprint(t0, time.time())\n", ["assert True"])
     try:

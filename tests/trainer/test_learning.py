@@ -61,6 +61,7 @@ def test_mean_return_rises_on_tldr(model_path, tmp_path):
     from collab_app.engines import make_engine
     from collab_app.engines.sampler import EngineSampler
     from trainer.magrpo import MAGRPOTrainer, group_metrics, rollout
+    from trainer import offline
     from trainer.offline import prompts_of_step, seed_for
 
     cfg = tldr_config(model_path)
@@ -76,7 +77,7 @@ def test_mean_return_rises_on_tldr(model_path, tmp_path):
     examples = task.examples("train")
     control = [group_metrics(rollout(sampler, task, prompts_of_step(examples, cfg, step), cfg,
                                      seed=seed_for(cfg.seed, step=step)))["return_mean"] for step in COMPARED]
-    history = trainer.train(sampler)
+    history = offline.train(trainer, sampler)
     returns = [m["return_mean"] for m in history]
     rise = statistics.fmean(returns[s] for s in COMPARED) - statistics.fmean(control)
     assert rise >= MIN_RISE, (f"mean return per step {[round(r, 3) for r in returns]}, version 0 at the seeds of "

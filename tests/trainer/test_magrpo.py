@@ -356,7 +356,7 @@ def test_on_policy_samples_use_the_trainers_own_logprobs(trainer):
 
 
 def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer):
-    """trainer.pause (cpushare.CoreLease.pause under `collab trainer --core-lease`) is offered after
+    """trainer.pause (lending.CoreLease.pause under `collab trainer --core-lease`) is offered after
     every decoder layer's forward and backward, each micro-batch's forward and backward and each
     agent; what it returns adds up to the step's time/paused_s (0 when nothing paused)."""
     import traceback
@@ -371,12 +371,12 @@ def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer)
         return 0.25
 
     done = []   # pieces_done: once, after every pause point and before the versions are saved
-    trainer.pause, trainer.pieces_done = pause, lambda: done.append((len(calls), dict(trainer.versions)))
+    trainer.hooks.pause, trainer.hooks.pieces_done = pause, lambda: done.append((len(calls), dict(trainer.versions)))
     before = dict(trainer.versions)
     try:
         m = trainer.update(on_policy_groups(trainer))
     finally:
-        trainer.pause = trainer.pieces_done = None
+        trainer.hooks.pause = trainer.hooks.pieces_done = None
     assert done == [(len(calls), before)] and trainer.versions != before
     assert layers >= 2
     # at least: one micro-batch's forward and backward through every layer, per agent
@@ -391,17 +391,17 @@ def test_a_step_offers_to_pause_between_its_pieces_and_reports_the_time(trainer)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
                     reason="needs two cores: the trainer's and the engine's")
 def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp_path):
-    """The service's wiring of cpushare.CoreLease(engine_cores) (pause, pieces_done) around a real
+    """The service's wiring of lending.CoreLease(engine_cores) (pause, pieces_done) around a real
     step: with the engine idle its pieces run on both cores with 2 torch threads; a generate call
     that starts mid-step gets its core at the next pause point (one layer); the step saves on its
     own core; the same step with the engine never idle runs narrow throughout."""
     import threading
 
-    from collab_app.online.cpushare import ENGINE_WAIT_S, CoreLease
+    from collab_app.cpu.lending import ENGINE_WAIT_S, CoreLease
 
     a, b = sorted(os.sched_getaffinity(0))[:2]
     path = str(tmp_path / "cores.lock")
-    with open(path + ".engine", "a"):   # the engine takes part (cpushare.lend_trainer_cores)
+    with open(path + ".engine", "a"):   # the engine takes part (lending.lend_trainer_cores)
         pass
     os.utime(path + ".engine", (0, 0))
     lease, engine = CoreLease(path, yield_share=0.5, engine_cores=(a,)), CoreLease(path)
@@ -417,7 +417,7 @@ def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp
         return paused
 
     save = trainer._save
-    trainer.pause, trainer.pieces_done = pause, lease.narrow
+    trainer.hooks.pause, trainer.hooks.pieces_done = pause, lease.narrow
     trainer._save = lambda *args: (at_save.append(now()), save(*args))[1]
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     try:
@@ -431,7 +431,7 @@ def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp
             trainer.update(on_policy_groups(trainer))
         engine.end_call()
     finally:
-        trainer.pause = trainer.pieces_done = None
+        trainer.hooks.pause = trainer.hooks.pieces_done = None
         trainer._save = save
         os.sched_setaffinity(0, before[0])
         torch.set_num_threads(before[1])

@@ -175,7 +175,7 @@ def test_ratio_on_fp32_engine_samples_is_within_002_of_one(model_path, tmp_path)
         for p in adapter_parameters(tr.model, "helper"):
             p.add_(torch.randn_like(p) * 0.05)
     tr.versions["helper"] += 1
-    tr._save("helper", {"step": 1, "parent_version": 0, "metrics": {}})
+    tr.save_version("helper", {"step": 1, "parent_version": 0, "metrics": {}})
     engine = TransformersEngine(model_path, dtype="float32", seed=0)
     engine.register_agent("helper")
     engine.load_adapter("helper", tr.adapter_path("helper"), tr.versions["helper"])

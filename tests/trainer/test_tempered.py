@@ -87,7 +87,7 @@ def test_engine_logprobs_at_T_are_the_trainers_tempered_ones(tr):
 
     for a in ROLES:                                                         # the perturbed adapters as version 1
         tr.versions[a] += 1
-        tr._save(a, {"step": 1, "parent_version": 0, "metrics": {}})
+        tr.save_version(a, {"step": 1, "parent_version": 0, "metrics": {}})
     engine = TransformersEngine(tr.cfg.model, dtype="float32", seed=0)
     for a in ROLES:
         engine.load_adapter(a, tr.adapter_path(a), 7)                       # stamped 7: off-policy for the trainer

@@ -1,30 +1,67 @@
-"""`collab serve` runs the engine race (when engine `auto` needs one and none is cached) before it
-confines itself to its engine cores: web/serve.py race_before_the_split."""
+"""`collab serve` never waits for the engine race: where engine `auto` needs one and none is cached,
+it runs in a background process of its own, niced, started before serve confines itself to its
+engine cores, and it ends with serve (web/serve.py race_in_background, engines/engine_race.py main)."""
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
-from collab_app.web.serve import ServeConfig, race_before_the_split
+from collab_app.web import serve
+from collab_app.web.serve import ServeConfig, race_in_background
 
 
 @pytest.fixture
-def asked(monkeypatch):
-    import collab_app.engines as engines
-
-    calls = []
-    monkeypatch.setattr(engines, "auto_choice", lambda path, measure=False: calls.append((path, measure)) or ([], ""))
+def spawned(monkeypatch):
+    """race_missing answers every base; Popen records instead of starting."""
+    calls = {"asked": [], "started": []}
+    monkeypatch.setattr("collab_app.engines.choose.race_missing",
+                        lambda bases: calls["asked"].append(list(bases)) or list(dict.fromkeys(bases)))
+    monkeypatch.setattr(serve.subprocess, "Popen", lambda cmd, **kw: calls["started"].append((cmd, kw)) or "proc")
     monkeypatch.delenv("COLLAB_ENGINE", raising=False)
     return calls
 
 
-def test_engine_auto_races_each_base_once(asked):
-    race_before_the_split(ServeConfig(), ["/base", "/other", "/base"])
-    assert asked == [("/base", True), ("/other", True)]   # measured now if not cached (auto_choice caches)
+def test_a_missing_race_runs_in_the_background_niced(spawned):
+    assert race_in_background(ServeConfig(), ["/base", "/other", "/base"]) == "proc"
+    (cmd, kw), = spawned["started"]
+    assert cmd == [sys.executable, "-m", "collab_app.engines.engine_race", "--after-s", str(serve.RACE_AFTER_S),
+                   "/base", "/other"]
+    assert kw["start_new_session"] is True and kw["preexec_fn"] is not None
+
+
+def test_nothing_missing_starts_nothing(spawned, monkeypatch):
+    monkeypatch.setattr("collab_app.engines.choose.race_missing", lambda bases: [])
+    assert race_in_background(ServeConfig(), ["/base"]) is None and spawned["started"] == []
 
 
 @pytest.mark.parametrize("cfg, env", [(ServeConfig(engine="transformers"), None), (ServeConfig(engine="vllm"), None),
                                       (ServeConfig(), "transformers"), (ServeConfig(), "http://127.0.0.1:8000"),
                                       (ServeConfig(engine_url="http://127.0.0.1:8000"), None)])
-def test_an_engine_chosen_by_hand_or_remote_races_nothing(asked, monkeypatch, cfg, env):
+def test_an_engine_chosen_by_hand_or_remote_races_nothing(spawned, monkeypatch, cfg, env):
     if env:
         monkeypatch.setenv("COLLAB_ENGINE", env)
-    race_before_the_split(cfg, ["/base"])
-    assert asked == []
+    assert race_in_background(cfg, ["/base"]) is None
+    assert spawned == {"asked": [], "started": []}
+
+
+def test_the_background_race_ends_with_the_process_that_started_it(tmp_path):
+    """serve killed (SIGKILL, no clean-up): the race notices its parent is gone and ends its
+    process group within seconds, instead of racing on as an orphan."""
+    parent = ("import subprocess, sys\n"
+              "p = subprocess.Popen([sys.executable, '-m', 'collab_app.engines.engine_race', '--after-s', '600', "
+              f"{str(tmp_path)!r}], start_new_session=True)\n"
+              "print(p.pid, flush=True)\n"
+              "import time; time.sleep(3)\n")   # then it exits without stopping the race
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    end = time.monotonic() + 15
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, 9)
+    pytest.fail("the background race outlived its parent")

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from collab_app.online.cpushare import apply_to_serving, plan
+from collab_app.cpu.cores import apply_to_serving, plan
 
 split = plan(0)
 if split is not None and os.environ.get("NOSPLIT") != "1":
@@ -59,7 +59,7 @@ if split is not None and os.environ.get("NOSPLIT") != "1" and os.environ.get("BO
     # trainer's cores (a lease nobody else holds: the trainer is idle)
     import tempfile
 
-    from collab_app.online.cpushare import lend_trainer_cores  # noqa: E402
+    from collab_app.cpu.lending import lend_trainer_cores
 
     lend_trainer_cores(eng, split, os.path.join(tempfile.mkdtemp(prefix="engine-rounds-"), "trainer-cores.lock"))
 if os.environ.get("GRADIO") == "1":

@@ -17,7 +17,7 @@ import time
 import torch
 
 from collab_app.engines.cpu_sampler import sample_rows
-from collab_app.engines.huge_pages import keep_freed_memory
+from collab_app.cpu.huge_pages import keep_freed_memory
 
 VOCAB = 49_152   # the embedded model's
 

@@ -1,4 +1,5 @@
-"""The CPU split between serving and the trainer child (collab_app/online/cpushare.py)."""
+"""The machine room (collab_app/cpu/): the CPU split between serving and the trainer child, the
+lending of cores between them, and pinned children."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,9 @@ import time
 
 import pytest
 
-from collab_app.online.cpushare import CpuSplit, pinned_command, plan
+from collab_app.cpu.cores import CpuSplit, plan
+
+from collab_app.cpu.pin import pinned_command
 
 # the split, the lending and the confining need two cores of their own: not a pinned worker's share
 pytestmark = pytest.mark.whole_machine
@@ -57,16 +60,16 @@ def test_pinned_trainer_child_gets_no_long_openmp_spin(given, child_gets):
     """collab_app sets a long GOMP_SPINCOUNT for the engine's thread; the pinned trainer child
     (regions from its main thread, cores lent to the engine between steps) goes back to libgomp's
     default unless the user chose a value."""
-    import collab_app
+    from collab_app.cpu import process
 
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     if given is not None:
         env["GOMP_SPINCOUNT"] = given
     probe = "import os; print(os.environ['GOMP_SPINCOUNT'])"
-    code = f"import collab_app.online.cpushare as c, sys; c._pin_and_exec([{sorted(os.sched_getaffinity(0))[-1]}], [sys.executable, '-c', {probe!r}])"
+    code = f"import collab_app.cpu.pin as c, sys; c.pin_and_exec([{sorted(os.sched_getaffinity(0))[-1]}], [sys.executable, '-c', {probe!r}])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert out == child_gets
-    assert collab_app.GOMP_SPINCOUNT != collab_app.LIBGOMP_DEFAULT_SPINCOUNT
+    assert process.GOMP_SPINCOUNT != process.LIBGOMP_DEFAULT_SPINCOUNT
 
 
 def test_child_trainer_command_is_pinned():
@@ -75,13 +78,13 @@ def test_child_trainer_command_is_pinned():
     plain = ChildTrainer(["--db", "sqlite://"])
     pinned = ChildTrainer(["--db", "sqlite://"], cores=(1,))
     assert pinned.cmd[-len(plain.cmd):] == plain.cmd
-    assert pinned.cmd[:-len(plain.cmd)] == [sys.executable, "-m", "collab_app.online.cpushare", "pin", "1", "--"]
+    assert pinned.cmd[:-len(plain.cmd)] == [sys.executable, "-m", "collab_app.cpu.pin", "1", "--"]
 
 
 def test_plan_after_apply_sees_the_whole_box():
     """A second plan() (e.g. training_load inside a process already confined) must not see only
     the engine's cores, else the trainer would land on them."""
-    import collab_app.online.cpushare as cs
+    import collab_app.cpu.cores as cs
 
     before = os.sched_getaffinity(0)
     if len(before) < 2:
@@ -132,8 +135,8 @@ def _cgroups(tmp_path, proc_lines: str, files: dict[str, str]):
 @pytest.fixture
 def fake_box(tmp_path, monkeypatch):
     """fake_box(cores, proc_lines, files): this process sees `cores` as its affinity and the
-    fake cgroup tree as its own (cpushare reads them; nothing of the real box is changed)."""
-    import collab_app.online.cpushare as cs
+    fake cgroup tree as its own (collab_app/cpu/cores.py reads them; nothing of the real box is changed)."""
+    import collab_app.cpu.cores as cs
 
     def make(cores, proc_lines="0::/\n", files=None):
         root, proc = _cgroups(tmp_path, proc_lines, files or {})
@@ -146,7 +149,7 @@ def fake_box(tmp_path, monkeypatch):
 
 
 def test_v2_quota_is_the_tightest_along_the_cgroup_path(tmp_path):
-    from collab_app.online.cpushare import cgroup_cpu_limit
+    from collab_app.cpu.cores import cgroup_cpu_limit
 
     root, proc = _cgroups(tmp_path, "0::/kubepods/pod1/ctr\n", {
         "cgroup.controllers": "cpu memory pids",
@@ -165,14 +168,14 @@ def test_v2_quota_is_the_tightest_along_the_cgroup_path(tmp_path):
     {},                                                          # nothing mounted
 ])
 def test_no_v2_quota(tmp_path, files):
-    from collab_app.online.cpushare import cgroup_cpu_limit
+    from collab_app.cpu.cores import cgroup_cpu_limit
 
     root, proc = _cgroups(tmp_path, "0::/a\n", files)
     assert cgroup_cpu_limit(root, proc) is None
 
 
 def test_missing_proc_cgroup_means_no_quota(tmp_path):
-    from collab_app.online.cpushare import cgroup_cpu_limit
+    from collab_app.cpu.cores import cgroup_cpu_limit
 
     assert cgroup_cpu_limit(str(tmp_path), str(tmp_path / "absent")) is None
 
@@ -180,7 +183,7 @@ def test_missing_proc_cgroup_means_no_quota(tmp_path):
 def test_v1_quota_and_a_container_without_cgroup_namespace(tmp_path):
     """v1: cpu.cfs_quota_us / cpu.cfs_period_us (-1 = none). A container without a cgroup
     namespace sees the host's path in /proc/self/cgroup but its own cgroup at the mount root."""
-    from collab_app.online.cpushare import cgroup_cpu_limit
+    from collab_app.cpu.cores import cgroup_cpu_limit
 
     root, proc = _cgroups(tmp_path, "12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n", {
         "cpu,cpuacct/cpu.cfs_quota_us": "200000", "cpu,cpuacct/cpu.cfs_period_us": "100000"})
@@ -191,7 +194,7 @@ def test_v1_quota_and_a_container_without_cgroup_namespace(tmp_path):
 
 
 def test_hybrid_layout_takes_the_tighter_of_v1_and_v2(tmp_path):
-    from collab_app.online.cpushare import cgroup_cpu_limit
+    from collab_app.cpu.cores import cgroup_cpu_limit
 
     root, proc = _cgroups(tmp_path, "1:cpu:/s\n0::/s\n", {
         "cpu/s/cpu.cfs_quota_us": "300000", "cpu/s/cpu.cfs_period_us": "100000",
@@ -202,7 +205,7 @@ def test_hybrid_layout_takes_the_tighter_of_v1_and_v2(tmp_path):
 @pytest.mark.parametrize("quota, budget", [(None, 8), ("200000 100000", 2), ("150000 100000", 2),
                                            ("50000 100000", 1), ("1600000 100000", 8)])
 def test_cpu_budget_is_affinity_within_the_quota_rounded_up(fake_box, quota, budget):
-    from collab_app.online.cpushare import cpu_budget
+    from collab_app.cpu.cores import cpu_budget
 
     fake_box(range(8), "0::/c\n", {"cgroup.controllers": "cpu", **({"c/cpu.max": quota} if quota else {})})
     assert cpu_budget() == budget
@@ -231,7 +234,7 @@ def restore_serving():
     """Undo apply_to_serving: affinity, thread variables, torch threads, the remembered cores."""
     import torch
 
-    import collab_app.online.cpushare as cs
+    import collab_app.cpu.cores as cs
 
     before, setaffinity = os.sched_getaffinity(0), os.sched_setaffinity   # the test may patch them away
     threads = torch.get_num_threads()
@@ -247,7 +250,7 @@ def restore_serving():
 def test_macos_without_affinity_api_splits_thread_counts_only(monkeypatch, restore_serving):
     """No os.sched_getaffinity / sched_setaffinity (macOS): os.cpu_count() cores, thread counts
     set, nothing pinned, vLLM told not to bind."""
-    import collab_app.online.cpushare as cs
+    import collab_app.cpu.cores as cs
 
     monkeypatch.delattr(os, "sched_getaffinity")
     monkeypatch.delattr(os, "sched_setaffinity")
@@ -263,14 +266,14 @@ def test_macos_without_affinity_api_splits_thread_counts_only(monkeypatch, resto
 
 def test_pin_without_affinity_api_still_execs_with_thread_counts():
     code = ("import os, sys; del os.sched_setaffinity, os.sched_getaffinity; "
-            "from collab_app.online.cpushare import main; "
-            "main(['pin', '0,1', '--', sys.executable, '-c', 'import os; print(os.environ[\"OMP_NUM_THREADS\"])'])")
+            "from collab_app.cpu.pin import main; "
+            "main(['0,1', '--', sys.executable, '-c', 'import os; print(os.environ[\"OMP_NUM_THREADS\"])'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
 
 
 def test_affinity_errors_are_logged_not_raised(monkeypatch, caplog, restore_serving):
-    import collab_app.online.cpushare as cs
+    import collab_app.cpu.cores as cs
 
     def refuse(*_):
         raise OSError(22, "Invalid argument")
@@ -332,7 +335,7 @@ def test_split_in_a_real_cpu_limited_cgroup():
     path, set_one_cpu = made
     probe = ("import json, os, sys\n"
              "if sys.argv[1]: open(os.path.join(sys.argv[1], 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
-             "from collab_app.online import cpushare as c\n"
+             "from collab_app.cpu import cores as c\n"
              "s = c.plan(0, on_gpu=False)\n"
              "print(json.dumps([c.cpu_budget(), c.usable_cores(), s and [s.engine, s.trainer]]))\n")
     os.mkdir(path)
@@ -363,7 +366,7 @@ def test_the_trainer_waits_for_the_engine_to_give_its_cores_back(tmp_path):
     borrow while the trainer works or waits, and can again once it is done."""
     import threading
 
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engine, trainer = CoreLease(path), CoreLease(path)
@@ -396,7 +399,7 @@ def test_a_stalled_engine_delays_the_trainer_by_wait_s_at_most(tmp_path):
     engine to give the cores back at its next step."""
     import time
 
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engine = CoreLease(path)
@@ -414,7 +417,7 @@ def _a_step_in_progress(tmp_path, work_s: float):
     once; yields (the engine's lease, an Event set after the pause, [seconds paused])."""
     import threading
 
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5, pause_credit=False)
@@ -480,7 +483,7 @@ def test_a_step_pauses_no_longer_than_its_budget(tmp_path):
 
 @pytest.mark.parametrize("share, round_waits", [(0.5, False), (0.0, True)])
 def test_no_pause_without_a_waiting_round_or_a_budget(tmp_path, share, round_waits):
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engine, trainer = CoreLease(path), CoreLease(path, yield_share=share)
@@ -498,8 +501,8 @@ def test_a_step_pauses_only_as_long_as_the_trainer_idled_before_it(tmp_path, mon
     PAUSE_CREDIT_CAP_S. The first unit has nothing banked; units back to back (ratings piling up)
     do not pause; a pause spends the bank. Here the engine never borrows, so each pause lasts its
     whole budget."""
-    from collab_app.online import cpushare
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu import lending
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5)
@@ -523,7 +526,7 @@ def test_a_step_pauses_only_as_long_as_the_trainer_idled_before_it(tmp_path, mon
         assert trainer.credit_s - left < 0.05
         time.sleep(0.3)
         assert trainer.pause() <= left + 0.05
-    monkeypatch.setattr(cpushare, "PAUSE_CREDIT_CAP_S", 0.2)
+    monkeypatch.setattr(lending, "PAUSE_CREDIT_CAP_S", 0.2)
     time.sleep(0.5)
     with trainer.held():
         assert trainer.credit_s == pytest.approx(0.2)    # banked up to the cap
@@ -535,7 +538,7 @@ def test_a_step_pauses_only_as_long_as_the_trainer_idled_before_it(tmp_path, mon
 
 
 def test_a_wait_file_left_by_a_killed_engine_is_cleared_at_the_trainers_start(tmp_path):
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engines = [CoreLease(path), CoreLease(path)]
@@ -551,7 +554,7 @@ def test_one_engines_call_ending_does_not_hide_anothers_waiting_round(tmp_path):
     """A team on two bases has an engine per base, each with its own lease handle; their calls may
     overlap (two people's rounds). When one call ends, the other still waits for the cores, and a
     step in progress still pauses for it."""
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     first, second, trainer = CoreLease(path), CoreLease(path), CoreLease(path, yield_share=0.5)
@@ -576,7 +579,7 @@ def test_spare_cores_widen_the_decoding_thread_and_narrow_it_when_the_trainer_wa
 
     import torch
 
-    from collab_app.online.cpushare import CoreLease, SpareCores
+    from collab_app.cpu.lending import CoreLease, SpareCores
 
     a, b = sorted(os.sched_getaffinity(0))[:2]
     split = CpuSplit(engine=(a,), trainer=(b,))
@@ -629,7 +632,7 @@ def test_threads_started_wide_run_idle_while_the_engine_is_narrow(tmp_path):
 
     import torch
 
-    from collab_app.online.cpushare import CoreLease, SpareCores
+    from collab_app.cpu.lending import CoreLease, SpareCores
 
     a, b = sorted(os.sched_getaffinity(0))[:2]
     split = CpuSplit(engine=(a,), trainer=(b,))
@@ -696,7 +699,7 @@ def test_transformers_engine_decodes_on_borrowed_cores_only_while_the_trainer_is
     """The engine's hook runs between decode steps: with the trainer idle every step borrows;
     with the trainer in a step none does, and the round still completes on the engine's cores."""
     from collab_app.engines.engine_types import Request, Sampling
-    from collab_app.online.cpushare import CoreLease, SpareCores
+    from collab_app.cpu.lending import CoreLease, SpareCores
 
     cores = sorted(os.sched_getaffinity(0))
     split = CpuSplit(engine=tuple(cores[:1]), trainer=tuple(cores[1:2] or cores[:1]))
@@ -721,7 +724,7 @@ def test_transformers_engine_decodes_on_borrowed_cores_only_while_the_trainer_is
 def test_the_trainer_service_holds_its_cores_for_a_step_only(tmp_path, monkeypatch):
     """`collab trainer --core-lease F` (serve passes it): a step runs holding the lease, polling
     does not."""
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
     from collab_app.online.service import ServiceConfig, TrainerService
 
     path = str(tmp_path / "cores.lock")
@@ -753,7 +756,7 @@ def test_the_trainer_service_holds_its_cores_for_a_step_only(tmp_path, monkeypat
 
 
 def test_a_want_file_left_by_a_killed_trainer_is_cleared_at_the_next_start(tmp_path):
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     with open(path + ".want", "w"):   # the trainer was killed -9 mid-step: its flock is gone, the file is not
@@ -772,10 +775,10 @@ def test_serving_loads_torch_before_it_confines_itself():
     confinement, a decoding thread widened onto the trainer's lent cores would be held to a
     100-spin wait (docs/ENGINES.md "OpenMP from the engine's thread")."""
     cores = sorted(os.sched_getaffinity(0))[:2]
-    code = ("import sys, os, collab_app.online.cpushare as c\n"
-            "orig = c._confine\n"
+    code = ("import sys, os, collab_app.cpu.cores as c\n"
+            "orig = c.confine\n"
             "def spy(cores):\n    print('torch' in sys.modules, flush=True)\n    return orig(cores)\n"
-            "c._confine = spy\n"
+            "c.confine = spy\n"
             f"c.apply_to_serving(c.CpuSplit(engine=({cores[0]},), trainer=({cores[1]},)))\n"
             "import torch; print(sorted(os.sched_getaffinity(0)), torch.get_num_threads())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
@@ -815,10 +818,10 @@ def test_a_step_widens_onto_the_idle_engines_cores_and_gives_them_back_when_a_ca
     the settle time before widening again; the unit's end narrows it."""
     import torch
 
-    from collab_app.online import cpushare
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu import lending
+    from collab_app.cpu.lending import CoreLease
 
-    monkeypatch.setattr(cpushare, "ENGINE_SETTLE_S", 0.3)
+    monkeypatch.setattr(lending, "ENGINE_SETTLE_S", 0.3)
     a, b = sorted(os.sched_getaffinity(0))[:2]
     path = str(tmp_path / "cores.lock")
     _engine_takes_part(path)
@@ -829,7 +832,7 @@ def test_a_step_widens_onto_the_idle_engines_cores_and_gives_them_back_when_a_ca
         _a_unit_beside_a_call(engine, trainer, cores, seen)
         seen["unit over"] = cores()
     assert seen["idle engine"] == ([a, b], 2)
-    assert seen["call waits"] and 0.2 <= seen["waited"] < cpushare.ENGINE_WAIT_S
+    assert seen["call waits"] and 0.2 <= seen["waited"] < lending.ENGINE_WAIT_S
     assert seen["call started"] == seen["during the call"] == seen["just after"] == ([b], 1)
     assert seen["settled"] == ([a, b], 2) and seen["unit over"] == ([b], 1)
     assert trainer.wide_s >= 0.2 and not os.path.exists(engine.call)   # the first wide span held the call 0.2 s
@@ -871,7 +874,7 @@ def test_no_widening_where_the_engine_does_not_announce_its_calls(tmp_path):
     --no-lend-engine-cores) the trainer never widens, and a call announces nothing."""
     import torch
 
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     path = str(tmp_path / "cores.lock")
     engine, trainer = CoreLease(path), CoreLease(path, yield_share=0.5, engine_cores=(0,))
@@ -889,10 +892,10 @@ def test_a_call_waits_for_a_wide_trainer_at_most_engine_wait_s(tmp_path, monkeyp
     """A trainer that stays wide without reaching a pause point (it runs no OpenMP region then)
     holds a call back ENGINE_WAIT_S at most; the call then decodes, and the trainer narrows at its
     next pause point."""
-    from collab_app.online import cpushare
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu import lending
+    from collab_app.cpu.lending import CoreLease
 
-    monkeypatch.setattr(cpushare, "ENGINE_WAIT_S", 0.3)
+    monkeypatch.setattr(lending, "ENGINE_WAIT_S", 0.3)
     a, b = sorted(os.sched_getaffinity(0))[:2]
     path = str(tmp_path / "cores.lock")
     _engine_takes_part(path)
@@ -911,7 +914,7 @@ def test_a_call_waits_for_a_wide_trainer_at_most_engine_wait_s(tmp_path, monkeyp
 def test_lend_trainer_cores_announces_the_engine_only_when_every_part_decodes_here(tmp_path):
     from types import SimpleNamespace
 
-    from collab_app.online.cpushare import lend_trainer_cores
+    from collab_app.cpu.lending import lend_trainer_cores
 
     split = CpuSplit(engine=(0,), trainer=(1,))
     here, elsewhere = SimpleNamespace(spare_cores=None), SimpleNamespace(spare_cores=None, in_process=False)
@@ -930,7 +933,7 @@ def test_a_child_loaded_on_both_sides_cores_confines_itself_after_torch():
     is pinned before it starts, as before, and confine_after_torch does nothing."""
     a, b = sorted(os.sched_getaffinity(0))[:2]
     probe = ("import os, json, sys; first = sorted(os.sched_getaffinity(0)); "
-             "from collab_app.online.cpushare import confine_after_torch; confine_after_torch(); "
+             "from collab_app.cpu.pin import confine_after_torch; confine_after_torch(); "
              "import torch; print(json.dumps([first, sorted(os.sched_getaffinity(0)), torch.get_num_threads(), "
              "'torch' in sys.modules, os.environ.get('COLLAB_CONFINE_AFTER_TORCH')]))")
     wide = subprocess.run(pinned_command([b], [sys.executable, "-c", probe], load_on=[a, b]),
@@ -947,7 +950,7 @@ def test_serve_lends_the_engines_cores_to_its_child_unless_told_not_to(tmp_path)
     from collab_app.web.serve import ChildTrainer
 
     child = ChildTrainer(["--db", "sqlite://"], cores=(1,), load_on=(0, 1))
-    assert child.cmd[:8] == [sys.executable, "-m", "collab_app.online.cpushare", "pin", "1", "--load-on", "0,1", "--"]
+    assert child.cmd[:8] == [sys.executable, "-m", "collab_app.cpu.pin", "1", "--load-on", "0,1", "--"]
     with pytest.raises(ValueError, match="needs core_lease"):
         ServiceConfig(borrow_engine_cores="0")
     with pytest.raises(ValueError, match="core numbers"):
@@ -961,7 +964,7 @@ def test_widening_without_an_affinity_api_adds_threads_and_a_refused_mask_keeps_
     engine's cores) the step trains on its own cores, says so once, and stops trying."""
     import torch
 
-    from collab_app.online.cpushare import CoreLease
+    from collab_app.cpu.lending import CoreLease
 
     threads = torch.get_num_threads()
     path = str(tmp_path / "cores.lock")

@@ -1,11 +1,11 @@
-"""What names this CPU (collab_app/machine.py) on the kinds of Linux /proc/cpuinfo there are: the
+"""What names this CPU (collab_app/cpu/machine.py) on the kinds of Linux /proc/cpuinfo there are: the
 name starts the calibration's cache key (engines/calibrate.py machine_key), so two different CPUs
 must not share one."""
 from __future__ import annotations
 
 import pytest
 
-from collab_app import machine
+from collab_app.cpu import machine
 
 XEON = """processor\t: 0
 vendor_id\t: GenuineIntel

@@ -8,9 +8,9 @@ so torch's tensors sit in 4 KiB pages unless asked.
 
 How: torch's own CPU allocator madvises tensors of >= 2 MiB when `THP_MEM_ALLOC_ENABLE=1`; c10
 reads the variable once, at its first allocation, so a serving process sets it before torch loads
-(`collab_app.huge_pages_for_serving()`, called when collab_app.web.serve is imported; `collab bench
+(`process.huge_pages_for_serving()`, called first by `collab serve`'s entry; `collab bench
 generate`'s engine workers too). A value already in the environment wins (`=0` turns it off).
-Training processes get `0` (cpushare._pin_and_exec); in-process `collab train` and the test suite
+Training processes get `0` (pin.pin_and_exec); in-process `collab train` and the test suite
 keep 4 KiB pages. `keep_freed_memory` / `give_back_freed_memory`: glibc's mallopt at an engine's
 start, malloc_trim at its close. Left out: memory outside torch's allocator, macOS / Windows.
 What each buys, and what was measured and not kept: docs/CPU.md "Huge pages and malloc".
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from collab_app import THP_VAR as VAR   # "THP_MEM_ALLOC_ENABLE", read by torch's c10 (alloc_cpu.cpp)
+from collab_app.cpu.process import THP_VAR as VAR   # "THP_MEM_ALLOC_ENABLE", read by torch's c10 (alloc_cpu.cpp)
 
 
 # glibc's mallopt parameters (malloc.h) and the values keep_freed_memory sets

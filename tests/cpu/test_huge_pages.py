@@ -1,4 +1,4 @@
-"""engines/huge_pages.py: a serving process (collab_app.web.serve imported before torch) puts
+"""cpu/huge_pages.py: a serving process (serve.prepare_serving_process() before torch) puts
 torch's large CPU tensors in transparent huge pages (torch's allocator, THP_MEM_ALLOC_ENABLE), other
 processes and the pinned trainer child do not, a value in the environment wins, and the log line
 says how much memory sits in them. Each case in a fresh interpreter: torch reads the variable once
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collab_app.engines import huge_pages
+from collab_app.cpu import huge_pages
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MODE = re.search(r"\[(\w+)\]", THP_MODE.read_text()).group(1) if THP_MODE.exists() else None
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(MODE in (None, "never"), reason=f"no transparent
 PROBE = """
 import sys
 if sys.argv[1] == "serve":
-    import collab_app.web.serve   # first, as `collab serve` does
+    from collab_app.web import serve
+    serve.prepare_serving_process()   # first, as `collab serve` does
 import torch
 t = torch.ones(64 << 18)   # 64 MiB, every page written
 ptr, huge = t.data_ptr(), None
@@ -62,7 +63,7 @@ def test_other_processes_and_a_value_in_the_environment_keep_4_kib_pages():
 
 
 def test_the_pinned_trainer_child_keeps_4_kib_pages():
-    from collab_app.online.cpushare import pinned_command
+    from collab_app.cpu.pin import pinned_command
 
     code = "import os; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))"
     env = {**os.environ, huge_pages.VAR: "1"}            # inherited from a serving process
@@ -82,10 +83,10 @@ def test_the_log_line_reports_resident_memory_in_huge_pages():
 FAULTS = """
 import resource, sys
 if sys.argv[1] == "keep":
-    from collab_app.engines.huge_pages import keep_freed_memory
+    from collab_app.cpu.huge_pages import keep_freed_memory
     assert keep_freed_memory()
 elif sys.argv[1] == "transformers-engine":   # the engine sets it at its start, as the vLLM CPU engine does
-    from collab_app.engines import huge_pages
+    from collab_app.cpu import huge_pages
     from collab_app.engines.engine_hf import TransformersEngine
     TransformersEngine(sys.argv[2], dtype="float32", device="cpu")
     assert huge_pages.summary().endswith("freed memory kept by malloc: yes")
@@ -131,7 +132,7 @@ def test_a_kept_step_reuses_its_temporaries_instead_of_faulting_them_in_again(ti
 
 
 GIVE_BACK = """
-from collab_app.engines import huge_pages
+from collab_app.cpu import huge_pages
 assert not huge_pages.give_back_freed_memory()   # nothing kept yet: nothing to do
 assert huge_pages.keep_freed_memory()
 import torch
