@@ -263,7 +263,7 @@ def sample_weights(groups: list[Group]) -> list[float]:
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask (a container's cpuset, `collab serve`'s core
     split for its trainer child), os.cpu_count() where the OS has no affinity API (macOS, Windows).
-    collab_app.online.cpushare.cpu_budget also applies a cgroup CPU quota, but trainer/ must not
+    collab_app/cpu's cpu_budget also applies a cgroup CPU quota, but trainer/ must not
     import collab_app (collab_app imports trainer)."""
     try:
         return len(os.sched_getaffinity(0)) or 1

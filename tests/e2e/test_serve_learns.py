@@ -132,7 +132,7 @@ def test_the_team_learns_what_a_rater_wants(tmp_path, model_path, monkeypatch):
     Pause credit (2026-11-30, EPYC Zen 4, bf16): the rater's rounds come back to back, so the
     trainer is behind on its ratings; pausing its steps for rounds made them twice as long and larger
     (1, 4, 5, 9 groups in 16-50 s), 134-227 s a run, 172 s alone (34 rounds). Since a step pauses only
-    as long as the trainer idled before it (cpushare "Why the credit"): 83 s inside the suite, as with
+    as long as the trainer idled before it (docs/CPU.md, the pause credit): 83 s inside the suite, as with
     `--yield-share 0` alone (88.5 s, 14 rounds).
     Floor (2026-12-01, a real AVX2 EPYC Zen 3): with the rater's default scale (5 at <= 30 words, 1 at
     >= 90) the untrained team's combined answers (76-97 words) already rated 1-2, and in one suite
