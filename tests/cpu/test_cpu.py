@@ -57,16 +57,17 @@ def test_pinned_command_runs_on_its_cores_with_matching_threads():
 @pytest.mark.parametrize("given, child_gets", [(None, "300000"),              # ours: libgomp's default back
                                                ("5000", "5000")])             # the user's: kept
 def test_pinned_trainer_child_gets_no_long_openmp_spin(given, child_gets):
-    """collab_app sets a long GOMP_SPINCOUNT for the engine's thread; the pinned trainer child
-    (regions from its main thread, cores lent to the engine between steps) goes back to libgomp's
-    default unless the user chose a value."""
+    """A serving process's entry sets a long GOMP_SPINCOUNT for the engine's thread
+    (cpu/process.py); the pinned trainer child (regions from its main thread, cores lent to the
+    engine between steps) goes back to libgomp's default unless the user chose a value."""
     from collab_app.cpu import process
 
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     if given is not None:
         env["GOMP_SPINCOUNT"] = given
     probe = "import os; print(os.environ['GOMP_SPINCOUNT'])"
-    code = f"import collab_app.cpu.pin as c, sys; c.pin_and_exec([{sorted(os.sched_getaffinity(0))[-1]}], [sys.executable, '-c', {probe!r}])"
+    code = ("from collab_app import paths; from collab_app.cpu import process; process.prepare(paths.compile_cache_dir())\n"
+            f"import collab_app.cpu.pin as c, sys; c.pin_and_exec([{sorted(os.sched_getaffinity(0))[-1]}], [sys.executable, '-c', {probe!r}])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert out == child_gets
     assert process.GOMP_SPINCOUNT != process.LIBGOMP_DEFAULT_SPINCOUNT
@@ -218,14 +219,18 @@ def test_split_under_a_quota_pins_to_the_first_budget_cores(fake_box):
 
 
 def test_sandbox_cap_follows_the_quota(fake_box, monkeypatch):
+    """Through the hook every entry point sets (cli.prepare_process, serve.prepare_serving_process)."""
+    from collab_app.cpu.cores import cpu_budget
     from tasks import sandbox
 
     fake_box(range(16), "0::/c\n", {"cgroup.controllers": "cpu", "c/cpu.max": "200000 100000"})
     monkeypatch.delenv(sandbox.MAX_CONCURRENT_ENV, raising=False)
+    sandbox.set_cpu_budget(cpu_budget)
     sandbox.set_max_concurrent(None)
     try:
         assert sandbox.max_concurrent() == 2
     finally:
+        sandbox.set_cpu_budget(None)
         sandbox.set_max_concurrent(None)
 
 
@@ -950,7 +955,7 @@ def test_serve_lends_the_engines_cores_to_its_child_unless_told_not_to(tmp_path)
     from collab_app.web.serve import ChildTrainer
 
     child = ChildTrainer(["--db", "sqlite://"], cores=(1,), load_on=(0, 1))
-    assert child.cmd[:8] == [sys.executable, "-m", "collab_app.cpu.pin", "1", "--load-on", "0,1", "--"]
+    assert child.cmd[:7] == [sys.executable, "-m", "collab_app.cpu.pin", "1", "--load-on", "0,1", "--"]
     with pytest.raises(ValueError, match="needs core_lease"):
         ServiceConfig(borrow_engine_cores="0")
     with pytest.raises(ValueError, match="core numbers"):

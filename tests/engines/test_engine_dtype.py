@@ -174,7 +174,7 @@ def test_flags_quantize_takes_fp16_weights_only_where_they_are_exact_and_run(tmp
 
     import torch
 
-    from collab_app.engines import checkpoint_dtype, flags_quantize
+    from collab_app.engines.device import checkpoint_dtype, flags_quantize
 
     fp16 = "fp16" if "fbgemm" in torch.backends.quantized.supported_engines else None
     assert flags_quantize("cpu", "float32", "bfloat16") == fp16

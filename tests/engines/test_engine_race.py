@@ -172,7 +172,8 @@ def test_serve_vllm_compile_overrides_the_race_for_the_served_engine(raced, monk
 
 
 def test_compiled_vllm_that_loses_or_does_not_start_leaves_vllm_eager(raced):
-    from collab_app.engines import _race_compiles, auto_choice
+    from collab_app.engines import auto_choice
+    from collab_app.engines.choose import _race_compiles
 
     raced["unfit"] = None
     raced["times"] = {"vllm": 1.9, "vllm-compiled": "exit 1: compile failed", "transformers": 2.4}

@@ -275,7 +275,7 @@ def test_remote_kw_are_the_engines_keywords():
     """make_engine passes exactly RemoteVLLMEngine's keywords through: a new one cannot be dropped."""
     import inspect
 
-    from collab_app.engines import REMOTE_KW
+    from collab_app.engines.choose import REMOTE_KW
 
     params = set(inspect.signature(RemoteVLLMEngine.__init__).parameters) - {"self", "model_path"}
     assert set(REMOTE_KW) == params

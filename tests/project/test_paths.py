@@ -56,7 +56,7 @@ def test_compiled_kernels_are_kept_in_collab_home_not_in_tmp(tmp_path):
     header (torch keeps it under /tmp regardless). What the person set is kept. (That a compiled vLLM engine leaves it there: tests/engines/test_engine.py's
     compiled-engine test.)"""
     home = tmp_path / "home"
-    code = ("import collab_app, os\n"
+    code = ("import os\nfrom collab_app import paths; from collab_app.cpu import process; process.prepare(paths.compile_cache_dir())\n"   # as every entry point does (collab_app/cpu/process.py)
             "from torch._inductor import config\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
             "print(os.environ['TORCHINDUCTOR_CACHE_DIR']); print(cache_dir()); print(config.cpp_cache_precompile_headers)\n")
@@ -91,7 +91,7 @@ def test_vllms_compiled_model_is_kept_in_collab_home(tmp_path):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not importable")
     home = tmp_path / "home"
-    code = "import collab_app\nimport vllm.envs as envs\nprint(envs.VLLM_CACHE_ROOT)\n"
+    code = "from collab_app import paths; from collab_app.cpu import process; process.prepare(paths.compile_cache_dir())\nimport vllm.envs as envs\nprint(envs.VLLM_CACHE_ROOT)\n"
     assert _fresh_python(code, COLLAB_HOME=str(home)) == os.path.join(home, "compiled", machine_tag(), "vllm")
     assert _fresh_python(code, COLLAB_HOME=str(home), VLLM_CACHE_ROOT=str(tmp_path / "mine")) == str(tmp_path / "mine")
 
