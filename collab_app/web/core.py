@@ -47,7 +47,6 @@ from tasks.coding import CustomCodingTask
 log = logging.getLogger(__name__)
 
 RATING_MIN, RATING_MAX = 1, 5
-MAX_COMMENT_CHARS = 2_000
 SOURCES = ("HumanEval problem", "My own coding problem")
 """where a coding episode's problem comes from (`start_coding`; the page's radio labels)."""
 
@@ -553,7 +552,7 @@ def store_feedback(ctx, caller: Caller, form: str, target: Any, answer: Any, com
     Feedback says whether it can still train the team (`rating_fate`), so no door says "saved"
     alone of a rating that no step will use."""
     from collab_app.online.returns import FeedbackError, pick_best_ratings, ranking_ratings
-    from collab_app.online.store import NotFound
+    from collab_app.online.store import MAX_COMMENT_CHARS, NotFound   # the store owns what it stores
 
     if form not in FORMS:
         raise UserError(f"unknown feedback form {form!r:.40}: one of {', '.join(FORMS)}")
