@@ -8,11 +8,20 @@ needs the task or the model (the trainer does: num_agents vs the task's roles, t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 # A rollout tree with more reward calls per prompt than this is almost surely a typo
 # (cross mode grows as G^N per turn and (G^N)^T over T turns).
 MAX_REWARD_CALLS_PER_PROMPT = 512
+
+# Each list of choices is spelled once: the Literal types the field (and gives `--help` its
+# choices), the tuple is what `__post_init__` and trainer/magrpo.py check against.
+JointMode = Literal["aligned", "cross"]
+JOINT_MODES: tuple[str, ...] = get_args(JointMode)
+CrossCredit = Literal["mean", "max"]
+CROSS_CREDITS: tuple[str, ...] = get_args(CrossCredit)
+AdvantageMode = Literal["mean", "rloo", "max", "raw"]
+ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 
 
 @dataclass
@@ -36,11 +45,11 @@ class MAGRPOConfig:
     # -- groups and joint actions (paper §4) --------------------------------------------------
     num_generations: int = 8
     """G: completions each agent samples per prompt (the group size). 8 with 2 prompts per step: the same 16 samples per agent and step as 4 x 4, and a better held-out team at equal minutes on HumanEval (two seeds) and TL;DR (docs/results/README.md)."""
-    joint_mode: Literal["aligned", "cross"] = "aligned"
+    joint_mode: JointMode = "aligned"
     """aligned: sample g of every agent forms joint action g (G joint actions); cross: Cartesian product (G^N)."""
-    cross_credit: Literal["mean", "max"] = "mean"
+    cross_credit: CrossCredit = "mean"
     """cross mode only: a completion's return is the mean (default) or max of the joint returns it took part in."""
-    advantage_mode: Literal["mean", "rloo", "max", "raw"] = "mean"
+    advantage_mode: AdvantageMode = "mean"
     """advantage of a return R in its group: mean (R - mean R, the paper's), rloo (R - mean of the others), max (R - max R), raw (R)."""
     normalize_std: bool = False
     """divide advantages by the group's return std (+1e-4); off in the paper."""
@@ -137,10 +146,10 @@ class MAGRPOConfig:
              f"num_generations must be >= 2, got {self.num_generations}: a group needs siblings: MAGRPO's "
              f"advantage is a return minus the mean of its group, so a group of one has advantage 0 and "
              f"teaches nothing. Use --num-generations 2 or more (the paper uses 4).")
-        need(self.joint_mode in ("aligned", "cross"), f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
-        need(self.cross_credit in ("mean", "max"), f"cross_credit must be 'mean' or 'max', got {self.cross_credit!r}")
-        need(self.advantage_mode in ("mean", "rloo", "max", "raw"),
-             f"advantage_mode must be one of mean, rloo, max, raw; got {self.advantage_mode!r}")
+        need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {', '.join(JOINT_MODES)}; got {self.joint_mode!r}")
+        need(self.cross_credit in CROSS_CREDITS, f"cross_credit must be one of {', '.join(CROSS_CREDITS)}; got {self.cross_credit!r}")
+        need(self.advantage_mode in ADVANTAGE_MODES,
+             f"advantage_mode must be one of {', '.join(ADVANTAGE_MODES)}; got {self.advantage_mode!r}")
         need(self.engine in ("auto", "vllm", "transformers"), f"engine must be auto, vllm or transformers, got {self.engine!r}")
         need(self.dtype in ("auto", "float32", "bfloat16"), f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda", "mps"), f"device must be auto, cpu or cuda (or mps on Apple silicon), got {self.device!r}")

@@ -48,7 +48,7 @@ from tasks.base import Turn, check_prompts, check_reward
 from trainer import adapter_state
 from trainer import adapters as versions_on_disk
 from trainer import distributed
-from trainer.config import MAGRPOConfig
+from trainer.config import ADVANTAGE_MODES, JOINT_MODES, MAGRPOConfig
 from trainer.dtypes import gqa_attention, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def joint_actions(num_generations: int, num_agents: int, mode: str) -> list[tupl
         return [(g,) * num_agents for g in range(num_generations)]
     if mode == "cross":
         return list(itertools.product(range(num_generations), repeat=num_agents))
-    raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {mode!r}")
+    raise ValueError(f"joint_mode must be one of {', '.join(JOINT_MODES)}; got {mode!r}")
 
 
 def agent_returns(group: Group, agent: int, cross_credit: str = "mean") -> list[float]:
@@ -172,7 +172,7 @@ def advantages(returns: list[float], mode: str = "mean", normalize_std: bool = F
     elif mode == "raw":
         adv = list(returns)
     else:
-        raise ValueError(f"advantage_mode must be mean, rloo, max or raw; got {mode!r}")
+        raise ValueError(f"advantage_mode must be one of {', '.join(ADVANTAGE_MODES)}; got {mode!r}")
     if normalize_std and not flat:
         std = statistics.pstdev(returns)
         adv = [a / (std + eps) for a in adv]
