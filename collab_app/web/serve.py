@@ -469,43 +469,71 @@ def remote_engine_url(cfg: ServeConfig) -> str:
     return target if target.startswith(("http://", "https://")) else ""
 
 
-RACE_AFTER_S = 60.0
-"""a background engine race starts this long after serve: the page and the engine come up first."""
+RACE_AFTER_S = 30.0
+"""a background engine race starts this long after the page is up (a first visitor's first rounds)."""
 
 
-def race_in_background(cfg: ServeConfig, bases: list[str]) -> subprocess.Popen | None:
+class BackgroundRace:
     """Engine `auto` on a CPU where nobody has raced the engines for a base yet (choose.race_missing):
-    the race runs in a process of its own, niced, RACE_AFTER_S after this start, and caches its
+    the race runs in a process of its own, niced, RACE_AFTER_S after the page is up, and caches its
     verdict per machine; this start serves the unmeasured default and never waits for it, the next
-    start serves the winner. Started BEFORE serve confines itself to its engine cores: the race's
-    child engines inherit every core, as its cache key says. An engine chosen by hand (--engine,
-    COLLAB_ENGINE) or a remote one races nothing, a GPU or COLLAB_CALIBRATE=0 neither."""
-    if cfg.engine != "auto" or remote_engine_url(cfg) or os.environ.get("COLLAB_ENGINE", "auto") != "auto":
-        return None
-    from collab_app.engines.choose import race_missing
+    start serves the winner. Made BEFORE serve confines itself to its engine cores: it keeps the
+    cores and the environment of that moment, so the race's engines run on every core with every
+    thread, as its cache key says. `stop()` ends it with serve (the race also ends itself when its
+    parent is gone: engine_race main)."""
 
-    missing = race_missing(bases)
-    if not missing:
-        return None
-    cmd = [sys.executable, "-m", "collab_app.engines.engine_race", "--after-s", str(RACE_AFTER_S), *missing]
-    log.info("engine race: not run on this machine yet; it runs in the background from %.0f s after this start "
-             "(this start serves the default engine, the next one the winner)", RACE_AFTER_S)
-    nice = getattr(os, "nice", None)
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=(lambda: nice(10)) if nice else None)
+    def __init__(self, bases: list[str]):
+        from collab_app.cpu.cores import usable_cores
 
+        self.bases, self.cores, self.env = bases, usable_cores(), dict(os.environ)
+        self.proc: subprocess.Popen | None = None
+        self._stopped = threading.Event()
 
-def stop_race(proc: subprocess.Popen | None) -> None:
-    """End a background race still running (its own session: the race and its engines' children)."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
+    @classmethod
+    def wanted(cls, cfg: ServeConfig, bases: list[str]) -> "BackgroundRace | None":
+        """One for the bases that need a race, or None: an engine chosen by hand (--engine,
+        COLLAB_ENGINE), a remote one, a GPU, COLLAB_CALIBRATE=0, or every race cached."""
+        if cfg.engine != "auto" or remote_engine_url(cfg) or os.environ.get("COLLAB_ENGINE", "auto") != "auto":
+            return None
+        from collab_app.engines.choose import race_missing
+
+        missing = race_missing(bases)
+        if not missing:
+            return None
+        log.info("engine race: not run on this machine yet; it runs in the background %.0f s after the page is up "
+                 "(this start serves the default engine, the next one the winner)", RACE_AFTER_S)
+        return cls(missing)
+
+    def _in_child(self) -> None:   # preexec: niced, on the cores serve had before its split
+        if hasattr(os, "nice"):
+            os.nice(10)
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, self.cores)
+
+    def start(self, after_s: float = RACE_AFTER_S) -> None:
+        def run():
+            if self._stopped.wait(after_s):
+                return
+            cmd = [sys.executable, "-m", "collab_app.engines.engine_race", *self.bases]
+            self.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True, preexec_fn=self._in_child)
+            log.info("engine race started in the background (pid %d)", self.proc.pid)
+
+        threading.Thread(target=run, daemon=True, name="engine-race").start()
+
+    def stop(self) -> None:
+        """End the race if it still runs (its own session: the race and its engines' children)."""
+        self._stopped.set()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def trainer_lora_rank(cfg: ServeConfig) -> int:
@@ -570,7 +598,7 @@ def serve(cfg: ServeConfig) -> None:
     agent_models = {m.partition("=")[0]: ensure_model(m.partition("=")[2]) for m in cfg.agent_models}
     check_agent_roles(agent_models, cfg.tasks)
     child = lease_dir = lease_path = None
-    race = race_in_background(cfg, [model_path, *agent_models.values()])   # before the split: every core
+    race = BackgroundRace.wanted(cfg, [model_path, *agent_models.values()])   # before the split: its cores
     if cfg.trainer == "child":
         # Cores are given out, never shared: OpenMP barriers of two torch processes on the same
         # cores spin against each other (a 16 s step took 9+ min beside rounds). docs/CPU.md.
@@ -634,10 +662,13 @@ def serve(cfg: ServeConfig) -> None:
         if took is not None:
             log.info("engine warm-up: one short batch in %.1f s", took)
         from collab_app.web.openai_api import openai_routes
+        if race is not None:
+            race.start()   # its clock runs from here: launch() opens the page within a second
         launch(ctx, server_name=cfg.host, server_port=cfg.port, share=cfg.share,
                app_kwargs={"routes": openai_routes(ctx, api_cfg)})
     finally:
-        stop_race(race)
+        if race is not None:
+            race.stop()
         if watcher is not None:
             watcher.stop()
         if child is not None:

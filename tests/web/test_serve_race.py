@@ -1,6 +1,7 @@
 """`collab serve` never waits for the engine race: where engine `auto` needs one and none is cached,
-it runs in a background process of its own, niced, started before serve confines itself to its
-engine cores, and it ends with serve (web/serve.py race_in_background, engines/engine_race.py main)."""
+it runs in a background process of its own, niced, after the page is up, on the cores and with the
+environment serve had before its split, and it ends with serve (web/serve.py BackgroundRace,
+engines/engine_race.py main)."""
 import os
 import subprocess
 import sys
@@ -9,31 +10,55 @@ import time
 import pytest
 
 from collab_app.web import serve
-from collab_app.web.serve import ServeConfig, race_in_background
+from collab_app.web.serve import BackgroundRace, ServeConfig
 
 
 @pytest.fixture
 def spawned(monkeypatch):
     """race_missing answers every base; Popen records instead of starting."""
     calls = {"asked": [], "started": []}
+
+    class Proc:
+        pid = 12345
+
+        def poll(self):
+            return 0
+
     monkeypatch.setattr("collab_app.engines.choose.race_missing",
                         lambda bases: calls["asked"].append(list(bases)) or list(dict.fromkeys(bases)))
-    monkeypatch.setattr(serve.subprocess, "Popen", lambda cmd, **kw: calls["started"].append((cmd, kw)) or "proc")
+    monkeypatch.setattr(serve.subprocess, "Popen", lambda cmd, **kw: calls["started"].append((cmd, kw)) or Proc())
     monkeypatch.delenv("COLLAB_ENGINE", raising=False)
     return calls
 
 
-def test_a_missing_race_runs_in_the_background_niced(spawned):
-    assert race_in_background(ServeConfig(), ["/base", "/other", "/base"]) == "proc"
+def test_a_missing_race_runs_in_the_background_niced_on_the_cores_and_env_before_the_split(spawned, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    race = BackgroundRace.wanted(ServeConfig(), ["/base", "/other", "/base"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")                 # the split narrows serve after this
+    race.start(after_s=0.0)
+    end = time.monotonic() + 10
+    while not spawned["started"] and time.monotonic() < end:
+        time.sleep(0.01)
     (cmd, kw), = spawned["started"]
-    assert cmd == [sys.executable, "-m", "collab_app.engines.engine_race", "--after-s", str(serve.RACE_AFTER_S),
-                   "/base", "/other"]
-    assert kw["start_new_session"] is True and kw["preexec_fn"] is not None
+    assert cmd == [sys.executable, "-m", "collab_app.engines.engine_race", "/base", "/other"]
+    assert kw["start_new_session"] is True and kw["preexec_fn"] == race._in_child
+    assert kw["env"]["OMP_NUM_THREADS"] == "8"                  # every thread, as the race's key says
+    from collab_app.cpu.cores import usable_cores
+    assert race.cores == usable_cores()
+    race.stop()
+
+
+def test_a_race_stopped_before_its_time_never_starts(spawned):
+    race = BackgroundRace.wanted(ServeConfig(), ["/base"])
+    race.start(after_s=0.5)
+    race.stop()
+    time.sleep(1.0)
+    assert spawned["started"] == []
 
 
 def test_nothing_missing_starts_nothing(spawned, monkeypatch):
     monkeypatch.setattr("collab_app.engines.choose.race_missing", lambda bases: [])
-    assert race_in_background(ServeConfig(), ["/base"]) is None and spawned["started"] == []
+    assert BackgroundRace.wanted(ServeConfig(), ["/base"]) is None
 
 
 @pytest.mark.parametrize("cfg, env", [(ServeConfig(engine="transformers"), None), (ServeConfig(engine="vllm"), None),
@@ -42,7 +67,7 @@ def test_nothing_missing_starts_nothing(spawned, monkeypatch):
 def test_an_engine_chosen_by_hand_or_remote_races_nothing(spawned, monkeypatch, cfg, env):
     if env:
         monkeypatch.setenv("COLLAB_ENGINE", env)
-    assert race_in_background(cfg, ["/base"]) is None
+    assert BackgroundRace.wanted(cfg, ["/base"]) is None
     assert spawned == {"asked": [], "started": []}
 
 
