@@ -17,5 +17,7 @@ import sys
 from collab_app.web.serve import cli_main
 
 if __name__ == "__main__":
+    if os.environ.get("COLLAB_HOME"):   # a Space's /data: what the machine measured survives a restart there too
+        os.environ.setdefault("COLLAB_MACHINE_DIR", os.path.join(os.environ["COLLAB_HOME"], "machine"))
     argv = ["--host", os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), "--port", os.environ.get("PORT", "7860")]
     sys.exit(cli_main(argv + shlex.split(os.environ.get("COLLAB_SERVE_ARGS", ""))))
