@@ -11,7 +11,7 @@ import torch
 
 from trainer import adapters as versions_on_disk
 from trainer import distributed
-from trainer.config import MAGRPOConfig
+from trainer.config import StepConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def start(trainer) -> None:
         _sync_from_main(trainer)
 
 
-def save(model, optimizer: torch.optim.Optimizer, cfg: MAGRPOConfig, adapters_dir: str, agent: str, version: int,
+def save(model, optimizer: torch.optim.Optimizer, cfg: StepConfig, adapters_dir: str, agent: str, version: int,
          meta: dict) -> str:
     """Write `agent`'s adapter (peft format, from `model`: the PeftModel holding it) and optimizer
     state as `version` (atomic, then prune to cfg.keep_versions); returns the version's directory.

@@ -48,7 +48,7 @@ from tasks.base import Turn, check_prompts, check_reward
 from trainer import adapter_state
 from trainer import adapters as versions_on_disk
 from trainer import distributed
-from trainer.config import ADVANTAGE_MODES, JOINT_MODES, MAGRPOConfig
+from trainer.config import ADVANTAGE_MODES, JOINT_MODES, StepConfig
 from trainer.dtypes import gqa_attention, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -281,7 +281,7 @@ def _score(task, example, outputs: list[str]):
                           f"({type(e).__name__}: {e}); outputs: {shown!r}") from e
 
 
-def rollout(engine: Sampler, task, examples: list[dict], cfg: MAGRPOConfig,
+def rollout(engine: Sampler, task, examples: list[dict], cfg: StepConfig,
             history: list[list[Turn]] | None = None, *, seed: int | None = None,
             timings: dict | None = None) -> list[Group]:
     """Groups for `examples` (a tree when num_turns > 1, parents before children), returns filled.
@@ -338,7 +338,7 @@ def rollout(engine: Sampler, task, examples: list[dict], cfg: MAGRPOConfig,
 # ---------------------------------------------------------------------------------------------
 # log-probs
 # ---------------------------------------------------------------------------------------------
-def sampling_of(sample, cfg: MAGRPOConfig) -> tuple[float, float, bool]:
+def sampling_of(sample, cfg: StepConfig) -> tuple[float, float, bool]:
     """(temperature, top_p, recorded) of the distribution that drew `sample`: its
     meta["sampling"], which the engines record; a sample stored before they did (recorded False)
     is taken to be of the trainer's own settings, cfg.temperature and cfg.top_p."""
@@ -568,7 +568,7 @@ class MAGRPOTrainer:
     writes each changed agent's next adapter version; `train(engine)` loops rollout -> update ->
     hot-load. Resumes from the latest versions in `adapters_dir` when cfg.resume."""
 
-    def __init__(self, cfg: MAGRPOConfig, task, adapters_dir: str):
+    def __init__(self, cfg: StepConfig, task, adapters_dir: str):
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
@@ -621,7 +621,7 @@ class MAGRPOTrainer:
         self.versions = {a: 0 for a in self.agents}
         self.saved_at: dict[str, list[float]] = {a: [] for a in self.agents}  # unix times of versions > 0 (lateness)
         self.step = 0
-        self.train_seconds = 0.0   # rollout + update wall time of `train` so far (max_minutes, lr_schedule)
+        self.train_seconds = 0.0   # rollout + update wall time of `train` so far (offline.out_of_time, lr_schedule)
         self._step_t0: float | None = None   # perf_counter at the start of train()'s current step
         self._loaded: dict[str, int] = {}  # agent -> version last handed to the engine
         self.hooks = TrainerHooks()   # what the process around it does between a step's pieces
@@ -883,9 +883,6 @@ class MAGRPOTrainer:
             ref, mask = sequence_logprobs(model, prompts, completions, eos, temperature)      # (rows, T')
         d = ref - logp.detach()[:, :ref.shape[1]]                                             # (rows, T')
         return torch.exp(d) - d - 1, mask
-
-    def out_of_time(self) -> bool:
-        return bool(self.cfg.max_minutes) and self.train_seconds >= 60.0 * self.cfg.max_minutes
 
 
 def group_metrics(groups: list[Group], level_names=()) -> dict[str, float]:

@@ -102,6 +102,12 @@ def refill(engine: Sampler, task, cfg: MAGRPOConfig, step: int, examples: list[d
                                 "dynamic/prompts_trained": len(useful)}
 
 
+def out_of_time(trainer: MAGRPOTrainer) -> bool:
+    """The run's time budget (cfg.max_minutes of rollout + update time) is spent."""
+    cfg: MAGRPOConfig = trainer.cfg
+    return bool(cfg.max_minutes) and trainer.train_seconds >= 60.0 * cfg.max_minutes
+
+
 def train(trainer: MAGRPOTrainer, engine: Sampler, on_step=None) -> list[dict]:
     """rollout -> update -> new versions -> engine.load_adapter, until cfg.num_steps (or
     cfg.max_minutes of rollout + update time). `on_step(metrics)` runs after each step
@@ -115,7 +121,7 @@ def train(trainer: MAGRPOTrainer, engine: Sampler, on_step=None) -> list[dict]:
     history = []
     with tqdm(total=cfg.num_steps, initial=trainer.step, desc="MAGRPO", unit="step",
               disable=None if distributed.is_main() else True) as bar:
-        while trainer.step < cfg.num_steps and not trainer.out_of_time():
+        while trainer.step < cfg.num_steps and not out_of_time(trainer):
             trainer._step_t0 = time.perf_counter()
             timings: dict[str, float] = {}
             lr = scheduled_learning_rate(cfg, trainer.step, trainer.train_seconds)

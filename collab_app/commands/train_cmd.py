@@ -187,7 +187,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     def on_step(metrics: dict) -> None:
         run.write("train", metrics["step"], metrics)
         if (cfg.eval_every and metrics["step"] % cfg.eval_every == 0 and metrics["step"] < cfg.num_steps
-                and not trainer.out_of_time()):   # the last step's evaluation is "after"
+                and not offline.out_of_time(trainer)):   # the last step's evaluation is "after"
             evaluate("during")
 
     try:
