@@ -40,7 +40,7 @@ from collab_app import paths
 from collab_app.cpu.lending import YIELD_SHARE
 from collab_app.online.returns import ReturnRule
 from tasks import team_of
-from trainer.config import MAGRPOConfig
+from trainer.config import StepConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,9 @@ PUBLIC_RATER_SHARE = 0.25
 
 
 @dataclass
-class ServiceConfig(MAGRPOConfig):
-    """MAGRPOConfig (the trainer's hyperparameters) plus the service's own knobs."""
+class ServiceConfig(StepConfig):
+    """StepConfig (the trainer's hyperparameters; not `collab train`'s schedule, time budget and
+    dynamic sampling, which have nothing to apply to online) plus the service's own knobs."""
 
     db: str = ""
     """store URL (empty = $COLLAB_DB, else sqlite:///$COLLAB_HOME/collab.db)."""
@@ -135,12 +136,6 @@ class ServiceConfig(MAGRPOConfig):
                              f"keeps no parent link between turns, so gamma-returns cannot be formed online). "
                              f"Use --num-turns 1 here, and `collab train --num-turns {self.num_turns}` for "
                              f"multi-turn training offline.")
-        offline = {"dynamic_sampling": 0, "max_minutes": 0.0, "lr_schedule": "constant", "warmup_steps": 0}
-        set_here = [k for k, v in offline.items() if getattr(self, k) != v]
-        if set_here:   # the service trains on groups as people send them: no refill, no end to decay towards
-            raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in set_here)}: `collab train` options "
-                             f"(offline runs); the online trainer keeps a constant learning rate and trains the "
-                             f"groups that arrive. Leave them at their defaults here.")
         self.rule()   # validates the return settings
 
     def rule(self) -> ReturnRule:
@@ -155,15 +150,51 @@ def rater_cap(k: int, share: float) -> int:
     return max(1, math.floor(share * k + 1e-9))
 
 
-def _share_keys(g) -> list[tuple[str, ...]]:
+def share_keys(rater: str | None, network: str | None, signed_in: bool) -> list[tuple[str, ...]]:
     """What a group counts against in a step: its rater, the rater's client network (when known)
     and, for a rater who did not sign in, the one anonymous share. A group no rating decides
-    (rater None: automatic returns) counts against nothing."""
-    r = getattr(g, "rater", None)
-    if r is None:
+    (rater None: automatic returns) counts against nothing. The one rule of the shares: both the
+    store's scan (`scan_shares`) and a step (`take_capped`) count by it."""
+    if rater is None:
         return []
-    net = getattr(g, "network", None)
-    return [("rater", r), *([("net", net)] if net else []), *([] if getattr(g, "signed_in", False) else [("anon",)])]
+    return [("rater", rater), *([("net", network)] if network is not None else []),
+            *([] if signed_in else [("anon",)])]
+
+
+def _count_in(per: dict, caps: dict, keys: list[tuple[str, ...]]) -> bool:
+    """Count a group with these share keys in `per` ({key: groups so far}), unless one of its
+    shares is full (`caps`: kind -> most groups, None = off): then count nothing, return False."""
+    keys = [key for key in keys if caps.get(key[0]) is not None]
+    if any(per.get(key, 0) >= caps[key[0]] for key in keys):
+        return False
+    for key in keys:
+        per[key] = per.get(key, 0) + 1
+    return True
+
+
+def scan_shares(per_rater: int | None = None, per_network: int | None = None, per_anonymous: int | None = None,
+                held: list | None = None) -> Callable[..., bool]:
+    """The store scan's `admit` (Store.ready_groups) for the shares of a step: admit at most this
+    many groups of one (task, rater), of one (task, network), and of anonymous raters together per
+    task (None = no cap), in scan order, so one backlog cannot fill the read and hide other
+    raters' groups; the ones refused are appended to `held` as (group id, rater) when given."""
+    caps = {"rater": per_rater, "net": per_network, "anon": per_anonymous}
+    per: dict[tuple, int] = {}
+
+    def admit(*, group_id: int, task: str, rater: str | None, network: str | None, signed_in: bool) -> bool:
+        keys = [(key[0], task, *key[1:]) for key in share_keys(rater, network, signed_in)]
+        if _count_in(per, caps, keys):
+            return True
+        if held is not None:
+            held.append((group_id, rater))
+        return False
+
+    return admit
+
+
+def _share_keys(g) -> list[tuple[str, ...]]:
+    """`share_keys` of a ready group (or anything with `rater`, `network`, `signed_in`)."""
+    return share_keys(getattr(g, "rater", None), getattr(g, "network", None), getattr(g, "signed_in", False))
 
 
 def take_capped(groups: list, share: float, max_k: int, network_share: float = 1.0,
@@ -185,12 +216,8 @@ def take_capped(groups: list, share: float, max_k: int, network_share: float = 1
         for g in groups:
             if len(taken) == k:
                 break
-            keys = _share_keys(g)
-            if any(per.get(key, 0) >= caps[key[0]] for key in keys):
-                continue
-            for key in keys:
-                per[key] = per.get(key, 0) + 1
-            taken.append(g)
+            if _count_in(per, caps, _share_keys(g)):
+                taken.append(g)
         if len(taken) == k:
             full = {key for key, n in per.items() if n >= caps[key[0]]}
             ids = {id(g) for g in taken}
@@ -797,7 +824,8 @@ class TrainerService:
                                     ("per_network", self.cfg.max_network_share),
                                     ("per_anonymous", self.cfg.max_anonymous_share))}
         due = self.due(self.store.ready_groups(self.rule, limit=4 * self.cfg.max_groups_per_step,
-                                               exclude_tasks=self.private_tasks_held(), held=scan_held, **scan))
+                                               exclude_tasks=self.private_tasks_held(),
+                                               admit=scan_shares(**scan, held=scan_held)))
         self._publish_held(scan_held + self.held)
         if due:
             with self._cores():

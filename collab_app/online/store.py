@@ -906,9 +906,8 @@ class Store:
     # -- training --------------------------------------------------------------------------
 
     def ready_groups(self, rule: ReturnRule, limit: int = 64, now: datetime | None = None,
-                     task: str | None = None, exclude_tasks: Sequence[str] = (), per_rater: int | None = None,
-                     held: list[int] | None = None, per_network: int | None = None,
-                     per_anonymous: int | None = None) -> list[ReadyGroup]:
+                     task: str | None = None, exclude_tasks: Sequence[str] = (),
+                     admit: Callable[..., bool] | None = None) -> list[ReadyGroup]:
         """Up to `limit` untrained groups whose every joint sample has a return under `rule`,
         oldest first (so nothing waits forever behind newer data); groups of `exclude_tasks` are
         left out of the scan (they stay in the store, untouched). Cost: it reads open groups
@@ -923,14 +922,13 @@ class Store:
         returns (`returns.deciding_rater`; None when no rating decides any), with that rater's
         `network` and `signed_in` as its latest rating in the group recorded them.
 
-        `per_rater`, `per_network`, `per_anonymous` (the trainer service's shares of a step): take
-        at most this many groups of one (task, rater), of one (task, network), and of anonymous
-        raters together per task, so one backlog cannot fill `limit` and hide other raters'
-        groups; the ones left waiting are appended to `held` as (group id, rater) when given
-        (they stay ready, untouched)."""
+        `admit(group_id=, task=, rater=, network=, signed_in=)`, when given, is asked about each
+        ready group in scan order before its samples are read; one it refuses is left out of this
+        read (it stays ready, untouched) and does not count against `limit`. The store decides
+        nothing about raters: the trainer service's shares of a step are its `admit`
+        (service.scan_shares), so one backlog cannot fill `limit` and hide other raters' groups."""
         now = now or utcnow()
         out: list[ReadyGroup] = []
-        taken: dict[tuple, int] = {}
         last_id = 0
         with self._read() as s:
             while len(out) < limit:
@@ -953,16 +951,9 @@ class Store:
                         continue
                     rater = None if rule.mode == "auto" else deciding_rater(inputs[1], got[1])
                     network, signed_in = _rated_by(grp, rater)
-                    if rater is not None:
-                        caps = [(("rater", grp.task, rater), per_rater), (("net", grp.task, network), per_network),
-                                (("anon", grp.task), None if signed_in else per_anonymous)]
-                        caps = [(key, cap) for key, cap in caps if cap is not None and key[-1] is not None]
-                        if any(taken.get(key, 0) >= cap for key, cap in caps):
-                            if held is not None:
-                                held.append((grp.id, rater))
-                            continue
-                        for key, _ in caps:
-                            taken[key] = taken.get(key, 0) + 1
+                    if admit is not None and not admit(group_id=grp.id, task=grp.task, rater=rater,
+                                                       network=network, signed_in=signed_in):
+                        continue
                     rec = self._group_record(grp)   # loads its samples
                     samples, joints = _returned_only(rec, got[0])
                     keep = [k for k, r in enumerate(got[0]) if r is not None]

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from collab_app.online.returns import ReturnRule, deciding_rater, scale_rating
 from collab_app.online.service import (PUBLIC_RATER_SHARE, ServiceConfig, TrainerService, rater_cap,
-                                       take_capped)
+                                       scan_shares, take_capped)
 from collab_app.online.store import RATER_CAP_KEY, Store, migrate, utcnow
 from helpers.service import TASK, FakeTrainer, add_groups
 from helpers.store import add_raw_group
@@ -154,7 +154,7 @@ def test_ready_groups_read_past_one_raters_backlog(store):
     others = add_groups(store, 3)
     rate_all(store, others[0], "ann")
     held: list = []
-    got = [g.group_id for g in store.ready_groups(HUMAN_FIRST, limit=4, per_rater=1, held=held)]
+    got = [g.group_id for g in store.ready_groups(HUMAN_FIRST, limit=4, admit=scan_shares(per_rater=1, held=held))]
     assert got == [flood[0], *others]
     assert held == [(g, "mallory") for g in flood[1:]]
     assert [g.group_id for g in store.ready_groups(HUMAN_FIRST, limit=4)] == flood[:4]   # without: all hers

@@ -2,6 +2,7 @@
 (collab_app/online/hotswap.py), in this process, on the embedded model with the transformers engine."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -43,8 +44,10 @@ def test_config_rejects_settings_that_cannot_work():
         ServiceConfig(return_mode="nope")
     with pytest.raises(ValueError, match="num_generations"):   # MAGRPOConfig's own checks still run
         ServiceConfig(num_generations=1)
-    with pytest.raises(ValueError, match="--dynamic-sampling, --lr-schedule: `collab train` options"):
-        ServiceConfig(dynamic_sampling=1, lr_schedule="cosine")   # nothing online to refill or decay towards
+    offline_only = {"dynamic_sampling", "max_minutes", "lr_schedule", "warmup_steps"}   # `collab train` options:
+    assert not offline_only & {f.name for f in dataclasses.fields(ServiceConfig)}     # nothing online to refill or decay towards
+    with pytest.raises(TypeError, match="dynamic_sampling"):
+        ServiceConfig(dynamic_sampling=1, lr_schedule="cosine")
     for share in (-0.1, 1.0):
         with pytest.raises(ValueError, match=r"yield_share must be in \[0, 1\)"):
             ServiceConfig(yield_share=share)
@@ -58,6 +61,9 @@ def test_cli_is_parsed_from_the_config_dataclass():
                           description="test")
     assert (cfg.min_groups, cfg.self_play, cfg.learning_rate, cfg.return_mode, cfg.db) == \
         (3, True, 1e-3, "human_first", "sqlite:///x.db")
+    for flag in ("--dynamic-sampling", "--max-minutes", "--lr-schedule", "--warmup-steps"):   # offline only
+        with pytest.raises(SystemExit):
+            parse_config(ServiceConfig, [flag, "1"], description="test")
     assert cfg.rule().mode == "human_first"
 
 

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from collab_app.online.returns import ReturnRule
-from collab_app.online.service import ServiceConfig, TrainerService, rater_cap, take_capped
+from collab_app.online.service import ServiceConfig, TrainerService, rater_cap, scan_shares, take_capped
 from collab_app.online.store import SCHEMA_VERSION, Store, migrate
 from helpers.service import TASK, FakeTrainer, add_groups
 from helpers.store import add_raw_group
@@ -113,12 +113,12 @@ def test_the_stores_scan_reads_past_one_networks_backlog(store):
     others = add_groups(store, 3)
     rate_all(store, others[0], "session:ann", network="192.0.2.1")
     held: list = []
-    got = store.ready_groups(HUMAN_FIRST, limit=4, per_rater=2, per_network=1, held=held)
+    got = store.ready_groups(HUMAN_FIRST, limit=4, admit=scan_shares(per_rater=2, per_network=1, held=held))
     assert [g.group_id for g in got] == [flood[0], *others]
     assert got[0].network == "10.9.9.9" and got[1].network == "192.0.2.1" and got[2].network is None
     assert [g for g, _ in held] == flood[1:]
     held = []
-    got = store.ready_groups(HUMAN_FIRST, limit=4, per_anonymous=1, held=held)
+    got = store.ready_groups(HUMAN_FIRST, limit=4, admit=scan_shares(per_anonymous=1, held=held))
     assert [g.group_id for g in got] == [flood[0], others[1], others[2]] and len(held) == 10
 
 
