@@ -48,7 +48,9 @@ class Reward:
 @runtime_checkable
 class Task(Protocol):
     name: str                       # the task's one name: store rows, the app, the API and the CLI use it
-    kind: str                       # "coding" (a person gives a problem) or "writing" (a person gives a text)
+    kind: str                       # "coding" (a person gives a problem) or "writing" (a person gives a text);
+                                    # a coding task also says `lists_problems` (its examples are problems a
+                                    # person picks from) and `title` (how the page names it): tasks/coding.py
     private: bool                   # a person's own data: its groups train the shared team only while an admin allows it
     team: str                       # the task whose team (agents, adapters) works on this one: its own name, or another's
     num_agents: int

@@ -315,6 +315,10 @@ class CodingTask:
     team = "coding"
     max_reward = MAX_REWARD
     level_names = LEVELS
+    # Its examples are problems a person picks from (the page's problem list; on /v1 a prompt sent
+    # as shipped is found in them), named after `title` ("<title> problem", "<title> split").
+    lists_problems = True
+    title = "coding"
     # Tests a person typed are code too: they run only under strong sandbox isolation (or with
     # COLLAB_SANDBOX_ALLOW_WEAK=1), else run_tests raises WeakSandboxError. The built-in
     # problems' tests are ours; only the model-written answer is untrusted there.
@@ -499,6 +503,7 @@ class HumanEvalTask(CodingTask):
     train = HumanEval/32..163."""
 
     name = team = "humaneval"
+    title = "HumanEval"
 
     def __init__(self, num_agents: int = 2, limits: Limits = Limits()):
         super().__init__(num_agents, limits)
@@ -535,6 +540,7 @@ class CustomCodingTask(CodingTask):
     team = "humaneval"        # the shared coding team writes it (and, when an admin allows, learns from it)
     private = True            # the person's own problem and tests: kept apart from the shared team by default
     untrusted_tests = True
+    lists_problems = False    # one problem, the person's: nothing to pick from
 
     def __init__(self, prompt: str, tests: str, entry_point: str | None = None, num_agents: int = 2,
                  limits: Limits = Limits(), id: str = "custom/0"):

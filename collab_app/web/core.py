@@ -14,7 +14,7 @@ limits) happens here, once, and a refusal is a `UserError` whose `code` the door
   all-or-nothing write; the `Feedback` it returns says whether the ratings can still train the
   team, and why not (a late rating of a closed group is kept and trains nothing). Forms map onto
   the 1..5 scale as online/returns.py says.
-- Episodes: `new_episode`, `start_coding` (a HumanEval problem or the person's own problem and
+- Episodes: `new_episode`, `start_coding` (a coding task's problem or the person's own problem and
   tests), `start_writing`, `another_round` (multi-turn): plain dicts, kept per user by a door.
 
 No Gradio or FastAPI here, and no torch / vllm at import time (the engine and store arrive
@@ -42,13 +42,23 @@ from typing import Any, Iterator
 from collab_app.online.returns import PRIVATE_TASKS   # pure module: no heavy imports
 from collab_app.web.access import WEB, Caller, UserError, check_admin
 from tasks.base import Turn, check_prompts, check_reward
-from tasks.coding import CustomCodingTask
+from tasks.coding import CustomCodingTask, HumanEvalTask
 
 log = logging.getLogger(__name__)
 
 RATING_MIN, RATING_MAX = 1, 5
-SOURCES = ("HumanEval problem", "My own coding problem")
-"""where a coding episode's problem comes from (`start_coding`; the page's radio labels)."""
+OWN_PROBLEM = "My own coding problem"
+
+
+def problem_source(task) -> str:
+    """The page's label for one of a coding task's own problems (a task that `lists_problems`)."""
+    return f"{task.title} problem"
+
+
+SOURCES = (problem_source(HumanEvalTask), OWN_PROBLEM)
+"""where a coding episode's problem comes from with the default tasks (`start_coding`; the page's
+radio labels): a shipped HumanEval problem, or the person's own. Each served coding task that
+`lists_problems` has its own `problem_source` label (`listed_coding_tasks`)."""
 
 
 # --------------------------------------------------------------------------- input checks
@@ -111,6 +121,11 @@ def task_choices(ctx) -> dict[str, list[str]]:
             "writing": [n for n, t in ctx.tasks.items() if t.kind == "writing"]}
 
 
+def listed_coding_tasks(ctx) -> list[str]:
+    """The served coding tasks whose problems a person picks from (`lists_problems`), in the app's order."""
+    return [n for n, t in ctx.tasks.items() if t.kind == "coding" and t.lists_problems]
+
+
 def own_problem_served(ctx) -> bool:
     """Whether this app has a team for a person's own coding problem: the coding team it belongs
     to is served (`collab serve --tasks tldr` serves none, so the page must not offer it)."""
@@ -150,13 +165,15 @@ def task_of(ctx, episode: dict):
 
 def start_coding(ctx, source: str, split: str, example_id: str, prompt: str, tests: str,
                  entry_point: str) -> dict:
-    """A new coding episode: a HumanEval problem, or the person's own problem + tests."""
+    """A new coding episode: a problem of a served coding task (`source` its `problem_source`, e.g.
+    a HumanEval problem), or (`source` OWN_PROBLEM) the person's own problem + tests."""
     ep = new_episode()
-    if source == SOURCES[0]:
-        if "humaneval" not in ctx.tasks:
-            raise _not_served(ctx, "HumanEval")
-        ep["task"] = "humaneval"
-        ep["example"] = find_example(ctx, "humaneval", split, example_id)
+    if source != OWN_PROBLEM:
+        name = next((n for n in listed_coding_tasks(ctx) if problem_source(ctx.tasks[n]) == source), None)
+        if name is None:
+            raise _not_served(ctx, str(source).removesuffix(" problem"))
+        ep["task"] = name
+        ep["example"] = find_example(ctx, name, split, example_id)
         return ep
     if not own_problem_served(ctx):
         raise _not_served(ctx, "a coding problem of your own (it needs a coding team)")

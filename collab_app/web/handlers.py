@@ -43,9 +43,10 @@ from typing import Any, Iterator
 
 from collab_app.web.access import Caller, UserError, check_admin
 # the page calls these through this module (H.start_coding, ...): one name per thing for ui.py
-from collab_app.web.core import (SOURCES, another_round, clean_text, custom_training_allowed,  # noqa: F401
-                                 find_example, new_episode, own_problem_off_message, own_problem_served,
-                                 play_round, start_coding, start_writing, store_feedback, task_choices)
+from collab_app.web.core import (OWN_PROBLEM, SOURCES, another_round, clean_text,  # noqa: F401
+                                 custom_training_allowed, find_example, listed_coding_tasks, new_episode,
+                                 own_problem_off_message, own_problem_served, play_round, problem_source,
+                                 start_coding, start_writing, store_feedback, task_choices)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def example_preview(ctx, task_name: str, split: str, example_id: str) -> str:
     """Markdown of the chosen problem (prompt only: tests stay hidden, as in the paper)."""
     ex = find_example(ctx, task_name, split, example_id)
     body = ex.get("prompt") or ex.get("text") or ""
-    return f"**{ex['id']}**\n\n```python\n{body}\n```" if task_name == "humaneval" else body
+    return f"**{ex['id']}**\n\n```python\n{body}\n```" if ctx.tasks[task_name].kind == "coding" else body
 
 
 def writing_examples(ctx, task_name: str) -> list[tuple[str, str]]:

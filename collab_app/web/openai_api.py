@@ -242,8 +242,8 @@ class OpenAIApi:
         ctx.limits.set_quota(API, Quota(cfg.max_rounds_per_minute, cfg.max_ratings_per_minute,
                                         cfg.max_rounds_in_flight, cfg.max_concurrent_rounds, scope="API key"))
         self.key_guard = AdminGuard()   # wrong keys per client network: 5 free, then 2, 4, 8 ... s locked
-        self._humaneval: dict[str, tuple[str, str]] | None = None
-        self._humaneval_lock = threading.Lock()
+        self._problems: dict[str, dict[str, tuple[str, str]]] = {}   # coding task -> {prompt as shipped: (split, id)}
+        self._problems_lock = threading.Lock()
         self.created = int(time.time())
 
     # -- checks --------------------------------------------------------------------------
@@ -311,7 +311,7 @@ class OpenAIApi:
                            "adapter_versions": {a.name: ctx.engine.adapter_version(a.name) for a in team.agents},
                            "levels": list(task.level_names), "max_reward": task.max_reward,
                            "num_generations": ctx.num_generations,
-                           "prompt": ("a function signature + docstring: a HumanEval problem as shipped, or your "
+                           "prompt": (f"a function signature + docstring: a {task.title} problem as shipped, or your "
                                       "own with collab.tests") if task.kind == "coding" else "the text to work on"}}
 
     def models(self) -> dict:
@@ -325,13 +325,14 @@ class OpenAIApi:
 
     # -- a round ---------------------------------------------------------------------------
 
-    def _humaneval_index(self) -> dict[str, tuple[str, str]]:
-        with self._humaneval_lock:
-            if self._humaneval is None:
-                task = self.ctx.tasks["humaneval"]
-                self._humaneval = {ex["prompt"].strip(): (split, ex["id"])
-                                   for split in ("eval", "train") for ex in task.examples(split)}
-            return self._humaneval
+    def _problem_index(self, model: str) -> dict[str, tuple[str, str]]:
+        """{prompt as shipped: (split, id)} of a coding task that lists its problems."""
+        with self._problems_lock:
+            if model not in self._problems:
+                task = self.ctx.tasks[model]
+                self._problems[model] = {ex["prompt"].strip(): (split, ex["id"])
+                                         for split in ("eval", "train") for ex in task.examples(split)}
+            return self._problems[model]
 
     @staticmethod
     def _prompt(messages: Any) -> tuple[Any, int]:
@@ -368,17 +369,18 @@ class OpenAIApi:
                            "collab")
             return core.start_writing(ctx, model, prompt)
         if extra.get("tests") is not None:
-            return core.start_coding(ctx, core.SOURCES[1], "eval", "", prompt, extra["tests"],
+            return core.start_coding(ctx, core.OWN_PROBLEM, "eval", "", prompt, extra["tests"],
                                   extra.get("entry_point") or "")
         if extra.get("entry_point") is not None:
             raise _bad("collab.entry_point needs collab.tests (your own problem)", "collab")
-        found = self._humaneval_index().get(prompt.strip()) if model == "humaneval" else None
+        task = ctx.tasks[model]
+        found = self._problem_index(model).get(prompt.strip()) if task.lists_problems else None
         if found is None:
-            raise _bad(f"model {model!r} scores code with tests: send a HumanEval problem's prompt as shipped, or "
+            raise _bad(f"model {model!r} scores code with tests: send a {task.title} problem's prompt as shipped, or "
                        "your own signature + docstring with its tests in collab.tests (openai client: "
                        "extra_body={'collab': {'tests': 'assert f(1) == 2'}})", "messages", "tests_required")
         split, example_id = found
-        return core.start_coding(ctx, core.SOURCES[0], split, example_id, "", "", "")
+        return core.start_coding(ctx, core.problem_source(task), split, example_id, "", "", "")
 
     def prepare_round(self, body: dict) -> "_Round":
         """A chat request, checked (ApiError says what is wrong), as the round to run."""

@@ -274,13 +274,14 @@ def _code_tab(ctx: AppContext):
     """The Co-code tab. Returns (refresh, outputs) for page load: the sandbox re-probes a weak
     isolation (tasks.sandbox), so whether a person's own problem is offered is asked again for
     every page, not fixed when the app was built."""
-    humaneval = "humaneval" in ctx.tasks
+    listed = H.listed_coding_tasks(ctx)   # coding tasks whose problems a person picks from (HumanEval)
+    label_of = {name: H.problem_source(ctx.tasks[name]) for name in listed}
     own_served = H.own_problem_served(ctx)   # a coding team works on it: not with `--tasks tldr`
 
     def isolation_view():
         own_off = H.own_problem_off_message(ctx) if own_served else None   # None: their tests may run here
         return (f"<sub>sandbox isolation: {ctx.isolation_summary}</sub>", own_off,
-                ([H.SOURCES[0]] if humaneval else []) + ([H.SOURCES[1]] if own_served and not own_off else []))
+                list(label_of.values()) + ([H.OWN_PROBLEM] if own_served and not own_off else []))
 
     iso_text, own_off, sources = isolation_view()
     iso_md = gr.Markdown(iso_text, elem_id="code-isolation")
@@ -289,14 +290,18 @@ def _code_tab(ctx: AppContext):
         return None
     state = gr.State(H.new_episode())
     source = gr.Radio(sources, value=sources[0], label="problem", elem_id="code-source")
-    with gr.Group(visible=humaneval) as he_box:
-        with gr.Row():
-            split = gr.Radio(["eval", "train"], value="eval", label="HumanEval split", scale=1)
-            first = H.list_examples(ctx, "humaneval", "eval") if humaneval else []
-            problem = gr.Dropdown(first, value=first[0][1] if first else None, label="HumanEval problem",
-                                  scale=3, elem_id="code-problem")
-        preview = gr.Markdown(H.example_preview(ctx, "humaneval", "eval", first[0][1]) if first else "")
-    with gr.Group(visible=sources[0] == H.SOURCES[1]) as own_box:
+    boxes = []   # (task, its group, split, problem, preview) per listed coding task
+    for k, name in enumerate(listed):
+        title = ctx.tasks[name].title
+        with gr.Group(visible=sources[0] == label_of[name]) as box:
+            with gr.Row():
+                split = gr.Radio(["eval", "train"], value="eval", label=f"{title} split", scale=1)
+                first = H.list_examples(ctx, name, "eval")
+                problem = gr.Dropdown(first, value=first[0][1] if first else None, label=f"{title} problem",
+                                      scale=3, elem_id="code-problem" if k == 0 else f"code-problem-{name}")
+            preview = gr.Markdown(H.example_preview(ctx, name, "eval", first[0][1]) if first else "")
+        boxes.append((name, box, split, problem, preview))
+    with gr.Group(visible=sources[0] == H.OWN_PROBLEM) as own_box:
         own_prompt = gr.Code(label="your problem: function signature + docstring", language="python",
                              value='def add(a, b):\n    """Return the sum of a and b."""\n', elem_id="code-own-prompt")
         own_tests = gr.Code(label="tests (assert statements, or HumanEval-style `def check(candidate)`)",
@@ -305,26 +310,37 @@ def _code_tab(ctx: AppContext):
     gen = gr.Button("Generate", variant="primary", elem_id="code-generate")
     panel = _Panel(ctx, "code", _team_width(ctx, "coding"))
 
-    source.change(lambda s: (gr.update(visible=s == H.SOURCES[0]), gr.update(visible=s != H.SOURCES[0])),
-                  [source], [he_box, own_box], **PRIVATE)
+    source.change(lambda s: (*(gr.update(visible=s == label_of[b[0]]) for b in boxes),
+                             gr.update(visible=s not in label_of.values())),
+                  [source], [b[1] for b in boxes] + [own_box], **PRIVATE)
 
-    @_err
-    def on_split(sp):
-        ch = H.list_examples(ctx, "humaneval", sp)
-        return gr.update(choices=ch, value=ch[0][1] if ch else None)
-    split.change(on_split, [split], [problem], **PRIVATE)
-    problem.change(_err(lambda sp, pid: H.example_preview(ctx, "humaneval", sp, pid) if pid else ""),
-                   [split, problem], [preview], **PRIVATE)
+    for name, _, split, problem, preview in boxes:
+        _wire_problem_list(ctx, name, split, problem, preview)
 
-    def start(src, sp, pid, prompt, tests, ep_name):
-        return H.start_coding(ctx, src, sp, pid, prompt, tests, ep_name)
-    panel.wire(state, start, [source, split, problem, own_prompt, own_tests, entry], gen)
+    def start(src, *args):
+        n = len(boxes)
+        k = next((i for i, b in enumerate(boxes) if label_of[b[0]] == src), None)
+        sp, pid = (args[k], args[n + k]) if k is not None else ("eval", None)
+        return H.start_coding(ctx, src, sp, pid, *args[2 * n:])
+    panel.wire(state, start, [source, *(b[2] for b in boxes), *(b[3] for b in boxes), own_prompt, own_tests, entry],
+               gen)
 
     def refresh():
         text, off, now = isolation_view()
         return (text, gr.update(value=off or "", visible=bool(off)),
                 gr.update(choices=now, value=now[0]) if now else gr.update())
     return refresh, [iso_md, off_md, source]
+
+
+def _wire_problem_list(ctx: AppContext, name: str, split, problem, preview) -> None:
+    """A listed coding task's split picks its problems; the problem picked shows its prompt."""
+    @_err
+    def on_split(sp):
+        ch = H.list_examples(ctx, name, sp)
+        return gr.update(choices=ch, value=ch[0][1] if ch else None)
+    split.change(on_split, [split], [problem], **PRIVATE)
+    problem.change(_err(lambda sp, pid: H.example_preview(ctx, name, sp, pid) if pid else ""),
+                   [split, problem], [preview], **PRIVATE)
 
 
 def _team_width(ctx: AppContext, kind: str) -> int:
@@ -493,11 +509,11 @@ def _api(ctx: AppContext):
     @_err
     def generate(task: str, problem: str = "", split: str = "eval", text: str = "", tests: str = "",
                  entry_point: str = "", request: gr.Request = None) -> dict:
-        """One round of the team. task: humaneval (problem = its id), custom-coding (text = the
+        """One round of the team. task: a coding task such as humaneval (problem = its id), custom-coding (text = the
         problem, tests), a writing task such as tldr (text = the pasted text). Returns the group id and its
         candidates (joint_sample_id, parts per agent, automatic reward)."""
         if task in H.task_choices(ctx)["coding"]:
-            src = H.SOURCES[1] if ctx.tasks.get(task) is None else H.SOURCES[0]   # no shipped problems: your own
+            src = H.OWN_PROBLEM if ctx.tasks.get(task) is None else H.problem_source(ctx.tasks[task])   # no shipped problems: your own
             ep = H.start_coding(ctx, src, split, problem, text, tests, entry_point)
         else:
             ep = H.start_writing(ctx, task, text)
