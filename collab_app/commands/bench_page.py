@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 from collab_app.commands.bench_online import (TEXTS_TASK, _free_port, _unix, api_call, connect, preference,
                                               start_server, stop_server)
+from collab_app.web.serve import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,11 @@ class BenchPageConfig:
     """rounds per side (page and api), taken in turn."""
     engine: str = "auto"
     """serving engine of the `collab serve` it starts (auto | vllm | transformers)."""
-    num_generations: int = 2
+    num_generations: int = ServeConfig.num_generations
     """G of the server: candidates per round (serve's default)."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = ServeConfig.max_new_tokens
     """new tokens per agent answer (serve's default)."""
-    min_groups: int = 4
+    min_groups: int = ServeConfig.min_groups
     """K of the child trainer: a MAGRPO step per K rated groups (serve's default)."""
     think_s: float = 0.0
     """seconds between a round's rating and the next round, as a person reads (0 = back to back)."""
