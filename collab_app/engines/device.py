@@ -3,7 +3,7 @@ precisions an engine may serve (`QUANTIZE`), the dtype a checkpoint is stored in
 transformers engine's base GEMMs where no calibration ran."""
 from __future__ import annotations
 
-# base GEMMs on CPU (vllm_team.BASE_GEMMS): None = the engine's own in its dtype; "fp16" = fp16
+# base GEMMs on CPU (cpu_kernels.BASE_GEMMS): None = the engine's own in its dtype; "fp16" = fp16
 # weights, fp32 activations and sums; "int8" = dynamic int8 (not exact)
 QUANTIZE = (None, "fp16", "int8")
 

@@ -22,7 +22,7 @@ team per thread and throttles them all once they outnumber the cores. Without it
 process) `generate` runs on the caller's thread and a stream on a fresh thread per call.
 
 On CPU (why and measured effects: docs/CPU.md): base GEMMs as calibrated (`quantize`: None,
-"fp16" weights with fp32 sums via `vllm_team.fp16_linear`, "int8"; "auto" = `flags_quantize`),
+"fp16" weights with fp32 sums via `cpu_kernels.fp16_linear`, "int8"; "auto" = `flags_quantize`),
 each prompt prefilled once per call and its KV cache repeated for its rows (`_shared_prefill`),
 and a KV cache preallocated for the whole call and written in place (`preallocated_cache`).
 Left out: KV-cache reuse across calls (the next round prefills again).
@@ -138,7 +138,7 @@ def _add_deltas(a, b, mask, scaling, module, args, out):
 
 
 def _packed_forward(linear, bias, x):
-    """An nn.Linear's forward through a packed GEMM (`vllm_team.BASE_GEMMS`), which takes 2-D input."""
+    """An nn.Linear's forward through a packed GEMM (`cpu_kernels.BASE_GEMMS`), which takes 2-D input."""
     return linear(x.reshape(-1, x.shape[-1]), None, bias).reshape(*x.shape[:-1], -1)
 
 
@@ -454,8 +454,7 @@ class TransformersEngine:
 
     def _pack_base_gemms(self, kind: str) -> None:
         """Every nn.Linear of the base model computes through `kind`'s packed weights (module doc)."""
-        from collab_app.engines.vllm_team import BASE_GEMMS
-
+        from collab_app.engines.cpu_kernels import BASE_GEMMS
         try:
             for module in self.model.modules():
                 if isinstance(module, torch.nn.Linear):

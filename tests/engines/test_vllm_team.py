@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from collab_app.engines.vllm_team import TeamLoRA, read_adapter
-
 IN, Q, KV, R = 16, 8, 4, 2
 
 
@@ -251,8 +250,7 @@ def test_quantized_base_gemms_stay_close_and_deltas_stay_exact(tmp_path, kind, n
 def test_fp16_weights_of_a_16_bit_checkpoint_are_exact():
     """Weights that are already fp16-representable (the embedded model's checkpoint came from 16-bit
     GGUF tensors) lose nothing: fp16_linear equals F.linear up to the order of fp32 sums."""
-    from collab_app.engines.vllm_team import fp16_linear
-
+    from collab_app.engines.cpu_kernels import fp16_linear
     torch.manual_seed(0)
     wt = (torch.randn(64, 48) * 0.05).half().float()   # fp16-representable, as a 16-bit checkpoint
     x = torch.randn(5, 48)
@@ -272,7 +270,6 @@ def test_a_graph_compiled_before_any_adapter_adds_the_deltas_loaded_after(tmp_pa
     adapter, and adapters come later. The graph must hold the `team_lora_` op (not the wrapper's
     Python branches, which saw no adapter), so every row still gets its own key's delta."""
     from collab_app.engines.vllm_team import wrap_linear
-
     torch.manual_seed(0)
     torch._dynamo.reset()
     w = FakeWorker()
@@ -296,15 +293,14 @@ def test_a_graph_compiled_before_any_adapter_adds_the_deltas_loaded_after(tmp_pa
 
 
 def test_a_compiled_engine_s_inductor_kernels_run_on_one_thread_and_the_hook_is_put_back(monkeypatch):
-    """vllm_team.serial_inductor_kernels: vLLM's CPU platform writes `cpp.dynamic_threads` into
+    """cpu_kernels.serial_inductor_kernels: vLLM's CPU platform writes `cpp.dynamic_threads` into
     inductor's options after the user's; while an engine is built the wrapper turns it off and
     pins inductor's kernels to one thread, on top of whatever the platform wrote, and afterwards
     the platform's own method is back (the next engine, eager or compiled, gets vLLM's)."""
     pytest.importorskip("vllm")
     from vllm.platforms.cpu import CpuPlatform
 
-    from collab_app.engines.vllm_team import serial_inductor_kernels
-
+    from collab_app.engines.cpu_kernels import serial_inductor_kernels
     def platform_rule(cls, vllm_config):    # what vLLM-cpu does to a compiled engine's options
         vllm_config.compilation_config.inductor_compile_config.update({"cpp.dynamic_threads": True, "dce": True})
 
@@ -324,7 +320,7 @@ def test_a_compiled_engine_s_inductor_kernels_run_on_one_thread_and_the_hook_is_
 
 
 def test_every_bf16_layer_gets_vllms_sgl_gemm_while_an_engine_is_built(monkeypatch):
-    """vllm_team.sgl_gemm_for_every_layer, on this CPU's real kernels: vLLM-cpu serves a bf16 linear
+    """cpu_kernels.sgl_gemm_for_every_layer, on this CPU's real kernels: vLLM-cpu serves a bf16 linear
     layer with sgl-kernel's GEMM only with AMX tiles and only up to 1 MiB of weight; during an
     engine's build every layer gets it on a CPU with AMX or AVX512_BF16 (the gate_up projection of
     the embedded model, 3.4 MiB, and the LM head among them), as accurate as oneDNN's; afterwards,
@@ -335,8 +331,7 @@ def test_every_bf16_layer_gets_vllms_sgl_gemm_while_an_engine_is_built(monkeypat
     from vllm.model_executor.layers import utils
 
     from collab_app.engines import calibrate
-    from collab_app.engines.vllm_team import bf16_gemm_served, sgl_gemm_for_every_layer
-
+    from collab_app.engines.cpu_kernels import bf16_gemm_served, sgl_gemm_for_every_layer
     if bf16_gemm_served() != "sgl":
         pytest.skip("sgl-kernel's bf16 GEMM needs AMX tiles or AVX512_BF16 (and a process not told to act as a lesser CPU)")
     check = utils.check_cpu_sgl_kernel
@@ -382,7 +377,7 @@ def test_a_cpu_with_avx512_bf16_and_no_amx_gets_sgls_gemm_for_bf16_only(monkeypa
     pytest.importorskip("vllm")
     from vllm.model_executor.layers import utils
 
-    from collab_app.engines import vllm_team
+    from collab_app.engines import cpu_kernels
 
     check, cap = utils.check_cpu_sgl_kernel, utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
@@ -390,25 +385,25 @@ def test_a_cpu_with_avx512_bf16_and_no_amx_gets_sgls_gemm_for_bf16_only(monkeypa
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     bf16, fp16 = torch.bfloat16, torch.float16
     assert check(3072, 576, bf16) is False                            # vLLM's own answer: no AMX, no sgl
-    with vllm_team.sgl_gemm_for_every_layer():
+    with cpu_kernels.sgl_gemm_for_every_layer():
         ask = utils.check_cpu_sgl_kernel
         assert [ask(3072, 576, bf16), ask(49152, 576, bf16), ask(576, 1536, bf16)] == [True] * 3
         assert [ask(3072, 576, fp16), ask(3072, 576, torch.float32), ask(3072, 576, torch.int8)] == [False] * 3
         assert [ask(8, 576, bf16), ask(3072, 100, bf16), ask(3080, 576, bf16)] == [False] * 3
     assert utils.check_cpu_sgl_kernel is check and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
-    assert vllm_team.bf16_gemm_served() == "sgl"
-    with pytest.raises(RuntimeError), vllm_team.sgl_gemm_for_every_layer():
+    assert cpu_kernels.bf16_gemm_served() == "sgl"
+    with pytest.raises(RuntimeError), cpu_kernels.sgl_gemm_for_every_layer():
         raise RuntimeError("the engine failed to start")
     assert utils.check_cpu_sgl_kernel is check
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    with vllm_team.sgl_gemm_for_every_layer():
+    with cpu_kernels.sgl_gemm_for_every_layer():
         assert utils.check_cpu_sgl_kernel is check                    # AMX: vLLM's check, cap lifted
         assert utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES > cap
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")   # the AVX2 emulation
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    with vllm_team.sgl_gemm_for_every_layer():
+    with cpu_kernels.sgl_gemm_for_every_layer():
         assert utils.check_cpu_sgl_kernel is check and utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES == cap
-    assert vllm_team.bf16_gemm_served() == "onednn"
+    assert cpu_kernels.bf16_gemm_served() == "onednn"
 
 
 def test_a_decode_steps_deltas_run_on_one_thread_and_the_thread_count_comes_back(tmp_path, monkeypatch):
