@@ -416,11 +416,11 @@ def read_store(db_url: str) -> dict:
     columns the bench needs; ratings.network / signed_in where the schema has them)."""
     import sqlalchemy as sa
 
-    from collab_app.commands.bench_online import _unix
+    from collab_app.commands.bench_online import unix_time
 
     def when(v):
         from datetime import datetime
-        return _unix(v if isinstance(v, datetime) else datetime.fromisoformat(str(v)))
+        return unix_time(v if isinstance(v, datetime) else datetime.fromisoformat(str(v)))
 
     engine = sa.create_engine(db_url)
     try:
@@ -508,13 +508,13 @@ def report(cfg: BenchAbuseConfig, idents: list[Identity], store: dict, t_origin:
 
 
 def run(cfg: BenchAbuseConfig) -> dict:
-    from collab_app.commands.bench_online import _free_port, stop_server
+    from collab_app.commands.bench_online import free_port, stop_server
     from tasks import load_task
 
     out_dir = os.path.abspath(cfg.out_dir)
     home = os.path.join(out_dir, "home")
     os.makedirs(home, exist_ok=False)   # a fresh store: the shares count this run only
-    port = cfg.port or _free_port()
+    port = cfg.port or free_port()
     url = f"http://127.0.0.1:{port}/"
     texts = [ex["text"] for ex in load_task(TASK).examples("train")]
     honest = [Identity(f"honest-{k}", "honest", net) for k, net in enumerate(cfg.honest_networks())]

@@ -827,7 +827,7 @@ def _wait_until(t_abs: float, server: Server, t0: float, crashes: list, stop_ear
 
 
 def run(cfg: BenchFaultsConfig) -> dict:
-    from collab_app.commands.bench_online import _free_port, preference
+    from collab_app.commands.bench_online import free_port, preference
     from tasks import load_task
 
     out_dir = os.path.abspath(cfg.out_dir)
@@ -851,7 +851,7 @@ def run(cfg: BenchFaultsConfig) -> dict:
             mechanisms["clock"] = "LD_PRELOAD shim on serve and its children (clock_gettime REALTIME, gettimeofday, time)"
         else:
             mechanisms["clock"] = f"not available: {why}"
-    port = cfg.port or _free_port()
+    port = cfg.port or free_port()
     # argparse keeps the last --db / --adapters-dir: the adapters (and the store) go on `disk`, the log stays in home
     server = Server(cfg, home, port, ["--db", f"sqlite:///{db_path}", "--adapters-dir", adapters], env)
     texts = [ex["text"] for ex in load_task("tldr").examples("train")]

@@ -108,7 +108,7 @@ def preference(spec: str):
     raise ValueError(f"unknown rater preference {spec!r}: use short, short:LO-HI, long, word:WORD or nodigits")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -306,7 +306,7 @@ def run_raters(cfg: BenchOnlineConfig, url: str, proc: subprocess.Popen, rounds:
     return t_start
 
 
-def _unix(dt) -> float:
+def unix_time(dt) -> float:
     """A store timestamp (naive = UTC) as unix time."""
     from datetime import timezone
 
@@ -325,7 +325,7 @@ def latencies(rounds: list[dict], db_url: str, t_start: float) -> tuple[list[dic
     for st in steps:
         m = st["metrics"]
         produced = {k.split("/")[0]: v for k, v in m.items() if k.endswith("/version")}
-        t_step = _unix(st["created_at"]) - t_start
+        t_step = unix_time(st["created_at"]) - t_start
         for gid in st["group_ids"]:
             if gid not in rated:
                 continue
@@ -335,7 +335,7 @@ def latencies(rounds: list[dict], db_url: str, t_start: float) -> tuple[list[dic
             out.append({"group_id": gid, "step": st["step"], "versions": produced,
                         "rating_to_step_s": t_step - r["rated_at"],
                         "rating_to_served_s": None if served is None else served - r["rated_at"]})
-    return out, [{"step": s["step"], "t": _unix(s["created_at"]) - t_start, "groups": len(s["group_ids"]),
+    return out, [{"step": s["step"], "t": unix_time(s["created_at"]) - t_start, "groups": len(s["group_ids"]),
                   "update_s": s["metrics"].get("time/update_s"), "paused_s": s["metrics"].get("time/paused_s"),
                   "wide_s": s["metrics"].get("time/wide_s"), "pause_credit_s": s["metrics"].get("time/pause_credit_s")} for s in steps]
 
@@ -348,7 +348,7 @@ def team_states(db_url: str, agents: list[str], t_start: float) -> list[dict]:
     from collab_app.online.store import Store
 
     store = Store(db_url)
-    rows = sorted((max(0.0, _unix(v.created_at) - t_start), v.step, a, v.version, v.path)
+    rows = sorted((max(0.0, unix_time(v.created_at) - t_start), v.step, a, v.version, v.path)
                   for a in agents for v in store.adapter_versions(a))
     states: list[dict] = []
     current: dict = {}
@@ -491,7 +491,7 @@ def run(cfg: BenchOnlineConfig) -> dict:
     out_dir = os.path.abspath(cfg.out_dir)
     home = os.path.join(out_dir, "home")
     os.makedirs(home, exist_ok=False)   # a fresh store and adapters: the curve starts at version 0
-    port = cfg.port or _free_port()
+    port = cfg.port or free_port()
     proc = start_server(cfg, home, port)
     rounds: list[dict] = []
     error = None

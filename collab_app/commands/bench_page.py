@@ -29,7 +29,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from collab_app.commands.bench_online import (TEXTS_TASK, _free_port, _unix, api_call, connect, preference,
+from collab_app.commands.bench_online import (TEXTS_TASK, free_port, unix_time, api_call, connect, preference,
                                               start_server, stop_server)
 from collab_app.web.serve import ServeConfig
 
@@ -205,7 +205,7 @@ def step_intervals(steps: list[dict]) -> list[tuple[float, float]]:
     """[start, end] in unix time of each recorded MAGRPO step (end = its record, start = end - update_s)."""
     out = []
     for s in steps:
-        end = _unix(s["created_at"])
+        end = unix_time(s["created_at"])
         out.append((end - float(s["metrics"].get("time/update_s") or 0.0), end))
     return out
 
@@ -266,7 +266,7 @@ def run(cfg: BenchPageConfig) -> dict:
     out_dir = os.path.abspath(cfg.out_dir)
     home = os.path.join(out_dir, "home")
     os.makedirs(home, exist_ok=False)   # a fresh store and adapters: version 0, the untrained team
-    port = cfg.port or _free_port()
+    port = cfg.port or free_port()
     url = f"http://127.0.0.1:{port}/"
     t_up = time.time()
     proc = start_server(cfg, home, port, *NETWORK_LIMITS_OFF)
@@ -330,7 +330,7 @@ def run(cfg: BenchPageConfig) -> dict:
               "machine": {"cpus": os.cpu_count(), "cpu_capability": cpu_capability(),
                           "load_avg_start": [round(x, 2) for x in loadavg_start],
                           "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
-              "steps": [{"step": s["step"], "t_end": _unix(s["created_at"]), "update_s": s["metrics"].get("time/update_s"),
+              "steps": [{"step": s["step"], "t_end": unix_time(s["created_at"]), "update_s": s["metrics"].get("time/update_s"),
                          "groups": len(s["group_ids"])} for s in steps],
               "rounds": rounds, "probes": probes, "summary": summarize(rounds, probes)}
     with open(os.path.join(out_dir, "bench_page.json"), "w") as f:

@@ -14,7 +14,7 @@ faults of a step make that task back off and its groups suspects, tried one at a
 untrainable one is set aside (SUSPECTS_KEY); late groups train under the clipped importance
 ratio, only those past `max_staleness` are dropped; crash safety (`reconcile`, `check_lineage`:
 kill -9 at any point never applies a batch twice nor names two adapters with one version); a
-stop (SIGTERM) abandons a step at its next pause point (MAGRPOTrainer.stop_requested); status and
+stop (SIGTERM) abandons a step at its next pause point (TrainerHooks.stop_requested); status and
 pause in the store's app_state (`read_status`, `set_paused`) with a heartbeat every
 `heartbeat_s`; optional self-play (`--self-play`); data parallel under torchrun
 (trainer/distributed.py: rank 0 is this service, the other ranks follow its commands);
