@@ -1,7 +1,7 @@
 """`collab models`: provision the embedded model (engines/model.py) and show what this machine
 serves it with: the engines that import, dtype "auto" as measured here (engines/calibrate.py, for
 every engine and for `collab serve`'s share of the cores) and the engine `auto` picks
-(engines/engine_race.py: cached, or raced now with `--race`). Run at install: it calibrates, so a
+(engines/engine_race.py: cached, or raced now with `--race`, again if cached). Run at install: it calibrates, so a
 person's first `make run` measures no GEMMs; the engine race runs in the background of the first
 `collab serve` and never delays the page."""
 from __future__ import annotations
@@ -53,8 +53,9 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-engines", action="store_true", help="skip the engine import check (vllm import takes ~10 s)")
     p.add_argument("--race", action="store_true",
-                   help="also race the engines on this machine now where it has not been done (engines/engine_race.py, "
-                        "a few minutes; else `collab serve` races them in the background at its first start)")
+                   help="also race the engines on this machine now, again where a race is cached (engines/engine_race.py, "
+                        "a few minutes on a quiet machine; else `collab serve` races them in the background at its "
+                        "first start)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this CPU's base-GEMM precisions again (engines/calibrate.py; else the cached result)")
     args = p.parse_args(argv)
@@ -101,7 +102,11 @@ def cli_main(argv: list[str]) -> int:
             info["dtype"] = info["calibration"]["dtype"] + (f"+{info['calibration']['quantize']}" if info["calibration"]["quantize"] else "")
         if not args.no_engines and info["engines"].get("vllm") == "ok":
             from collab_app.engines.choose import auto_choice
-            order, why = auto_choice(str(path), measure=args.race)
+            if args.race:
+                from collab_app.engines import engine_race
+
+                engine_race.race(str(path), refresh=True)
+            order, why = auto_choice(str(path))
             info["engine_auto"] = {"engine": order[0], "why": why}
     if args.json:
         print(json.dumps(info))

@@ -412,3 +412,22 @@ def test_the_race_times_each_round_after_the_children_went_quiet(raced, monkeypa
     auto_choice(raced["model"], measure=True)
     rounds = [i for i, e in enumerate(raced["events"]) if e[0] == "round"]
     assert rounds and all(raced["events"][i - 1] == ("quiet", 2) for i in rounds), raced["events"]
+
+
+def test_collab_models_race_races_now_even_where_a_race_is_cached(raced, monkeypatch, capsys):
+    """`collab models --race` retakes the race (e.g. one cached from a busy machine); without the
+    flag it only shows what is cached, so the install never races."""
+    from collab_app.commands import models
+    from collab_app.engines import calibrate
+
+    raced["times"] = {"vllm": 3.1, "transformers": 2.4}
+    monkeypatch.setattr(models, "_engines_available", lambda: {"vllm": "ok", "transformers": "ok"})
+    monkeypatch.setattr(models, "_dtype_info", lambda: {"device": "cpu", "dtype": "float32", "cpu_capability": "AVX2"})
+    monkeypatch.setattr(calibrate, "calibrate", lambda path, threads=None, refresh=False, rows=8, engine="vllm": {
+        "dtype": "float32", "quantize": None, "threads": threads or 2, "why": "test", "measured_at": "now", "engine": engine})
+    assert models.cli_main(["--model", raced["model"]]) == 0 and raced["runs"] == []
+    assert "not measured on this one yet" in capsys.readouterr().out
+    assert models.cli_main(["--model", raced["model"], "--race"]) == 0
+    assert raced["runs"] == ["vllm", "transformers"] and "transformers 2.4 s" in capsys.readouterr().out
+    assert models.cli_main(["--model", raced["model"], "--race"]) == 0
+    assert raced["runs"] == ["vllm", "transformers"] * 2          # cached, and raced again
