@@ -416,9 +416,9 @@ def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp
             caller[0].start()
         return paused
 
-    save = trainer._save
+    save = trainer.save_version
     trainer.hooks.pause, trainer.hooks.pieces_done = pause, lease.narrow
-    trainer._save = lambda *args: (at_save.append(now()), save(*args))[1]
+    trainer.save_version = lambda *args: (at_save.append(now()), save(*args))[1]
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     try:
         os.sched_setaffinity(0, {b})
@@ -432,7 +432,7 @@ def test_a_step_works_on_the_idle_engines_cores_and_gives_them_back(trainer, tmp
         engine.end_call()
     finally:
         trainer.hooks.pause = trainer.hooks.pieces_done = None
-        trainer._save = save
+        trainer.save_version = save
         os.sched_setaffinity(0, before[0])
         torch.set_num_threads(before[1])
     assert set(first[:12]) == {((a, b), 2)}               # the engine idle: both cores
