@@ -10,7 +10,7 @@ service holds the store's trainer lease (`TrainerLease`); status "idle". The ser
 picks the new rows up (online/hotswap.py).
 
 Also here: one MAGRPOTrainer per task team, built when that task first has ready groups;
-faults of a step make that task back off and its groups suspects, tried one at a time until an
+faults of a step make that task back off and its groups suspects, retried in halves until an
 untrainable one is set aside (SUSPECTS_KEY); late groups train under the clipped importance
 ratio, only those past `max_staleness` are dropped; crash safety (`reconcile`, `check_lineage`:
 kill -9 at any point never applies a batch twice nor names two adapters with one version); a
@@ -52,7 +52,7 @@ PAUSE_KEY = "trainer_control"
 set_training_paused) or `set_paused`; the service checks it before every step."""
 SUSPECTS_KEY = "trainer_suspects"
 """app_state key: {"groups": {group id: {"fails", "alone", "pending", "task", "error"}}}: groups whose
-step raised, each retried alone until it trains (cleared) or is set aside. Module doc: "Groups that cannot train"."""
+step raised, retried in halves until they train (cleared) or one fails alone and is set aside. Module doc: "Groups that cannot train"."""
 SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 PUBLIC_RATER_SHARE = 0.25
@@ -564,10 +564,10 @@ class TrainerService:
     def due(self, ready) -> tuple[str, list] | None:
         """(task, groups) of the first task that has K ready groups or waited T, else None. Tasks
         whose last step failed wait out their back-off (`_retry_at`), so one broken task cannot
-        starve the others. A task with suspects (groups of a step that raised) steps on one
-        suspect alone, the least tried first; once every suspect has failed alone, on the other
-        ready groups (the control: do other groups train while the suspects fail?), else on its
-        suspects again (module doc, "Groups that cannot train").
+        starve the others. A task with suspects (groups of a step that raised) steps on half of
+        its least-tried suspects (`suspects_next`); once every suspect has failed alone, on the
+        other ready groups (the control: do other groups train while the suspects fail?), else on
+        its suspects again (module doc, "Groups that cannot train").
 
         Shares (`max_rater_share`, `max_network_share`, `max_anonymous_share` < 1): a step's groups
         are `take_capped`: at most max(1, floor(share * size)) of them decided by one rater, by one
@@ -588,8 +588,7 @@ class TrainerService:
             if suspects:
                 untried = [g for g in suspects if not self._suspects[g.group_id].get("pending")]
                 if untried:
-                    first = min(untried, key=lambda g: (self._suspects[g.group_id].get("alone", 0), g.group_id))
-                    picked = picked or (task, [first])
+                    picked = picked or (task, self.suspects_next(task, untried))
                     continue
                 if not others:
                     picked = picked or (task, suspects[:1])
@@ -602,6 +601,18 @@ class TrainerService:
             if suspects or len(step) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
                 picked = picked or (task, step)
         return picked
+
+    def suspects_next(self, task: str, untried: list) -> list:
+        """The suspects' next step, among those that failed least often (oldest first, within
+        max_groups_per_step): all of them when the task's last step trained, else the older half
+        (rounded up). A fault of the machine that has passed clears a lost step in two steps (one
+        at a time, a 16-group step lost to a full disk took 16 steps to train again); a group that
+        breaks every step it is in is narrowed down by halves until it fails alone, which the
+        set-aside rule needs."""
+        fails = {g.group_id: self._suspects[g.group_id].get("fails", 0) for g in untried}
+        level = sorted((g for g in untried if fails[g.group_id] == min(fails.values())), key=lambda g: g.group_id)
+        n = len(level) if self._last_ok.get(task) else max(1, math.ceil(len(level) / 2))
+        return level[:min(self.cfg.max_groups_per_step, n)]
 
     def train_step(self, task_name: str, ready) -> dict:
         """Steps 1-5 of the module docstring on one task's ready groups. Returns the metrics."""
@@ -721,7 +732,7 @@ class TrainerService:
         was_ok, self._last_ok[task_name] = self._last_ok.get(task_name, False), False
         message = f"{type(error).__name__}: {error}"[:500]
         log.error("step on %d %s groups failed (%s); the task waits %.0f s, other tasks go on; its groups stay "
-                  "ready and are retried one at a time", len(ids), task_name, message, backoff)
+                  "ready and are retried in halves", len(ids), task_name, message, backoff)
         try:
             suspects = {g: dict(v) for g, v in self._suspects.items()}
             for v in suspects.values():   # a failure breaks every sandwich but the group's own

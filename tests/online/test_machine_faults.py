@@ -2,7 +2,8 @@
 embedded model (fake samples), each fault reproduced as the machine makes it:
 
 - a full disk during the adapter save (safetensors' own error, not an OSError) for several polls:
-  nothing is set aside, and every group trains once the disk has room again;
+  nothing is set aside, and every group trains once the disk has room again, a lost big step in
+  two steps (its suspects are retried in halves);
 - one task whose trainer cannot be built beside another task: the other trains;
 - a truncated latest adapter: the trainer moves it aside and resumes from the version before,
   numbering on past it (no number names two adapters);
@@ -66,7 +67,7 @@ def test_a_full_disk_sets_nothing_aside_and_learning_resumes(sqlite_store, tmp_p
                               "message: \"No space left on device\" })")
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)
-    assert poll(svc, 4) == ["error: SafetensorError"] * 4     # the step, then each group alone: all fail
+    assert poll(svc, 4) == ["error: SafetensorError"] * 4     # the step, then its suspects by halves: all fail
     assert {sqlite_store.group(g).status for g in ids} == {"ready"}
     monkeypatch.setattr(safetensors.torch, "save_file", real)
     assert poll(svc, 1) == ["trained"]                       # the disk has room: learning resumes at once
@@ -74,6 +75,28 @@ def test_a_full_disk_sets_nothing_aside_and_learning_resumes(sqlite_store, tmp_p
     assert {sqlite_store.group(g).status for g in ids} == {"trained"}   # every group, none set aside
     assert sorted(g for s in sqlite_store.train_steps() for g in s["group_ids"]) == ids
     assert sqlite_store.closed_groups() == []
+
+
+def test_a_big_step_lost_to_a_passing_fault_trains_again_in_two_steps(sqlite_store, tmp_path, monkeypatch):
+    """Suspects are retried by halves, and all together after a step that trained: 8 groups of a
+    step lost to a full disk train again in 2 steps once the disk has room (one at a time: 8)."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    ids = add_groups(sqlite_store, 8)
+    svc = make_service(sqlite_store, tmp_path, retry_s=0.05, min_groups=8)
+    svc.trainer_for(TASK.name)
+    real = safetensors.torch.save_file
+
+    def full(*a, **kw):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    assert poll(svc, 1) == ["error: SafetensorError"]
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    assert poll(svc, 2) == ["trained", "trained"]
+    assert [len(s["group_ids"]) for s in sqlite_store.train_steps()] == [4, 4]
+    assert {sqlite_store.group(g).status for g in ids} == {"trained"} and sqlite_store.closed_groups() == []
 
 
 class BrokenTask(TwoAgentTask):
