@@ -20,9 +20,12 @@ bench's own client CPU, ratings accepted vs stored (target: 0 lost), and refusal
 
     collab bench abuse [--minutes 10 --quiet-minutes 2 --attackers 50 --honest 3 --json]
 
-Limits: the attackers run on the server's machine, so the bench lowers its own priority once the
-server is up (nice +CLIENT_NICE); IPv4 only (one address = one network); nobody signs in. How
-each figure is counted: docs/BENCHES.md.
+Limits: the clients run on the server's machine, whose cores a real attacker's clients would not
+take: the honest raters run at nice +CLIENT_NICE once the server is up, the attacker's threads
+under SCHED_IDLE (`idle_priority`: they run on what the server's processes leave; a real
+attacker's requests still cost the server what they cost it), and the JSON gives the CPU the
+clients, the server and its trainer child took per phase. IPv4 only (one address = one network);
+nobody signs in. How each figure is counted: docs/BENCHES.md.
 """
 from __future__ import annotations
 
@@ -311,11 +314,25 @@ def call(ident: Identity, stop: threading.Event, timeout_s: float, tries: list[f
                 return None
 
 
+def idle_priority() -> str:
+    """Run the calling thread, and the threads it starts, under SCHED_IDLE (Linux: only when no
+    other thread wants the core), else at nice 19; returns which."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))   # 0 = the calling thread on Linux
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):
+        os.nice(19 - os.nice(0))
+        return "nice 19"
+
+
 def rater_loop(ident: Identity, url: str, texts: list[str], stop: threading.Event, hard_stop: threading.Event,
                cfg: BenchAbuseConfig, t_origin: float) -> None:
     """Generate, (read,) rate every candidate; again until `stop`. A round started before `stop`
-    is rated to the end unless `hard_stop` comes first (its ratings are part of accepted vs stored)."""
+    is rated to the end unless `hard_stop` comes first (its ratings are part of accepted vs stored).
+    An attacker's thread runs at idle priority (module doc, Limits)."""
     rate = honest_ratings if ident.side == "honest" else attacker_ratings
+    if ident.side == "attacker":
+        idle_priority()
     if not connect_identity(ident, url, stop, cfg.round_timeout_s):
         return
     k = int(ident.name.rsplit("-", 1)[-1])   # identities start on different texts
@@ -524,6 +541,7 @@ def run(cfg: BenchAbuseConfig) -> dict:
     threads: list[threading.Thread] = []
     error = startup_s = None
     cpu: dict[str, float] = {}
+    server: dict[str, dict[str, float]] = {}
     t_origin = t_attack = t_end = time.time()
     try:
         t_up = time.time()
@@ -541,16 +559,18 @@ def run(cfg: BenchAbuseConfig) -> dict:
                 th.start()
                 threads.append(th)
         launch(honest)
-        cpu0 = time.process_time()
+        cpu0, server0 = time.process_time(), server_cpu(proc.pid)
         _sleep_watching(proc, 60 * cfg.quiet_minutes, honest)
         t_attack = time.time() - t_origin
-        cpu["quiet"] = time.process_time() - cpu0
+        cpu["quiet"], server1 = time.process_time() - cpu0, server_cpu(proc.pid)
+        server["quiet"] = {k: server1.get(k, 0.0) - server0.get(k, 0.0) for k in server1}
         log.info("attack phase: %d identities on %s beside the honest raters for %.1f min", cfg.attackers,
                  ATTACKER_NETWORK, cfg.minutes)
         cpu0 = time.process_time()
         launch(attackers)
         _sleep_watching(proc, 60 * cfg.minutes, honest + attackers)
-        cpu["attack"] = time.process_time() - cpu0
+        cpu["attack"], server2 = time.process_time() - cpu0, server_cpu(proc.pid)
+        server["attack"] = {k: server2.get(k, 0.0) - server1.get(k, 0.0) for k in server2}
     except Exception as e:  # noqa: BLE001 - a dead server is a result too: report what came before
         error = f"{type(e).__name__}: {e}"
         log.error("bench stopped: %s", error)
@@ -580,10 +600,36 @@ def run(cfg: BenchAbuseConfig) -> dict:
     result.update(startup_s=startup_s, error=error, loadavg_end=open("/proc/loadavg").read().split()[:3],
                   bench_clients_cpu={p: {"cpu_s": round(c, 1), "share_of_cores": round(c / (spans[p] * cores), 3)
                                          if spans[p] > 0 else None, "cores": cores} for p, c in cpu.items()},
+                  # the server's processes over each phase, in cores used on average (a trainer that
+                  # starves shows here: a step's work wants one of its cores whole)
+                  server_cpu_cores={p: {k: round(v / spans[p], 3) for k, v in d.items()} if spans[p] > 0 else None
+                                    for p, d in server.items()},
+                  attacker_priority="SCHED_IDLE" if hasattr(os, "SCHED_IDLE") else "nice 19",
                   threads_still_running=sum(th.is_alive() for th in threads))
     with open(os.path.join(out_dir, "bench_abuse.json"), "w") as f:
         json.dump({**result, "rounds": {i.name: i.rounds for i in honest + attackers}}, f, indent=1)
     return result
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of `collab serve` (pid, its threads) and of its other processes, the
+    trainer child among them: {"serve": s, "trainer": s, "other": s}; {} once it is gone."""
+    import psutil
+
+    out = {"serve": 0.0, "trainer": 0.0, "other": 0.0}
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            kind = "serve" if p.pid == pid else "trainer" if " trainer " in " ".join(p.cmdline()) + " " else "other"
+        except psutil.Error:
+            continue
+        out[kind] += t.user + t.system
+    return out
 
 
 PROGRESS_S = 30.0   # a progress line this often while a phase runs

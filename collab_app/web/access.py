@@ -389,6 +389,12 @@ class Limits:
             cap = min(cap, max(1, self.generate_slots // (active + 1)))
         return cap
 
+    def network_cap(self, network: str) -> int:
+        """`network_slots` of a client network by its name (the middleware's cap on the network's
+        generate events queued or running: identity.IdentityMiddleware's `group_caps`)."""
+        with self._lock:
+            return self.network_slots(f"net:{network}")
+
     def end_round(self, caller: Caller) -> None:
         with self._lock:
             self._running[caller.door] -= 1

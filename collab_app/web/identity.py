@@ -454,15 +454,34 @@ def _gradio_events(scope):
         return None
 
 
+def _event_concurrency(scope, path: str, body) -> str | None:
+    """The concurrency id of the Gradio function an event request starts: by the body's
+    `fn_index` (POST .../queue/join) or the API name in the path (.../call[/v2]/<api>,
+    .../run/<api>); None where it names none or the app is not Gradio's."""
+    try:
+        fns = scope["app"].get_blocks().fns
+    except Exception:   # noqa: BLE001 - no Gradio app (a test's)
+        return None
+    segs = [s for s in path.split("/") if s]
+    if segs[-2:] == ["queue", "join"]:
+        idx = body.get("fn_index") if isinstance(body, dict) else None
+        fn = fns.get(idx) if isinstance(idx, int) and not isinstance(idx, bool) else None
+    else:
+        api = segs[-1] if segs else ""
+        fn = next((f for f in fns.values() if getattr(f, "api_name", None) == api), None)
+    return getattr(fn, "concurrency_id", None) if fn is not None else None
+
+
 class QueueGate:
     """Events started per client network (module doc, "queue"): at most `per_minute` a minute
-    and `at_once` unfinished at once (0 = no limit). Thread-safe."""
+    and `at_once` unfinished at once (0 = no limit), and of one concurrency group (a kind of event,
+    e.g. "generate") at most the cap the caller of `admit` gives. Thread-safe."""
 
     def __init__(self, per_minute: int, at_once: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         from collab_app.web.access import RateLimiter
 
         self.rate, self.at_once, self.ttl_s, self.clock = RateLimiter(per_minute), at_once, ttl_s, clock
-        self._open: dict[str, dict[object, list]] = {}   # network -> token -> [started, event id]
+        self._open: dict[str, dict[object, list]] = {}   # network -> token -> [started, event id, group]
         self._lock = threading.Lock()
 
     def _prune(self, net: str, events) -> int:
@@ -471,27 +490,34 @@ class QueueGate:
             self._open.pop(net, None)
             return 0
         now = self.clock()
-        for tok, (t0, eid) in list(mine.items()):
+        for tok, (t0, eid, _) in list(mine.items()):
             if now - t0 > self.ttl_s or (eid is not None and events is not None and eid not in events):
                 del mine[tok]
         if not mine:
             del self._open[net]
         return len(mine)
 
-    def admit(self, net: str, events) -> tuple[object | None, str, float]:
+    def admit(self, net: str, events, group: str | None = None,
+              group_cap: Callable[[], int] | None = None) -> tuple[object | None, str, float]:
         """(token, "", 0) for an event that may start (its place held until `done` or `started`);
-        else (None, why, seconds to wait)."""
+        else (None, why, seconds to wait). `group`: the event's concurrency group; `group_cap()`:
+        how many events of that group the network may have queued or running now (0 = no cap)."""
         with self._lock:
             if len(self._open) > 10_000:   # networks that never came back: forget their finished events
                 for other in list(self._open):
                     self._prune(other, events)
-            if self.at_once and self._prune(net, events) >= self.at_once:
+            held = self._prune(net, events)
+            if self.at_once and held >= self.at_once:
                 return None, f"this network already has {self.at_once} events queued or running", 5.0
+            cap = group_cap() if group is not None and group_cap is not None else 0
+            if cap and sum(e[2] == group for e in self._open.get(net, {}).values()) >= cap:
+                return None, (f"this network already has {cap} {group} events queued or running, its share of "
+                              f"the server now"), 5.0
             wait = self.rate.take(f"net:{net}")
             if wait is not None:
                 return None, f"this network started {self.rate.limit} events in the last minute", wait
             tok = object()
-            self._open.setdefault(net, {})[tok] = [self.clock(), None]
+            self._open.setdefault(net, {})[tok] = [self.clock(), None, group]
             return tok, "", 0.0
 
     def started(self, net: str, tok, event_id: str, events) -> None:
@@ -530,12 +556,18 @@ class IdentityMiddleware:
     (403 for a hash of another session) and the per-network queue gate."""
 
     def __init__(self, app, identity: SessionIdentity, max_queue_joins_per_minute: int = 300,
-                 max_queue_entries: int = 16, queue_entry_ttl_s: float = 900.0, max_body: int = MAX_BODY):
+                 max_queue_entries: int = 16, queue_entry_ttl_s: float = 900.0, max_body: int = MAX_BODY,
+                 group_caps: dict[str, Callable[[str], int]] | None = None):
         """`max_queue_joins_per_minute`: events (queue joins, /call, /run) one client network may
         start per minute; `max_queue_entries`: its events queued or running at once (Gradio's
-        queue holds 64 by default: a network takes at most a quarter); 0 = no limit."""
+        queue holds 64 by default: a network takes at most a quarter); 0 = no limit.
+        `group_caps`: {Gradio concurrency id: f(network) -> how many events of it the network may
+        have queued or running now (0 = no cap)}; the app passes its rounds' fair share per
+        network (access.Limits.network_cap), so a network's rounds over its share are refused
+        here, before they take a place in Gradio's queue or a handler's time."""
         self.app, self.identity, self.max_body = app, identity, max_body
         self.queue = QueueGate(max_queue_joins_per_minute, max_queue_entries, queue_entry_ttl_s)
+        self.group_caps = dict(group_caps or {})
 
     async def __call__(self, scope, receive, send):
         kind = scope["type"]
@@ -585,9 +617,9 @@ class IdentityMiddleware:
                 set_cookie = idn.cookie(new_token, secure=proto == "https")
         try:
             hashes = _hashes_in(scope)
-            buffered = None
+            buffered, body = None, None
             if method not in _SAFE_METHODS and not api:
-                buffered, more_hashes = await self._read_body(scope, receive, headers)
+                buffered, more_hashes, body = await self._read_body(scope, receive, headers)
                 hashes += more_hashes
             for h in hashes:
                 status = idn.bind_status(h, sid, net)
@@ -601,7 +633,9 @@ class IdentityMiddleware:
             tok = None
             events = _gradio_events(scope) if route else None
             if route:
-                tok, why, wait = self.queue.admit(net, events)
+                group = _event_concurrency(scope, path, body) if self.group_caps else None
+                cap = self.group_caps.get(group) if group is not None else None
+                tok, why, wait = self.queue.admit(net, events, group, (lambda: cap(net)) if cap else None)
                 if tok is None:
                     secs = max(1, round(wait))
                     raise _Refusal(429, f"too many events from your network: {why}; try again in {secs} s",
@@ -654,9 +688,10 @@ class IdentityMiddleware:
         if site in ("cross-site", "same-site") and not navigation:
             raise _Refusal(403, "requests from another site are not accepted here: open the app itself")
 
-    async def _read_body(self, scope, receive, headers) -> tuple[list, list[str]]:
-        """The request's body messages, read whole (so that Gradio reads the same), and the
-        session hashes it names; _Refusal 415 / 413 / 400 (module doc, "bodies")."""
+    async def _read_body(self, scope, receive, headers) -> tuple[list, list[str], object]:
+        """The request's body messages, read whole (so that Gradio reads the same), the session
+        hashes it names and its parsed JSON (None if not JSON); _Refusal 415 / 413 / 400 (module
+        doc, "bodies")."""
         mtype = media_type(headers.get("content-type"))
         json_body, multipart = is_json(mtype), mtype == "multipart/form-data"
         if not (json_body or multipart):
@@ -678,8 +713,8 @@ class IdentityMiddleware:
             more = msg.get("more_body", False)
         body = b"".join(chunks)
         if not body.strip():
-            return buffered, []
-        found = []
+            return buffered, [], None
+        found, obj = [], None
         if json_body:
             try:
                 obj = json.loads(body)
@@ -694,7 +729,7 @@ class IdentityMiddleware:
             if not isinstance(v, str):
                 raise _Refusal(400, "session_hash must be a string")
             found.append(v)
-        return buffered, found
+        return buffered, found, obj
 
 
 async def _multipart_values(scope, body: bytes, name: str) -> list:

@@ -37,6 +37,8 @@ from collab_app.web.access import hf_login_available
 from collab_app.web.context import AppContext
 
 PRIVATE = {"api_visibility": "private"}
+GENERATE = "generate"
+"""the concurrency id of every event that generates a round (the page's buttons and /generate)."""
 ADMIN_DOOR = {"queue": False, "api_visibility": "undocumented"}
 """Admin events (edit team, pin / roll back / unpin, pause / resume, own-problem training) run
 outside Gradio's queue: its `max_size` counts every waiting event, so a full generate queue would
@@ -227,7 +229,7 @@ class _Panel:
 
         # show_progress hidden: the status line says what the round does; Gradio's own overlay and
         # timer on each of the ~35 outputs cost the person's browser ~40% more CPU per round
-        gen_kw = dict(concurrency_id="generate", concurrency_limit=self.ctx.generate_concurrency,
+        gen_kw = dict(concurrency_id=GENERATE, concurrency_limit=self.ctx.generate_concurrency,
                       show_progress="hidden", **PRIVATE)
         generate_btn.click(on_generate, start_inputs + [state], outs, **gen_kw)
         self.again.click(on_again, [state, self.continue_from], outs, **gen_kw)
@@ -548,7 +550,7 @@ def _api(ctx: AppContext):
         """Counts of groups, samples, ratings, train steps."""
         return H.stats_dict(ctx)
 
-    gr.api(generate, api_name="generate", concurrency_id="generate", concurrency_limit=ctx.generate_concurrency)
+    gr.api(generate, api_name="generate", concurrency_id=GENERATE, concurrency_limit=ctx.generate_concurrency)
     gr.api(rate, api_name="rate", concurrency_limit=8)
     gr.api(rank, api_name="rank", concurrency_limit=8)
     gr.api(pick_best, api_name="pick_best", concurrency_limit=8)
@@ -617,7 +619,9 @@ def identity_middleware(ctx: AppContext):
     from starlette.middleware import Middleware
 
     from collab_app.web.identity import IdentityMiddleware
-    return Middleware(IdentityMiddleware, identity=ctx.identity)
+    # a network's rounds over its fair share are refused before Gradio's queue (the handler's
+    # begin_round still decides; this spares the queue and the serving core the rest)
+    return Middleware(IdentityMiddleware, identity=ctx.identity, group_caps={GENERATE: ctx.limits.network_cap})
 
 
 def launch(ctx: AppContext, server_name: str = "127.0.0.1", server_port: int | None = None,

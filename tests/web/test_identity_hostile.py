@@ -454,3 +454,72 @@ def test_m1_against_real_gradio(gradio_app):
            _join(url, "page-of-a", "192.0.2.51", token=b, body=json.dumps(
                {"data": ["x"], "fn_index": 0, "session_hash": "page-of-a", "pad": "x" * 4_100_000})).status_code]
     assert got == [403, 403, 415, 413]
+
+
+@pytest.fixture(scope="module")
+def rounds_app():
+    """A real Gradio app behind the middleware, as the app wires it: a `generate` concurrency
+    group (two events share it: a button's and an API's) whose per-network cap is a real
+    `Limits.network_cap` (4 rounds in flight per network, 8 generate slots), and another event."""
+    import gradio as gr
+    from starlette.middleware import Middleware
+
+    from collab_app.web.access import Caller, Limits, Quota
+    from collab_app.web.ui import GENERATE, wait_until_served
+    from helpers.launch import free_port
+
+    gate = threading.Event()
+
+    def slow(x: str) -> str:
+        gate.wait(60)
+        return x
+
+    with gr.Blocks(analytics_enabled=False) as demo:
+        box = gr.Textbox()
+        gr.Button().click(slow, box, box, api_name="gen_page", concurrency_id=GENERATE, concurrency_limit=8)
+        gr.Button().click(slow, box, box, api_name="other", concurrency_limit=8)
+        gr.api(slow, api_name="gen_api", concurrency_id=GENERATE, concurrency_limit=8)
+    demo.queue(max_size=64)
+    limits = Limits(Quota(rounds_in_flight=1), rounds_in_flight_per_network=4, generate_slots=8)
+    idn = SessionIdentity(b"k" * 32, proxy_hops=1, max_new_sessions_per_minute=0, origins=[], embedded=False)
+    mw = Middleware(IdentityMiddleware, identity=idn, max_queue_joins_per_minute=0, max_queue_entries=16,
+                    group_caps={GENERATE: limits.network_cap})
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
+                _frontend=False, app_kwargs={"middleware": [mw]})
+    url = demo.local_url.rstrip("/")
+    wait_until_served(url)
+    fn_index = {f.api_name: i for i, f in demo.fns.items()}
+    yield url, gate, limits, fn_index, Caller
+    gate.set()
+    demo.close()
+
+
+def test_m3_a_networks_rounds_over_its_share_are_refused_before_gradio(rounds_app):
+    """M3 (the honest rounds' latency): a network's rounds over its share were refused only by
+    the handler, each refusal first taking a place in Gradio's queue and the serving core's time.
+    Now its generate events queued or running are capped before Gradio at its fair share of the
+    generate slots (`Limits.network_cap`: alone 4; beside another network generating 8 // 3 = 2),
+    by the page's event and the API's alike; its other events and other networks are not."""
+    url, gate, limits, fn_index, Caller = rounds_app
+    gate.clear()
+    attacker, honest, third = "203.0.113.77", "198.51.100.77", "192.0.2.77"
+
+    def join(api, net, i):
+        return _join(url, f"{net}-{api}-{i}", net, body=json.dumps(
+            {"data": ["x"], "fn_index": fn_index[api], "session_hash": f"{net}-{api}-{i}"})).status_code
+
+    alone = [join("gen_page", attacker, i) for i in range(6)]
+    assert alone == [200] * 4 + [429] * 2          # alone: 4 rounds queued or running
+    assert [join("other", attacker, i) for i in range(3)] == [200] * 3   # not a round: not capped
+    r = httpx.post(f"{url}/gradio_api/call/gen_api", json={"data": ["x"]}, headers={"x-forwarded-for": attacker},
+                   timeout=30)
+    assert r.status_code == 429 and "share" in r.json()["error"]   # the API's door: the same group
+    # another network generating: each network's share is 8 // (2 + 1) = 2
+    limits.begin_round(Caller("web:s-honest", network=honest))
+    assert join("gen_page", third, 0) == 200 and join("gen_page", third, 1) == 200
+    assert join("gen_page", third, 2) == 429
+    gate.set()
+    deadline = time.monotonic() + 30   # once its events are done, the network gets its places back
+    while time.monotonic() < deadline and join("gen_page", attacker, 99) != 200:
+        time.sleep(0.2)
+    assert time.monotonic() < deadline
