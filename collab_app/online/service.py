@@ -72,6 +72,8 @@ class ServiceConfig(StepConfig):
     """T: also run a step on fewer than K ready groups once the oldest has waited this long (0 = only K)."""
     max_groups_per_step: int = 32
     """most groups in one step (the oldest first)."""
+    max_step_s: float = 120.0
+    """also at most as many groups as fit in this many seconds at the task's last step's seconds per group, at least K (a backlog makes more steps, not longer ones: served versions stay fresh under load; 0 = off)."""
     poll_s: float = 2.0
     """seconds between store polls when there is nothing to do."""
     retry_s: float = 10.0
@@ -114,6 +116,8 @@ class ServiceConfig(StepConfig):
         if self.min_groups < 1 or self.max_groups_per_step < self.min_groups:
             raise ValueError(f"need 1 <= min_groups <= max_groups_per_step, got {self.min_groups}, "
                              f"{self.max_groups_per_step}")
+        if self.max_step_s < 0:
+            raise ValueError(f"max_step_s must be >= 0 (0 = steps bounded by max_groups_per_step only), got {self.max_step_s}")
         if self.max_wait_s < 0 or self.poll_s <= 0 or self.heartbeat_s <= 0 or not 0 < self.retry_s <= 300:
             raise ValueError("max_wait_s must be >= 0, poll_s and heartbeat_s > 0, retry_s in (0, 300]")
         if not 0.0 <= self.yield_share < 1.0:
@@ -507,6 +511,7 @@ class TrainerService:
         self._in_step = False             # data parallel: inside a step the ranks' collectives are running
         self._suspects: dict[int, dict] = {}   # group id -> {"fails", "alone", "pending", "error"} (SUSPECTS_KEY)
         self._last_ok: dict[str, bool] = {}    # task -> whether its last step went through
+        self._s_per_group: dict[str, float] = {}   # task -> seconds per group of its last step (max_step_s)
         self._retry_at: dict[str, tuple[float, float]] = {}   # task -> (monotonic time it may step again, back-off s)
         self.lease = TrainerLease(self.store, stale_s=3 * cfg.heartbeat_s + 10) if self.store is not None else None
         self.lease_lost = False
@@ -594,13 +599,24 @@ class TrainerService:
                     picked = picked or (task, suspects[:1])
                     continue
                 groups = others   # the control step: any size, now
-            step, held = take_capped(groups, self.cfg.max_rater_share, self.cfg.max_groups_per_step,
+            step, held = take_capped(groups, self.cfg.max_rater_share, self.step_size(task),
                                      self.cfg.max_network_share, self.cfg.max_anonymous_share)
             self.held += [(g.group_id, g.rater) for g in held]
             waited = now - min(g.created_at.timestamp() for g in step)
             if suspects or len(step) >= self.cfg.min_groups or (self.cfg.max_wait_s and waited >= self.cfg.max_wait_s):
                 picked = picked or (task, step)
         return picked
+
+    def step_size(self, task: str) -> int:
+        """Most groups the task's next step takes: max_groups_per_step, and at most what fits in
+        max_step_s at its last step's seconds per group, never under K. Why: a step took every
+        ready group, so a backlog made steps longer and the served versions staler (on a 2-core
+        AVX2 box under attack, a step of 16 groups took 410 s)."""
+        per = self._s_per_group.get(task)
+        if not self.cfg.max_step_s or not per:
+            return self.cfg.max_groups_per_step
+        fit = int(self.cfg.max_step_s // per)
+        return max(self.cfg.min_groups, min(self.cfg.max_groups_per_step, fit))
 
     def suspects_next(self, task: str, untried: list) -> list:
         """The suspects' next step, among those that failed least often (oldest first, within
@@ -669,6 +685,8 @@ class TrainerService:
                 self.trainers.pop(task_name, None)   # half-stepped, or stepped without rows: rebuild from disk
             raise
         self._step_went_through(task_name, ids)
+        if ids:
+            self._s_per_group[task_name] = (time.time() - t0) / len(ids)
         if rerated:
             log.info("step %d: %d groups were rated while it ran; they stay ready for the next step: %s",
                      step, len(rerated), rerated)

@@ -15,7 +15,8 @@ could act as, and read, that session. Here:
   `MAX_BODY`), binds every Gradio session hash a request names to the cookie's session (a hash
   replayed under another session gets 403; the binding table is bounded per session, per network
   and in all, and a flood from one network only evicts its own bindings), and counts the
-  requests that start an event per network (429 with Retry-After). The session id and network go
+  requests that start an event per network, in all and per concurrency group (a network's
+  Generate events over its share of the generate slots: 429 with Retry-After). The session id and network go
   into the request's ASGI state, where `ui._caller` reads them.
 - `client_network`: the socket address, or behind a trusted proxy only
   (`COLLAB_TRUSTED_PROXY_HOPS`) the n-th address from the right of X-Forwarded-For; an IPv6
