@@ -13,8 +13,8 @@ Two phases, one server:
   network, each a real concurrent client with its own session cookie, generate and rate as fast
   as the server lets them, pushing the opposite preference (the shortest candidate best).
 
-Reported (JSON): the attacker's share of the groups trained in the attack phase (by each group's
-deciding rater), the honest raters' round latency per phase (target: attack <= 2 x quiet), the
+Reported (JSON): the attacker's share of the groups the steps of the attack phase trained (by each
+group's deciding rater), the honest raters' round latency per phase (target: attack <= 2 x quiet), the
 bench's own client CPU, ratings accepted vs stored (target: 0 lost), and refusals per side by kind.
 `targets()` judges the figures.
 
@@ -490,8 +490,10 @@ def report(cfg: BenchAbuseConfig, idents: list[Identity], store: dict, t_origin:
             sides.setdefault(g["session_id"], group_side[g["id"]])
     deciding = deciding_raters(store["ratings"])
     a0, a1 = t_origin + t_attack, t_origin + t_end
-    share = trained_share(store["groups"], store["steps"], deciding, sides, a0, a1)
-    share_steps = trained_share(store["groups"], store["steps"], deciding, sides, a0, a1, generated_in_window=False)
+    # the target's figure: every group a step of the attack phase trained, by its deciding rater
+    # (the quiet phase's backlog included: docs/BENCHES.md says why); also those generated then too
+    share = trained_share(store["groups"], store["steps"], deciding, sides, a0, a1, generated_in_window=False)
+    share_generated = trained_share(store["groups"], store["steps"], deciding, sides, a0, a1)
     quiet_share = trained_share(store["groups"], store["steps"], deciding, sides, t_origin, a0)
     honest_rounds = [r for i in idents if i.side == "honest" for r in i.rounds]
     latency = median_ratio([r["round_s"] for r in honest_rounds if r["t_start"] < t_attack],
@@ -517,7 +519,7 @@ def report(cfg: BenchAbuseConfig, idents: list[Identity], store: dict, t_origin:
     networks = cfg.honest + 1
     return {"config": asdict(cfg), "phases_s": {"quiet": [0.0, t_attack], "attack": [t_attack, t_end]},
             "public_trainer_flags": public_trainer_flags(),
-            "attacker_share": share, "by_step_window": share_steps, "quiet_phase_trained": quiet_share,
+            "attacker_share": share, "generated_in_attack": share_generated, "quiet_phase_trained": quiet_share,
             "honest_latency": latency, "ratings": {"accepted": sum(k["accepted"] for k in kept.values()),
                                                    "stored": sum(k["stored"] for k in kept.values()), "lost": lost},
             "sides": per_side, "train_steps": len(store["steps"]),
@@ -694,10 +696,10 @@ def table(res: dict) -> str:
         rows.append(("networks stored on ratings", ", ".join(h["stored_networks"]), ", ".join(a["stored_networks"])))
     lines = [f"{'':<30}{'honest':>22}{'attacker':>22}"] + [f"{k:<30}{str(x):>22}{str(y):>22}" for k, x, y in rows]
     s = res["attacker_share"]
-    lines.append(f"trained groups generated and trained in the attack phase: {s['total']} (attacker {s['attacker']}, "
-                 f"honest {s['honest']}, unknown {s['unknown']}); every group a step took then: "
-                 f"{res['by_step_window']['total']} (attacker {res['by_step_window']['attacker']}); "
-                 f"train steps in all: {res['train_steps']}")
+    g = res["generated_in_attack"]
+    lines.append(f"groups the steps of the attack phase trained: {s['total']} (attacker {s['attacker']}, "
+                 f"honest {s['honest']}, unknown {s['unknown']}); of them generated in it too: "
+                 f"{g['total']} (attacker {g['attacker']}); train steps in all: {res['train_steps']}")
     lines += target_lines(res["targets"], lambda v: _fmt(v, 3), width=40, none="n/a (no figure)")
     c = res["config"]
     lines.append(f"(quiet {c['quiet_minutes']} min, attack {c['minutes']} min; G={c['num_generations']}, "

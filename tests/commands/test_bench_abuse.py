@@ -173,8 +173,8 @@ def test_report_from_a_real_store(tmp_path):
     attacker = B.Identity("attacker-0", "attacker", B.ATTACKER_NETWORK)
     attacker.refused.update({"session_refused": 2, "rate_limit": 1})
     res = B.report(B.BenchAbuseConfig(), [honest, attacker], data, t_origin, 0.5, 600.0)
-    assert res["attacker_share"]["total"] == 0   # the one trained group was generated before the attack phase
-    assert res["by_step_window"]["honest"] == 1 and res["by_step_window"]["attacker_share"] == 0.0
+    assert res["attacker_share"]["honest"] == 1 and res["attacker_share"]["attacker_share"] == 0.0
+    assert res["generated_in_attack"]["total"] == 0   # the one trained group was generated before the attack phase
     assert res["honest_latency"]["ratio"] == pytest.approx(1.5)
     assert res["honest_latency"]["served"]["ratio"] is None   # no round here says when its last try began
     assert res["ratings"] == {"accepted": len(rating_ids) + 1, "stored": len(rating_ids), "lost": 1}
@@ -185,7 +185,7 @@ def test_report_from_a_real_store(tmp_path):
     json.dumps(res)   # the JSON the bench prints
 
 
-EXPECTED_KEYS = {"config", "phases_s", "public_trainer_flags", "attacker_share", "by_step_window",
+EXPECTED_KEYS = {"config", "phases_s", "public_trainer_flags", "attacker_share", "generated_in_attack",
                  "quiet_phase_trained", "honest_latency", "ratings", "sides", "train_steps", "targets",
                  "startup_s", "error", "loadavg_end", "threads_still_running"}
 
@@ -211,7 +211,7 @@ def test_bench_abuse_end_to_end(tmp_path, tiny_model_path, monkeypatch, capsys):
     h, a = res["sides"]["honest"], res["sides"]["attacker"]
     assert h["with_session"] == 2 and a["with_session"] >= 1, (h, a)
     assert h["rounds_quiet"] >= 1 and h["rounds_attack"] >= 1 and a["rounds_attack"] >= 1, (h, a, log)
-    for share in (res["attacker_share"], res["by_step_window"]):
+    for share in (res["attacker_share"], res["generated_in_attack"]):
         assert share["total"] == share["attacker"] + share["honest"] + share["unknown"]
         assert share["attacker_share"] is None or 0.0 <= share["attacker_share"] <= 1.0
     lat = res["honest_latency"]
