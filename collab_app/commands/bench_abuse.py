@@ -7,7 +7,7 @@ server counts each scripted client on the network the bench gives it. The server
 own limits and the trainer flags serve gives its child on a public app (`public_trainer_flags`).
 
 Two phases, one server:
-- quiet (`--quiet-minutes`, 2): `--honest` (3) honest raters, each its own identity on its own
+- quiet (`--quiet-minutes`, 5): `--honest` (3) honest raters, each its own identity on its own
   network, generate a round, read it `--think-s` seconds, and rate the longest candidate best;
 - attack (`--minutes`, 10): the honest raters go on, and `--attackers` (50) identities on ONE
   network, each a real concurrent client with its own session cookie, generate and rate as fast
@@ -18,7 +18,7 @@ group's deciding rater), the honest raters' round latency per phase (target: att
 bench's own client CPU, ratings accepted vs stored (target: 0 lost), and refusals per side by kind.
 `targets()` judges the figures.
 
-    collab bench abuse [--minutes 10 --quiet-minutes 2 --attackers 50 --honest 3 --json]
+    collab bench abuse [--minutes 10 --quiet-minutes 5 --attackers 50 --honest 3 --json]
 
 Limits: the clients run on the server's machine, whose cores a real attacker's clients would not
 take: the honest raters run at nice +CLIENT_NICE once the server is up, the attacker's threads
@@ -61,8 +61,8 @@ REFUSALS = ("http_429", "http_403", "http_other", "queue_full", "rate_limit", "b
 class BenchAbuseConfig:
     minutes: float = 10.0
     """attack phase: the honest raters and the attacker's identities together (wall clock)."""
-    quiet_minutes: float = 2.0
-    """quiet phase before it: the honest raters alone (their baseline round latency)."""
+    quiet_minutes: float = 5.0
+    """quiet phase before it: the honest raters alone (their baseline round latency), long enough for the trainer's steps on their groups (docs/BENCHES.md)."""
     attackers: int = 50
     """identities on the attacker's one network, each a concurrent client with its own session."""
     honest: int = 3

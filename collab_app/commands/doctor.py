@@ -134,7 +134,25 @@ def sandbox_info() -> dict:
     from tasks.sandbox import isolation
 
     iso = isolation()
-    return {k: iso[k] for k in ("mode", "strong", "untrusted_allowed", "summary", "landlock", "cgroup", "probe_notes")}
+    return {k: iso[k] for k in ("mode", "strong", "untrusted_allowed", "summary", "landlock", "cgroup", "probe_notes",
+                                "memory", "unconfined", "unconfined_accepted")}
+
+
+def _memory_line(mem: dict) -> str:
+    """What bounds a sandboxed run's memory in all (tasks.sandbox.isolation()["memory"])."""
+    total = f"{mem['processes']} processes x {mem['per_process_mb']} MB = {mem['total_mb']} MB"
+    if mem["bounded_by"] is None:
+        return f"UNBOUNDED (nothing here bounds a run's memory in all): people's own code is refused; {total} per run"
+    return f"bounded by {mem['bounded_by']}: {total} per run at most"
+
+
+def _confinement_line(s: dict) -> str:
+    """Whether model code runs confined (a public app refuses to start unconfined unless accepted)."""
+    if not s["unconfined"]:
+        return "confined (" + s["mode"] + (", Landlock" if s.get("landlock") else "") + ")"
+    return ("UNCONFINED: runs as this user with nothing confining it; a public app "
+            + ("starts anyway (COLLAB_SANDBOX_ALLOW_UNCONFINED=1)" if s["unconfined_accepted"]
+               else "refuses to start (exit 2) unless COLLAB_SANDBOX_ALLOW_UNCONFINED=1"))
 
 
 # ----------------------------------------------------------------------------- engine and agents
@@ -445,6 +463,8 @@ def format_text(r: dict) -> str:
         "Sandbox",
         f"  isolation      {s['mode']} ({'strong' if s['strong'] else 'WEAK'}): {s['summary']}",
         f"  per-run cgroup {'on: ' + str(cgroup['path']) if cgroup['enabled'] else 'off: ' + cgroup['reason']}",
+        f"  memory         {_memory_line(s['memory'])}",
+        f"  model code     {_confinement_line(s)}",
         "Engine",
         f"  would start    {e['kind']} ({e['why']})",
         f"  adapters dir   {e['adapters_dir']}",

@@ -53,6 +53,11 @@ set_training_paused) or `set_paused`; the service checks it before every step.""
 SUSPECTS_KEY = "trainer_suspects"
 """app_state key: {"groups": {group id: {"fails", "alone", "pending", "task", "error"}}}: groups whose
 step raised, retried in halves until they train (cleared) or one fails alone and is set aside. Module doc: "Groups that cannot train"."""
+STORAGE_ERRNOS = (5, 27, 28, 30, 122)   # EIO, EFBIG, ENOSPC, EROFS, EDQUOT
+STORAGE_MESSAGES = ("no space left on device", "disk quota exceeded", "file too large", "read-only file system",
+                    "pytorchstreamwriter failed writing file", "database or disk is full")
+"""`storage_fault`: how a full, read-only or failing disk shows in an error that is not an OSError
+(safetensors' SafetensorError, torch.save's RuntimeError, SQLite's OperationalError)."""
 SET_ASIDE_SHOWN = 20
 """the status row's "set_aside" list keeps the newest this many {group, task, error, at}."""
 PUBLIC_RATER_SHARE = 0.25
@@ -227,6 +232,28 @@ def take_capped(groups: list, share: float, max_k: int, network_share: float = 1
             ids = {id(g) for g in taken}
             return taken, [g for g in groups if id(g) not in ids and any(key in full for key in _share_keys(g))]
     return [], []   # not reached: k = 1 always fills
+
+
+def storage_fault(error: BaseException) -> bool:
+    """Whether `error` (or one it was raised from) says the disk refused a write: full, over quota,
+    read-only, an I/O error. Such a failure says nothing about the groups of the step, so they
+    are not made suspects (`TrainerService._step_failed`): they train again together, in one
+    step, once the disk takes writes (retried in halves, a lost step of 8 took 2 steps, and
+    the backlog the fault left behind one more)."""
+    import re
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            return True
+        text = str(error).lower()
+        if any(m in text for m in STORAGE_MESSAGES) or re.search(
+                r"os error (%s)\b|code: (%s),"
+                % ("|".join(map(str, STORAGE_ERRNOS)), "|".join(map(str, STORAGE_ERRNOS))), text):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _dist():
@@ -737,7 +764,8 @@ class TrainerService:
     def _step_failed(self, task_name: str, ids: list[int], error: Exception) -> None:
         """A step of `task_name` on `ids` raised (building its trainer, the update, its saves or
         the store's record). The task waits out a back-off (doubling to 5 minutes; other tasks go
-        on); the groups become suspects. A suspect that failed alone right after a step that went
+        on); the groups become suspects, unless the disk refused a write (`storage_fault`). A
+        suspect that failed alone right after a step that went
         through is marked pending; `_step_went_through` sets it aside if the next step trains too.
         Never raises itself: the step's own error is the one to report."""
         from collab_app.online.store import LeaseLost
@@ -749,14 +777,17 @@ class TrainerService:
         self._retry_at[task_name] = (time.monotonic() + backoff, backoff)
         was_ok, self._last_ok[task_name] = self._last_ok.get(task_name, False), False
         message = f"{type(error).__name__}: {error}"[:500]
+        storage = storage_fault(error)
         log.error("step on %d %s groups failed (%s); the task waits %.0f s, other tasks go on; its groups stay "
-                  "ready and are retried in halves", len(ids), task_name, message, backoff)
+                  "ready and %s", len(ids), task_name, message, backoff,
+                  "train together once the disk takes writes again (the disk's fault, not theirs)" if storage
+                  else "are retried in halves")
         try:
             suspects = {g: dict(v) for g, v in self._suspects.items()}
             for v in suspects.values():   # a failure breaks every sandwich but the group's own
                 if v.get("task") == task_name and not (len(ids) == 1 and ids[0] in suspects):
                     v["pending"] = False
-            for g in ids:
+            for g in [] if storage else ids:   # a disk that refused a write suspects no group
                 v = suspects.setdefault(g, {"fails": 0, "alone": 0, "task": task_name})
                 v["fails"] = v.get("fails", 0) + 1
                 v["error"] = message

@@ -3,7 +3,7 @@ embedded model (fake samples), each fault reproduced as the machine makes it:
 
 - a full disk during the adapter save (safetensors' own error, not an OSError) for several polls:
   nothing is set aside, and every group trains once the disk has room again, a lost big step in
-  two steps (its suspects are retried in halves);
+  one step (a disk's fault makes no suspects; another fault's suspects are retried in halves);
 - one task whose trainer cannot be built beside another task: the other trains;
 - a truncated latest adapter: the trainer moves it aside and resumes from the version before,
   numbering on past it (no number names two adapters);
@@ -67,19 +67,24 @@ def test_a_full_disk_sets_nothing_aside_and_learning_resumes(sqlite_store, tmp_p
                               "message: \"No space left on device\" })")
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)
-    assert poll(svc, 4) == ["error: SafetensorError"] * 4     # the step, then its suspects by halves: all fail
+    assert poll(svc, 4) == ["error: SafetensorError"] * 4     # the step, again after each back-off: all fail
+    assert svc._suspects == {}                               # the disk's fault: no group is suspected
     assert {sqlite_store.group(g).status for g in ids} == {"ready"}
     monkeypatch.setattr(safetensors.torch, "save_file", real)
     assert poll(svc, 1) == ["trained"]                       # the disk has room: learning resumes at once
+    assert sqlite_store.train_steps()[0]["group_ids"] == ids  # the lost step, whole
     poll(svc, 4)
     assert {sqlite_store.group(g).status for g in ids} == {"trained"}   # every group, none set aside
     assert sorted(g for s in sqlite_store.train_steps() for g in s["group_ids"]) == ids
     assert sqlite_store.closed_groups() == []
 
 
-def test_a_big_step_lost_to_a_passing_fault_trains_again_in_two_steps(sqlite_store, tmp_path, monkeypatch):
-    """Suspects are retried by halves, and all together after a step that trained: 8 groups of a
-    step lost to a full disk train again in 2 steps once the disk has room (one at a time: 8)."""
+@pytest.mark.parametrize("fault", ["disk", "other"])
+def test_a_big_step_lost_to_a_passing_fault_trains_again_at_once(sqlite_store, tmp_path, monkeypatch, fault):
+    """A step lost to a full disk says nothing about its groups: they are no suspects, and its 8
+    groups train again in ONE step once the disk has room. Lost to another error that passes
+    (here a RuntimeError of the save), they are suspects, retried by halves, and all together
+    after a step that trained: 2 steps (one at a time: 8)."""
     import safetensors.torch
     from safetensors import SafetensorError
 
@@ -88,15 +93,41 @@ def test_a_big_step_lost_to_a_passing_fault_trains_again_in_two_steps(sqlite_sto
     svc.trainer_for(TASK.name)
     real = safetensors.torch.save_file
 
-    def full(*a, **kw):
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    def failing(*a, **kw):
+        if fault == "disk":
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        raise RuntimeError("the save failed for a reason of its own")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full)
-    assert poll(svc, 1) == ["error: SafetensorError"]
+    monkeypatch.setattr(safetensors.torch, "save_file", failing)
+    assert poll(svc, 1) == [f"error: {'SafetensorError' if fault == 'disk' else 'RuntimeError'}"]
     monkeypatch.setattr(safetensors.torch, "save_file", real)
-    assert poll(svc, 2) == ["trained", "trained"]
-    assert [len(s["group_ids"]) for s in sqlite_store.train_steps()] == [4, 4]
+    sizes = {"disk": [8], "other": [4, 4]}[fault]
+    assert poll(svc, len(sizes)) == ["trained"] * len(sizes)
+    assert [len(s["group_ids"]) for s in sqlite_store.train_steps()] == sizes
     assert {sqlite_store.group(g).status for g in ids} == {"trained"} and sqlite_store.closed_groups() == []
+
+
+def test_storage_faults_are_told_apart():
+    """`storage_fault`: a disk that refused a write, however the library says it."""
+    import errno
+    import sqlite3
+
+    from safetensors import SafetensorError
+
+    from collab_app.online.service import storage_fault
+
+    yes = [OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "quota"),
+           OSError(errno.EROFS, "ro"), SafetensorError("I/O error: File too large (os error 27)"),
+           SafetensorError('IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'),
+           RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                        "data/0: file write failed"),
+           sqlite3.OperationalError("database or disk is full")]
+    chained = RuntimeError("saving version 3 failed")
+    chained.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    no = [RuntimeError("CUDA error: an illegal memory access"), ValueError("bad group"), MemoryError(),
+          OSError(errno.ENOENT, "No such file or directory"), RuntimeError("os error 2")]
+    assert all(storage_fault(e) for e in [*yes, chained]), [e for e in yes if not storage_fault(e)]
+    assert not any(storage_fault(e) for e in no), [e for e in no if storage_fault(e)]
 
 
 class BrokenTask(TwoAgentTask):

