@@ -24,19 +24,20 @@ class SlowTrainer(FakeTrainer):
         return super().update(groups)
 
 
-def _service(store, tmp_path, **kw) -> TrainerService:
+def step_sizes(store, tmp_path, per_group_s: float, **kw) -> list[int]:
+    """Groups per step of a service with a SlowTrainer, polled until it has nothing to train."""
     cfg = ServiceConfig(adapters_dir=str(tmp_path / "adapters"), return_mode="auto", human_timeout_s=0.0,
                         poll_s=0.05, heartbeat_s=0.5, max_wait_s=0.0, **kw)
-    return TrainerService(cfg, store=store, tasks={TASK.name: TASK})
+    svc = TrainerService(cfg, store=store, tasks={TASK.name: TASK})
+    svc.trainers[TASK.name] = fake = SlowTrainer(per_group_s)
+    while svc.poll_once() == "trained":
+        pass
+    return [len(ids) for ids in fake.steps]
 
 
 def test_a_backlog_makes_steps_of_what_fits_in_max_step_s(store, tmp_path):
     add_groups(store, 14)
-    svc = _service(store, tmp_path, min_groups=2, max_groups_per_step=8, max_step_s=0.2)
-    svc.trainers[TASK.name] = fake = SlowTrainer(per_group_s=0.05)
-    while svc.poll_once() == "trained":
-        pass
-    sizes = [len(ids) for ids in fake.steps]
+    sizes = step_sizes(store, tmp_path, 0.05, min_groups=2, max_groups_per_step=8, max_step_s=0.2)
     assert sizes[0] == 8                                # nothing measured yet: max_groups_per_step
     assert all(2 <= n <= 4 for n in sizes[1:]), sizes   # 0.2 s / 0.05 s a group (slower under load, never < K)
     assert 14 - sum(sizes) < 2                          # what is left waits for K (max_wait_s 0 here)
@@ -44,16 +45,8 @@ def test_a_backlog_makes_steps_of_what_fits_in_max_step_s(store, tmp_path):
 
 def test_steps_never_shrink_below_k_and_zero_turns_it_off(store, tmp_path):
     add_groups(store, 9)
-    svc = _service(store, tmp_path, min_groups=3, max_groups_per_step=6, max_step_s=0.001)
-    svc.trainers[TASK.name] = fake = SlowTrainer(per_group_s=0.01)
-    while svc.poll_once() == "trained":
-        pass
-    assert [len(ids) for ids in fake.steps] == [6, 3]
+    assert step_sizes(store, tmp_path, 0.01, min_groups=3, max_groups_per_step=6, max_step_s=0.001) == [6, 3]
     add_groups(store, 12)
-    off = _service(store, tmp_path, min_groups=3, max_groups_per_step=6, max_step_s=0)
-    off.trainers[TASK.name] = fake = SlowTrainer(per_group_s=0.01)
-    while off.poll_once() == "trained":
-        pass
-    assert [len(ids) for ids in fake.steps] == [6, 6]
+    assert step_sizes(store, tmp_path, 0.01, min_groups=3, max_groups_per_step=6, max_step_s=0) == [6, 6]
     with pytest.raises(ValueError, match="max_step_s"):
         ServiceConfig(max_step_s=-1)
