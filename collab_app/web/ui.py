@@ -619,9 +619,11 @@ def identity_middleware(ctx: AppContext):
     from starlette.middleware import Middleware
 
     from collab_app.web.identity import IdentityMiddleware
-    # a network's rounds over its fair share are refused before Gradio's queue (the handler's
-    # begin_round still decides; this spares the queue and the serving core the rest)
-    return Middleware(IdentityMiddleware, identity=ctx.identity, group_caps={GENERATE: ctx.limits.network_cap})
+    # a public app (or one behind a proxy) refuses a network's rounds over its fair share before
+    # Gradio's queue (begin_round still decides; this spares the queue and the serving core the
+    # rest); a local app's one person may queue rounds past the slots that run at once
+    caps = {} if ctx.trusts_its_person else {GENERATE: ctx.limits.network_cap}
+    return Middleware(IdentityMiddleware, identity=ctx.identity, group_caps=caps)
 
 
 def launch(ctx: AppContext, server_name: str = "127.0.0.1", server_port: int | None = None,
