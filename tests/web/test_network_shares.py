@@ -220,3 +220,16 @@ def test_the_trainer_is_sealed_before_it_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "{'db': None, 'dumpable': False} postgresql://u:pw@db/x" in out.stdout, out.stdout
+
+
+def test_the_generate_cap_before_gradio_is_for_public_apps_only(tmp_path):
+    """A public app (or one behind a trusted proxy) caps a network's generate events before
+    Gradio's queue (`Limits.network_cap`); a local app's one person may queue rounds past the
+    slots that run at once (test_admin_door queues two behind a running one)."""
+    from collab_app.web.ui import GENERATE, identity_middleware
+
+    local = identity_middleware(make_ctx(tmp_path / "local", ScriptedStreamEngine()))
+    public_ctx = make_ctx(tmp_path / "public", ScriptedStreamEngine(), public=True)
+    public = identity_middleware(public_ctx)
+    assert local.kwargs["group_caps"] == {}
+    assert public.kwargs["group_caps"] == {GENERATE: public_ctx.limits.network_cap}
