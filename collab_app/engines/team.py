@@ -145,6 +145,14 @@ class TeamEngine:
         self.base_of.setdefault(agent, self.default)
         self.engine_of(agent).register_agent(agent)
 
+    def register_like(self, agent: str, like: str) -> None:
+        """Register `agent` on the base of the known agent `like` (the arena's extra agents serve
+        another version of `like`'s adapter)."""
+        if like not in self.base_of:
+            raise EngineError(f"unknown agent {like!r}; known: {sorted(self.base_of)}")
+        self.base_of.setdefault(agent, self.base_of[like])
+        self.engine_of(agent).register_agent(agent)
+
     def load_adapter(self, agent: str, path: str | None, version: int | None) -> None:
         if agent not in self.base_of:
             raise EngineError(f"unknown agent {agent!r}; known: {sorted(self.base_of)}: register it first")

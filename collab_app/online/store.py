@@ -19,6 +19,9 @@ joint sample, which that rater's further re-ratings replace): the export sees it
 force when the group closed stays as it was, and the group is never made ready again by it.
 Stores older than schema v4 may hold several rows per rater; the latest counts.
 
+Arena matches (schema v8): a pair of two team states' answers is stored when it is made; its one
+vote is written once (`add_arena_vote`, by the session it was made for) and never changed.
+
 Schema: `schema_version` + `MIGRATIONS`, an ordered list of functions, each taking the schema
 one version up with frozen DDL (never the current ORM classes, which describe the latest
 version only); they run in one transaction at start-up. tests/online/test_store.py checks that a
@@ -232,6 +235,33 @@ class TrainStepRow(Base):
     group_ids: Mapped[list]
 
 
+class ArenaMatchRow(Base):
+    """One blind comparison (schema v8): two team states' answers to one prompt, shown unlabelled as
+    `a` and `b`; the vote (`winner` "a" | "b" | "tie") is written once and never changed."""
+    __tablename__ = "arena_matches"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task: Mapped[str] = mapped_column(String(100), index=True)
+    example_id: Mapped[str] = mapped_column(String(200))
+    example: Mapped[dict]
+    prompts: Mapped[list]                      # one per agent (the same for both sides)
+    state_a: Mapped[str] = mapped_column(String(400))   # team state keys (online/arena.py state_key)
+    state_b: Mapped[str] = mapped_column(String(400))
+    versions_a: Mapped[dict]                   # agent -> adapter version that wrote side a (None: base)
+    versions_b: Mapped[dict]
+    outputs_a: Mapped[list]                    # one text per agent
+    outputs_b: Mapped[list]
+    combined_a: Mapped[str | None] = mapped_column(Text)
+    combined_b: Mapped[str | None] = mapped_column(Text)
+    sampling: Mapped[dict]
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    session_id: Mapped[str | None] = mapped_column(String(200))   # the session the pair was made for
+    winner: Mapped[str | None] = mapped_column(String(4))         # None until voted
+    voter: Mapped[str | None] = mapped_column(String(MAX_RATER_CHARS))
+    voted_at: Mapped[datetime | None]
+    network: Mapped[str | None] = mapped_column(String(100))      # the voter's client network
+    signed_in: Mapped[bool] = mapped_column(server_default=sa.false())
+
+
 class AppStateRow(Base):
     """Small shared settings between the app and the trainer service (e.g. a pause flag)."""
     __tablename__ = "app_state"
@@ -245,6 +275,18 @@ class AppStateRow(Base):
 def _ratings_append_only(mapper, connection, target):
     raise StoreError("ratings are append-only: only Store.add_ratings replaces a rater's own rating "
                      "(revision + 1); add a rating instead of changing one")
+
+
+@event.listens_for(ArenaMatchRow, "before_update")
+def _vote_once(mapper, connection, target):
+    before = sa.inspect(target).attrs.winner.history.deleted
+    if (before and before[0] is not None) or target.winner is None:
+        raise StoreError("arena votes are written once (Store.add_arena_vote) and never changed")
+
+
+@event.listens_for(ArenaMatchRow, "before_delete")
+def _matches_kept(mapper, connection, target):
+    raise StoreError("arena matches are never deleted: a vote once accepted is kept")
 
 
 # ----------------------------------------------------------------------------- migrations
@@ -401,7 +443,37 @@ def _migration_7(conn: sa.Connection) -> None:
     conn.execute(sa.text("ALTER TABLE groups ADD COLUMN versions_at JSON"))
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7]
+def _migration_8(conn: sa.Connection) -> None:
+    """The blind arena: arena_matches, two team states' answers to one prompt and the one vote on them."""
+    md = sa.MetaData()
+    ts = lambda name, **kw: sa.Column(name, UTCDateTime, **kw)   # noqa: E731
+    sa.Table("arena_matches", md,
+             sa.Column("id", sa.Integer, primary_key=True),
+             sa.Column("task", sa.String(100), nullable=False, index=True),
+             sa.Column("example_id", sa.String(200), nullable=False),
+             sa.Column("example", JSON, nullable=False),
+             sa.Column("prompts", JSON, nullable=False),
+             sa.Column("state_a", sa.String(400), nullable=False),
+             sa.Column("state_b", sa.String(400), nullable=False),
+             sa.Column("versions_a", JSON, nullable=False),
+             sa.Column("versions_b", JSON, nullable=False),
+             sa.Column("outputs_a", JSON, nullable=False),
+             sa.Column("outputs_b", JSON, nullable=False),
+             sa.Column("combined_a", Text),
+             sa.Column("combined_b", Text),
+             sa.Column("sampling", JSON, nullable=False),
+             ts("created_at", nullable=False, index=True),
+             sa.Column("session_id", sa.String(200)),
+             sa.Column("winner", sa.String(4)),
+             sa.Column("voter", sa.String(MAX_RATER_CHARS)),
+             ts("voted_at"),
+             sa.Column("network", sa.String(100)),
+             sa.Column("signed_in", sa.Boolean, nullable=False, server_default=sa.false()))
+    md.create_all(conn)
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7,
+              _migration_8]
 """MIGRATIONS[i] takes the schema from version i to i + 1."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -515,6 +587,35 @@ class AdapterVersionRecord:
     metrics: dict = field(default_factory=dict)
     pinned: bool = False
     base_model: str | None = None     # the base the adapter is on (None: not recorded, older rows)
+
+
+@dataclass(frozen=True)
+class ArenaMatchRecord:
+    id: int
+    task: str
+    example_id: str
+    example: dict
+    prompts: list
+    state_a: str
+    state_b: str
+    versions_a: dict
+    versions_b: dict
+    outputs_a: list
+    outputs_b: list
+    combined_a: str | None
+    combined_b: str | None
+    sampling: dict
+    created_at: datetime
+    session_id: str | None
+    winner: str | None = None         # "a" | "b" | "tie"; None until voted
+    voter: str | None = None
+    voted_at: datetime | None = None
+    network: str | None = None
+    signed_in: bool = False
+
+
+def _match(m: ArenaMatchRow) -> ArenaMatchRecord:
+    return ArenaMatchRecord(**{f: getattr(m, f) for f in ArenaMatchRecord.__dataclass_fields__})
 
 
 def _rating(r: RatingRow) -> RatingRecord:
@@ -1188,6 +1289,75 @@ class Store:
                 latest[a.agent] = _adapter(a)
         return {agent: (a.version, a.path) for agent, a in latest.items()}
 
+    # -- the arena -------------------------------------------------------------------------
+
+    def add_arena_match(self, task: str, example: dict, prompts: Sequence[str], state_a: str, state_b: str,
+                        versions_a: Mapping[str, int | None], versions_b: Mapping[str, int | None],
+                        outputs_a: Sequence[str], outputs_b: Sequence[str], *, combined_a: str | None = None,
+                        combined_b: str | None = None, sampling: Mapping | None = None,
+                        session_id: str | None = None) -> int:
+        """Store a pair before anyone votes on it (what was shown is the server's, never the voter's
+        word). Returns its id."""
+        if not task or not state_a or not state_b or state_a == state_b:
+            raise StoreError("an arena match needs a task and two different team states")
+        if len(outputs_a) != len(prompts) or len(outputs_b) != len(prompts):
+            raise StoreError(f"an arena match needs one output per agent on each side ({len(prompts)} prompts, "
+                             f"{len(outputs_a)} and {len(outputs_b)} outputs)")
+        with self._write() as s:
+            row = ArenaMatchRow(task=task, example_id=str(example.get("id", ""))[:200], example=jsonable(example),
+                                prompts=list(prompts), state_a=state_a, state_b=state_b,
+                                versions_a=jsonable(dict(versions_a)), versions_b=jsonable(dict(versions_b)),
+                                outputs_a=list(outputs_a), outputs_b=list(outputs_b), combined_a=combined_a,
+                                combined_b=combined_b, sampling=jsonable(dict(sampling or {})), created_at=utcnow(),
+                                session_id=session_id)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def arena_match(self, match_id: int) -> ArenaMatchRecord:
+        with self._read() as s:
+            m = s.get(ArenaMatchRow, match_id)
+            if m is None:
+                raise NotFound(f"no arena match {match_id}")
+            return _match(m)
+
+    def add_arena_vote(self, match_id: int, winner: str, voter: str, *, session_id: str | None = None,
+                       network: str | None = None, signed_in: bool = False) -> ArenaMatchRecord:
+        """The one vote on a match: `winner` "a", "b" or "tie". Only the session the pair was made for
+        may vote (`session_id`; None = an admin), once: a second vote raises StoreError and changes
+        nothing. Returns the voted match."""
+        if winner not in ("a", "b", "tie"):
+            raise StoreError(f"a vote is 'a', 'b' or 'tie', got {winner!r:.20}")
+        if not voter or len(voter) > MAX_RATER_CHARS:
+            raise StoreError(f"a vote needs a voter id of 1..{MAX_RATER_CHARS} characters")
+        with self._write() as s:
+            m = s.get(ArenaMatchRow, match_id)
+            if m is None:
+                raise NotFound(f"no arena match {match_id}")
+            if session_id is not None and m.session_id != session_id:
+                raise NotEntitled(f"arena match {match_id} was shown to another session: vote on your own pairs")
+            if m.winner is not None:
+                raise StoreError(f"arena match {match_id} already has its vote ({m.winner}); votes are never changed")
+            m.winner, m.voter, m.voted_at = winner, voter, utcnow()
+            m.network, m.signed_in = network, bool(signed_in)
+            s.flush()
+            return _match(m)
+
+    def arena_matches(self, task: str | None = None, voted: bool | None = True, last: int | None = None) -> list[ArenaMatchRecord]:
+        """Matches oldest first (`last`: only the newest n), of `task` (None: every task); `voted`
+        True: only voted ones, False: only unvoted, None: all."""
+        with self._read() as s:
+            q = select(ArenaMatchRow)
+            if task is not None:
+                q = q.where(ArenaMatchRow.task == task)
+            if voted is not None:
+                q = q.where(ArenaMatchRow.winner.is_not(None) if voted else ArenaMatchRow.winner.is_(None))
+            q = q.order_by(ArenaMatchRow.id.desc() if last else ArenaMatchRow.id)
+            if last:
+                q = q.limit(last)
+            rows = [_match(m) for m in s.scalars(q)]
+            return rows[::-1] if last else rows
+
     # -- shared app state ------------------------------------------------------------------
 
     def set_state(self, key: str, value: dict) -> None:
@@ -1242,6 +1412,8 @@ class Store:
                 "rater_share": cap.get("share"),
                 "groups_held_by_rater_cap": int(cap.get("held") or 0),
                 "raters_held": int(cap.get("raters") or 0),
+                "arena_votes": s.scalar(select(func.count()).select_from(ArenaMatchRow).where(
+                    ArenaMatchRow.winner.is_not(None))),
             }
 
     counts = stats

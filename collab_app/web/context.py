@@ -229,6 +229,7 @@ class AppContext:
     team_settings_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _watcher: Any = field(default=None, repr=False)
     _batcher: Any = field(default=None, repr=False)
+    _arena_slots: Any = field(default=None, repr=False)
     _tokenizer: Any = field(default=None, repr=False)
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     limits: Limits = field(init=False, repr=False)
@@ -354,6 +355,14 @@ class AppContext:
                                                   max_examples=max(self.generate_concurrency, 1))
             return self._batcher
 
+    def arena_slots(self):
+        """The engine agents that serve the arena's team states (engines/version_slots.py), sharing `engine_lock`."""
+        with self.team_settings_lock:
+            if self._arena_slots is None:
+                from collab_app.engines.version_slots import VersionSlots
+                self._arena_slots = VersionSlots(self.engine, self.engine_lock, resolve=self.adapter_watcher().resolve)
+            return self._arena_slots
+
     def _poll_before_batch(self) -> None:
         """Load the agents' current adapters before a batch; if that fails, serve the versions
         loaded and say so in the log: the poll is an update, and its failure (a store read that
@@ -396,7 +405,10 @@ def build_context(model: str | None = None, engine: str = "auto", store_url: str
     # with the same roles share agents and adapters.
     agent_models = dict(agent_models or {})
     teams = {name: Team([Agent(role, model=agent_models.get(role)) for role in task.roles]) for name, task in tasks.items()}
-    num_agents = len(roles_of(tasks.values()))   # vLLM sizes its agent table by it (the engine race too)
+    # vLLM sizes its agent table by it (the engine race too): every role, and the arena's slots
+    # (engines/version_slots.py: DEFAULT_SLOTS team states served beside the shared team)
+    from collab_app.engines.version_slots import DEFAULT_SLOTS
+    num_agents = len(roles_of(tasks.values())) + DEFAULT_SLOTS * largest_team(tasks.values())
     # a compiled CPU engine computes `lora_lanes` adapter versions in every forward: one call
     # (GenerationBatcher: one team) holds one team's
     lanes = largest_team(tasks.values())
