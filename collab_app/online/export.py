@@ -15,6 +15,10 @@ holding several tasks has one schema. Rows are streamed (groups read in batches,
 batch); each output is written under a temporary name and renamed, so a crashed export leaves no
 half file under the final name.
 
+The arena's pairs go beside them (`arena_votes.jsonl`, `arena_votes.parquet`, an `arena_votes`
+dataset; keys `arena_<format>` of the result): one row per pair shown, with both team states (key and
+adapter version per agent), the prompt, both sides' texts, the vote (None: not voted) and the voter.
+
 Left out: exporting adapter weights (they live in their own directories) and incremental exports.
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collab_app.online.returns import ReturnRule, group_returns, human_score
-from collab_app.online.store import GroupRecord, Store
+from collab_app.online.store import ArenaMatchRecord, GroupRecord, Store
 
 FORMATS = ("jsonl", "datasets", "parquet")
 FILE_NAMES = {"jsonl": "joint_samples.jsonl", "parquet": "joint_samples.parquet", "datasets": "dataset"}
@@ -57,6 +61,44 @@ SCHEMA = pa.schema([
     ("auto_details", pa.string()), ("auto_error", pa.string()), ("ratings", pa.list_(RATING)),
     ("human_score", pa.float64()), ("return", pa.float64()), ("return_source", pa.string()),
 ])
+
+ARENA_FILE_NAMES = {"jsonl": "arena_votes.jsonl", "parquet": "arena_votes.parquet", "datasets": "arena_votes"}
+ARENA_SCHEMA = pa.schema([
+    ("match_id", pa.int64()), ("task", pa.string()), ("example_id", pa.string()), ("example", pa.string()),
+    ("prompts", pa.list_(pa.string())), ("state_a", pa.string()), ("state_b", pa.string()),
+    ("versions_a", pa.string()), ("versions_b", pa.string()),
+    ("outputs_a", pa.list_(pa.string())), ("outputs_b", pa.list_(pa.string())),
+    ("combined_a", pa.string()), ("combined_b", pa.string()), ("sampling", pa.string()),
+    ("created_at", pa.string()), ("session_id", pa.string()), ("winner", pa.string()), ("voter", pa.string()),
+    ("voted_at", pa.string()), ("network", pa.string()), ("signed_in", pa.bool_()),
+])
+
+
+def arena_row(m: ArenaMatchRecord) -> dict:
+    """The export row of one arena pair (versions and sampling as JSON strings: their keys differ per task)."""
+    return {"match_id": m.id, "task": m.task, "example_id": m.example_id, "example": _json(m.example),
+            "prompts": list(m.prompts), "state_a": m.state_a, "state_b": m.state_b,
+            "versions_a": _json(m.versions_a), "versions_b": _json(m.versions_b),
+            "outputs_a": list(m.outputs_a), "outputs_b": list(m.outputs_b),
+            "combined_a": m.combined_a, "combined_b": m.combined_b, "sampling": _json(m.sampling),
+            "created_at": m.created_at.isoformat(), "session_id": m.session_id, "winner": m.winner,
+            "voter": m.voter, "voted_at": None if m.voted_at is None else m.voted_at.isoformat(),
+            "network": m.network, "signed_in": m.signed_in}
+
+
+def _write_arena(store: Store, tmp: str, formats: Sequence[str]) -> int:
+    """The arena's pairs into `tmp` in `formats` (one table: pairs are few next to samples)."""
+    rows = [arena_row(m) for m in store.arena_matches(voted=None)]
+    if "jsonl" in formats:
+        with open(os.path.join(tmp, ARENA_FILE_NAMES["jsonl"]), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    table = pa.Table.from_pylist(rows, schema=ARENA_SCHEMA)
+    if "parquet" in formats:
+        pq.write_table(table, os.path.join(tmp, ARENA_FILE_NAMES["parquet"]))
+    if "datasets" in formats:
+        import datasets
+        datasets.Dataset(table).save_to_disk(os.path.join(tmp, ARENA_FILE_NAMES["datasets"]))
+    return len(rows)
 
 
 def _json(x) -> str | None:
@@ -114,8 +156,9 @@ def _batches(groups: Iterable[GroupRecord], rule: ReturnRule, now: datetime, siz
 
 def export(store: Store, out_dir: str, formats: Sequence[str] = FORMATS, rule: ReturnRule | None = None,
            progress: bool = False) -> dict[str, str]:
-    """Write the store's joint samples to `out_dir` in `formats`; returns {format: path} (plus
-    "meta": a JSON file with the rule, counts and time of the export)."""
+    """Write the store's joint samples to `out_dir` in `formats`, and its arena pairs beside them;
+    returns {format: path, "arena_" + format: path} (plus "meta": a JSON file with the rule, counts
+    and time of the export)."""
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ValueError(f"unknown export format(s) {bad}: choose from {FORMATS}")
@@ -149,13 +192,14 @@ def export(store: Store, out_dir: str, formats: Sequence[str] = FORMATS, rule: R
         if arrow:
             import datasets
             datasets.Dataset.from_file(arrow_path).save_to_disk(os.path.join(tmp, FILE_NAMES["datasets"]))
-        meta = {"exported_at": now.isoformat(), "rows": n, "rule": asdict(rule), "stats": stats,
+        arena_rows = _write_arena(store, tmp, formats)
+        meta = {"exported_at": now.isoformat(), "rows": n, "arena_rows": arena_rows, "rule": asdict(rule), "stats": stats,
                 "store": repr(store), "formats": list(formats), "columns": SCHEMA.names}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1, default=str)
         out = {}
-        for fmt in list(formats) + ["meta"]:
-            name = FILE_NAMES.get(fmt, "meta.json")
+        names = [(fmt, FILE_NAMES[fmt]) for fmt in formats] + [(f"arena_{fmt}", ARENA_FILE_NAMES[fmt]) for fmt in formats]
+        for fmt, name in names + [("meta", "meta.json")]:
             dest = os.path.join(out_dir, name)
             if os.path.isdir(dest):
                 shutil.rmtree(dest)
@@ -202,8 +246,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
     with open(paths["meta"]) as f:
-        rows = json.load(f)["rows"]
-    print(f"exported {rows} joint samples from {store!r}:")
+        meta = json.load(f)
+    rows = meta["rows"]
+    print(f"exported {rows} joint samples and {meta['arena_rows']} arena pairs from {store!r}:")
     for fmt, path in paths.items():
         print(f"  {fmt:<9} {path}")
     return 0

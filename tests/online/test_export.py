@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from collab_app.engines.engine_types import Sample
-from collab_app.online.export import FORMATS, SCHEMA, cli_main, export
+from collab_app.online.export import ARENA_SCHEMA, FORMATS, SCHEMA, cli_main, export
 from collab_app.online.returns import ReturnRule, scale_rating
 from collab_app.online.store import Store
 from tasks.base import Reward
@@ -81,7 +81,7 @@ def test_export_all_formats_load_back(filled, tmp_path):
 
     st, code, write, human = filled
     paths = export(st, str(tmp_path / "out"), FORMATS, ReturnRule(mode="human_first", human_timeout_s=3600))
-    assert set(paths) == {"jsonl", "datasets", "parquet", "meta"}
+    assert set(paths) == {"jsonl", "datasets", "parquet", "meta", "arena_jsonl", "arena_datasets", "arena_parquet"}
     with open(paths["jsonl"]) as f:
         _check_rows([json.loads(line) for line in f], st, code, write, human)
     table = pq.read_table(paths["parquet"])
@@ -91,7 +91,7 @@ def test_export_all_formats_load_back(filled, tmp_path):
     assert ds.column_names == SCHEMA.names
     _check_rows(ds.to_list(), st, code, write, human)
     meta = json.load(open(paths["meta"]))
-    assert meta["rows"] == 7 and meta["rule"]["mode"] == "human_first"
+    assert meta["rows"] == 7 and meta["rule"]["mode"] == "human_first" and meta["arena_rows"] == 0
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".export-")]   # temp cleaned
 
 
@@ -124,8 +124,35 @@ def test_cli(filled, tmp_path, capsys):
     out = tmp_path / "cli"
     assert cli_main(["--out", str(out), "--db", st.url, "--format", "jsonl", "parquet", "--mode", "auto"]) == 0
     assert "exported 7 joint samples" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["joint_samples.jsonl", "joint_samples.parquet", "meta.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["arena_votes.jsonl", "arena_votes.parquet", "joint_samples.jsonl",
+                                                     "joint_samples.parquet", "meta.json"]
     with pytest.raises(SystemExit):
         cli_main(["--db", st.url])                        # --out is required
     assert "--out DIR is required" in capsys.readouterr().err
     assert cli_main(["--out", str(out), "--db", st.url, "--human-weight", "2"]) == 2
+
+
+def test_arena_pairs_export_beside_the_ratings(tmp_path):
+    """Votes are data: every pair shown, with both states' versions, the prompt, the texts, the vote
+    and the voter, in every format; an unvoted pair has winner None."""
+    import datasets
+
+    st = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    voted = st.add_arena_match("tldr", {"id": "t1", "text": "long ✓ text"}, ["p1", "p2"], "base", "detail:v2,summary:v2",
+                               {"summary": None, "detail": None}, {"summary": 2, "detail": 2}, ["a1", "a2"], ["b1", "b2"],
+                               combined_a="A", combined_b="B", sampling={"temperature": 0.8}, session_id="web:s")
+    st.add_arena_vote(voted, "b", "hf:ann", session_id="web:s", network="10.0.0.0/24", signed_in=True)
+    open_ = st.add_arena_match("tldr", {"id": "t2"}, ["q1", "q2"], "base", "detail:v1,summary:v1",
+                               {"summary": None, "detail": None}, {"summary": 1, "detail": 1}, ["x", "y"], ["z", "w"])
+    paths = export(st, str(tmp_path / "out"), FORMATS)
+    rows = [json.loads(line) for line in open(paths["arena_jsonl"])]
+    assert pq.read_table(paths["arena_parquet"]).schema.equals(ARENA_SCHEMA)
+    for got in (rows, pq.read_table(paths["arena_parquet"]).to_pylist(), datasets.load_from_disk(paths["arena_datasets"]).to_list()):
+        by_id = {r["match_id"]: r for r in got}
+        assert set(by_id) == {voted, open_}
+        v = by_id[voted]
+        assert (v["winner"], v["voter"], v["signed_in"], v["network"]) == ("b", "hf:ann", True, "10.0.0.0/24")
+        assert json.loads(v["versions_b"]) == {"summary": 2, "detail": 2} and v["state_a"] == "base"
+        assert v["prompts"] == ["p1", "p2"] and v["outputs_b"] == ["b1", "b2"] and json.loads(v["example"])["text"] == "long ✓ text"
+        assert by_id[open_]["winner"] is None and by_id[open_]["voted_at"] is None
+    assert json.load(open(paths["meta"]))["arena_rows"] == 2
