@@ -299,10 +299,13 @@ def wait_quiet(children) -> float:
 
 def serve_slots() -> int:
     """The agent slots `collab serve`'s engine has with its default tasks: one per distinct role
-    (tasks.roles_of, as web/context.py build_context sizes vLLM's slots)."""
-    from tasks import SERVED_BY_DEFAULT, load_task, roles_of
+    (tasks.roles_of) and the arena's version slots for the largest team (version_slots.py), as
+    web/context.py build_context sizes vLLM's slots."""
+    from collab_app.engines.version_slots import DEFAULT_SLOTS
+    from tasks import SERVED_BY_DEFAULT, largest_team, load_task, roles_of
 
-    return len(roles_of(load_task(name) for name in SERVED_BY_DEFAULT))
+    served = [load_task(name) for name in SERVED_BY_DEFAULT]
+    return len(roles_of(served)) + DEFAULT_SLOTS * largest_team(served)
 
 
 def serve_lanes() -> int:

@@ -489,7 +489,7 @@ def test_a_compiled_engine_serves_adapters_loaded_after_it_compiled(model_path, 
         pytest.skip("compiled vLLM runs only where bf16 is native (AVX512_BF16 / AMX); auto is fp32 on this CPU")
 
     # the agent slots and in-graph LoRA lanes `collab serve` and the engine race build (serve_slots,
-    # serve_lanes: 6 and 2 with the default tasks): the lanes are shapes in the traced graph and part
+    # serve_lanes: 12 and 2 with the default tasks): the lanes are shapes in the traced graph and part
     # of vLLM's AOT key, so the traced model the race left at install is this one and the test loads
     # it. With other shapes it compiled anew in every fresh clone (Xeon with AMX, 2026-11-30: 146 s,
     # against 18-22 s loading)

@@ -243,13 +243,15 @@ def test_a_contestant_is_built_with_the_agent_slots_and_lanes_collab_serve_gives
     per lane count: a race with 2 slots (then one lane each) left `make run`'s 6-slot engine to
     compile again at its first start. The contestants get serve's default slots (one per role of
     the default tasks, as web/context.py counts them) and lanes (the largest default team, as
-    build_context sizes them), serve's other keywords, eager or not."""
+    build_context sizes them), serve's other keywords, eager or not. The slots also hold the arena's
+    version slots (engines/version_slots.py: DEFAULT_SLOTS team states of the largest team)."""
+    from collab_app.engines.version_slots import DEFAULT_SLOTS
     from collab_app.web.serve import ServeConfig, engine_kwargs
     from tasks import load_task
 
-    slots = len({role for name in ServeConfig().tasks for role in load_task(name).roles})
     lanes = max(len(load_task(name).roles) for name in ServeConfig().tasks)
-    assert slots == engine_race.serve_slots() == 6 and lanes == engine_race.serve_lanes() == 2
+    slots = len({role for name in ServeConfig().tasks for role in load_task(name).roles}) + DEFAULT_SLOTS * lanes
+    assert slots == engine_race.serve_slots() == 12 and lanes == engine_race.serve_lanes() == 2
     served = engine_kwargs(ServeConfig())
     for kind, eager in (("vllm", True), ("vllm-compiled", False)):
         kw = engine_race.child_engine_kwargs(kind)
