@@ -468,9 +468,22 @@ def _event_concurrency(scope, path: str, body) -> str | None:
         idx = body.get("fn_index") if isinstance(body, dict) else None
         fn = fns.get(idx) if isinstance(idx, int) and not isinstance(idx, bool) else None
     else:
-        api = segs[-1] if segs else ""
-        fn = next((f for f in fns.values() if getattr(f, "api_name", None) == api), None)
+        fn = _by_api_name(fns).get(segs[-1] if segs else "")
     return getattr(fn, "concurrency_id", None) if fn is not None else None
+
+
+_API_NAMES: dict[int, tuple[dict, int, dict]] = {}   # id(fns) -> (fns, len(fns), api_name -> fn); a few apps
+
+
+def _by_api_name(fns: dict) -> dict:
+    """api_name -> function of a Blocks' `fns`, built once per Blocks (again if its functions
+    change): a /call request finds its event without scanning every function."""
+    got = _API_NAMES.get(id(fns))
+    if got is None or got[0] is not fns or got[1] != len(fns):
+        if len(_API_NAMES) >= 8:          # apps built and dropped (tests): keep the newest few
+            _API_NAMES.pop(next(iter(_API_NAMES)))
+        got = _API_NAMES[id(fns)] = (fns, len(fns), {getattr(f, "api_name", None): f for f in fns.values()})
+    return got[2]
 
 
 class QueueGate:
