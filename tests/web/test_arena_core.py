@@ -129,3 +129,18 @@ def test_the_board_is_the_stored_votes(ctx, lora_adapter):
     top, bottom = board["states"][0], board["states"][-1]
     assert top["label"].startswith("step 1") and top["serving"] and top["wins"] == 6
     assert bottom["label"] == "base" and bottom["losses"] == 6 and top["rating"] > bottom["rating"]
+
+
+def test_hostile_input_is_refused_before_any_work(ctx, lora_adapter):
+    """A huge text, an unknown held-out id, a forged pair id: a clear error, nothing generated or stored."""
+    _train(ctx, lora_adapter, 1)
+    with pytest.raises(UserError, match="the limit is"):
+        next(arena_round(ctx, ME, "tldr", text="word " * (ctx.max_prompt_chars // 4)))
+    with pytest.raises(UserError, match="no example 'nope'"):
+        next(arena_round(ctx, ME, "tldr", example_id="nope"))
+    with pytest.raises(UserError):
+        next(arena_round(ctx, Caller(None), "tldr"))          # no server-issued session
+    for forged in (10**9, -1, "1; drop table", True, 2.5):
+        with pytest.raises(UserError):
+            arena_vote(ctx, ME, forged, "a")
+    assert ctx.store.arena_matches(voted=None) == [] and ctx.limits.held(ME) == 0
