@@ -2,8 +2,9 @@
 
 A round and feedback are the core's (core.py: `play_round`, `store_feedback`); the functions here
 translate the page's inputs into them and format what comes back (messages, markdown), and hold
-the page's other tabs: rendering candidates, the Team tab (role prompts, generation settings,
-adapter pins and roll-back), the Training tab (status and figures), the Data tab and export.
+the page's other tabs: rendering candidates, the Arena tab (web/arena.py's blind pairs and votes
+as page views), the Team tab (role prompts, generation settings, adapter pins and roll-back), the
+Training tab (status, figures and the arena's leaderboard), the Data tab and export.
 Who acts and what they may do is access.py's (`Caller`, `check_admin`, `Limits`).
 
 No Gradio here (ui.py wires these to components), so they are tested without a browser and are
@@ -21,9 +22,11 @@ not train the team (why)", never a bare "saved".
 
 A round on the page is `round_events`: it ends in "done" or in a "failed" event with a message
 (an unexpected error also leaves its traceback in the log), never in an exception the page would
-swallow. The Training tab's status and figures come from `training_view`, computed once per
-`ctx.shared_ttl_s` for every visitor from column-limited queries; admins see the set-aside and
-expired groups with why (`closed_groups_table`) and put chosen ones back (`put_back_groups`).
+swallow; an arena pair likewise ends in "done" or "failed" (`arena_pair_events`), and a vote
+that is not stored is a message (`arena_vote_view`). The Training tab's status and figures come
+from `training_view`, computed once per `ctx.shared_ttl_s` for every visitor from column-limited
+queries (the leaderboard likewise: `arena_board_view`); admins see the set-aside and expired
+groups with why (`closed_groups_table`) and put chosen ones back (`put_back_groups`).
 Export (`exported`) writes to a fresh temp dir outside COLLAB_HOME, removed once the caller is
 done with the files.
 """
@@ -47,6 +50,7 @@ from collab_app.web.core import (OWN_PROBLEM, SOURCES, another_round, clean_text
                                  custom_training_allowed, find_example, listed_coding_tasks, new_episode,
                                  own_problem_off_message, own_problem_served, play_round, problem_source,
                                  start_coding, start_writing, store_feedback, task_choices)
+from collab_app.web.arena import arena_board, arena_round, arena_tasks, arena_vote
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +170,18 @@ def render_part(part: dict, coding: bool) -> str:
     """One agent's part of a candidate: its role, agent and adapter version, then its text."""
     who = f"**{part['role']}** · agent `{part['agent']}`"
     lines = [f"{who} · {_version(part['adapter_version'])}" if part.get("done", True) else f"{who} · writing …"]
+    return "\n".join(lines + [render_text(part["text"], coding)]) + "\n"
+
+
+def render_text(text: str, coding: bool) -> str:
+    """An answer's text as the page shows it: code as one verbatim Python block (the agent's raw
+    answer, markdown fences included: a fence longer than any run of backticks inside it keeps it
+    one block), prose as a quote with its HTML escaped."""
     if coding:
-        # the agent's raw answer (markdown fences included): a fence longer than any run of
-        # backticks inside it keeps it one verbatim code block
-        fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", part["text"])), default=0))
-        lines += [fence + "python", part["text"], fence]
-    else:
-        quoted = html.escape(part["text"]).strip() or "(empty)"
-        lines += ["> " + q for q in quoted.splitlines()]
-    return "\n".join(lines) + "\n"
+        fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+        return "\n".join([fence + "python", text, fence])
+    quoted = html.escape(text).strip() or "(empty)"
+    return "\n".join("> " + q for q in quoted.splitlines())
 
 
 # CommonMark's backslash escapes for the ASCII punctuation that marks anything up; `&` and `;`
@@ -647,6 +654,199 @@ def training_figures(ctx, last: int = 500):
     ax2.set(title=f"human vs automatic reward ({len(pairs)} rated)", xlabel="automatic total",
             ylabel="human score (same scale)")
     return levels, fig
+
+
+# --------------------------------------------------------------------------- arena tab
+
+def arena_new_state() -> dict:
+    """The Arena tab's per-user state (gr.State): the pair shown (its match id, None before the
+    first), the task and own text it was asked with (the pair after a vote is asked the same way),
+    its held-out example, and whether it has its vote."""
+    return {"match_id": None, "task": None, "text": "", "example_id": None, "voted": False}
+
+
+def arena_task_choices(ctx) -> list[tuple[str, str]]:
+    """(label, name) of the tasks the arena compares team states on (web/arena.py `arena_tasks`)."""
+    return [(f"{n}: {' + '.join(ctx.tasks[n].roles)}", n) for n in arena_tasks(ctx)]
+
+
+def _arena_prompt(task, example: dict | None, text: str) -> str:
+    """What both sides answer, shown above them: the person's own text, or the held-out example
+    (a coding problem's prompt only, never its tests)."""
+    coding = getattr(task, "kind", "") == "coding"
+    if example is None:
+        return "**your text**\n\n" + render_text(text.strip(), False)
+    body = example.get("prompt") if coding else example.get("text")
+    body = body if isinstance(body, str) else str(example.get("prompt") or example.get("text") or "")
+    what = "problem" if coding else "text"
+    return f"**the {what}** (held-out example `{md_literal(str(example['id']))}`)\n\n" + render_text(body, coding)
+
+
+def _arena_side(texts: list[str], roles: list[str], coding: bool) -> str:
+    """One side while it is written: each role's text so far under its role's name (no agent, no
+    version: nothing names the team state before the vote)."""
+    return "\n\n".join(f"**{role}** · writing …\n\n{render_text(t, coding)}" for role, t in zip(roles, texts))
+
+
+def _arena_view(status: str, a: str = "", b: str = "", prompt: str | None = None, can_vote: bool = False,
+                state: dict | None = None, kind: str = "progress") -> dict:
+    """One update of the Arena tab: `status` line, the answers `a` and `b` (Markdown), the prompt
+    (None: as it is), whether the vote buttons are on, the new per-user state (None: as it is)."""
+    return {"kind": kind, "status": status, "a": a, "b": b, "prompt": prompt, "can_vote": can_vote, "state": state}
+
+
+def arena_pair_events(ctx, caller: Caller, task_name: str, text: str = "", state: dict | None = None,
+                      min_update_s: float = 0.1, rng=None) -> Iterator[dict]:
+    """The Arena tab's "New pair": web/arena.py `arena_round` as page views (`_arena_view`): a
+    "start" view (the prompt, empty sides, voting off), "progress" views while both sides write,
+    then "done" (each side's combined answer, voting on, the state naming the pair) or "failed"
+    (why, in the status line, as `round_events` ends a round: "nothing to compare yet", a limit,
+    a bad text; never an exception). Without own text the pair answers one of the task's held-out
+    examples, another than the pair before (`state`) where the task has more."""
+    import random
+
+    rng = rng or random.Random()
+    prev = state or {}
+    text = text or ""
+    task = ctx.tasks.get(task_name) if task_name else None
+    new = dict(arena_new_state(), task=task_name, text=text)
+    coding = getattr(task, "kind", "") == "coding"
+    example = None
+    if task is not None and not text.strip():
+        pool = task.examples("eval") or task.examples("train")
+        others = [ex for ex in pool if ex["id"] != prev.get("example_id")] or pool
+        example = rng.choice(others) if others else None
+        new["example_id"] = example["id"] if example else None
+    prompt = _arena_prompt(task, example, text) if task is not None and (example or text.strip()) else ""
+    yield _arena_view("*two versions of the team are starting ...*", prompt=prompt, state=new, kind="start")
+    try:
+        roles = list(task.roles) if task is not None else []
+        for ev in arena_round(ctx, caller, task_name, text, new["example_id"], rng=rng, min_update_s=min_update_s):
+            if ev["kind"] == "progress":
+                yield _arena_view(f"*{ev['message']}*", _arena_side(ev["a"], roles, coding),
+                                  _arena_side(ev["b"], roles, coding))
+                continue
+            m = ev["match"]
+            done = dict(new, match_id=m["match_id"])
+            yield _arena_view(f"**{ev['message']}**", render_text(m["a"]["combined"], coding),
+                              render_text(m["b"]["combined"], coding), can_vote=True, state=done, kind="done")
+    except UserError as e:
+        yield _arena_view("**No pair**: " + md_literal(str(e)), state=new, kind="failed")
+    except Exception as e:  # noqa: BLE001 - the person is told; the log has the traceback
+        ref = f"arena-{os.urandom(4).hex()}"
+        log.exception("%s: an arena pair failed (task %r, caller %s)", ref, task_name, caller.key)
+        what = type(e).__name__ + (f": {str(e)[:300]}" if ctx.trusts_its_person else "")
+        yield _arena_view("**Pair failed**: " + md_literal(ROUND_FAILED.format(what=what, ref=ref)), state=new,
+                          kind="failed")
+
+
+ARENA_CHOICES = {"a": "A is better", "b": "B is better", "tie": "a tie"}
+
+
+def arena_vote_view(ctx, caller: Caller, state: dict | None, winner: str) -> dict:
+    """The Arena tab's vote buttons: store the one vote on the pair shown (web/arena.py
+    `arena_vote`) and reveal which team states wrote A and B. Returns {"result" (Markdown),
+    "state" (voted: the page then asks the next pair, `arena_next_events`), "can_vote", "voted"}.
+    No pair, a pair already voted, a refused vote (a limit, another session's pair): a message in
+    the result line, the state unchanged, never an exception."""
+    st = dict(state or arena_new_state())
+    if st.get("match_id") is None:
+        return {"result": "**No vote**: there is no pair to vote on yet: pick a task and press **New pair**",
+                "state": st, "can_vote": False, "voted": False}
+    if st.get("voted"):
+        return {"result": "**No vote**: this pair has its vote already; press **New pair** for another",
+                "state": st, "can_vote": False, "voted": False}
+    try:
+        out = arena_vote(ctx, caller, st["match_id"], winner)
+    except UserError as e:
+        return {"result": "**Vote not saved**: " + md_literal(str(e)), "state": st, "can_vote": True, "voted": False}
+    st["voted"] = True
+    a, b = md_literal(out["a"]["label"]), md_literal(out["b"]["label"])
+    return {"result": (f"**Vote saved** ({ARENA_CHOICES[out['winner']]}) on pair #{out['match_id']}: "
+                       f"**A was {a}, B was {b}**. The next pair is written below. Votes grade the team states "
+                       "on the leaderboard (Training tab); they do not train the team."),
+            "state": st, "can_vote": False, "voted": True}
+
+
+def arena_next_events(ctx, caller: Caller, state: dict | None, min_update_s: float = 0.1, rng=None) -> Iterator[dict]:
+    """After a stored vote, the next pair at once (`arena_pair_events`) on the same task: the same
+    own text if the voted pair had one, else another held-out example. Nothing (no event) when the
+    vote was not stored: the pair shown stays, to vote on again."""
+    st = state or {}
+    if not (st.get("voted") and st.get("task")):
+        return
+    yield from arena_pair_events(ctx, caller, st["task"], st.get("text") or "", st, min_update_s, rng)
+
+
+ARENA_BOARD_HEADERS = ["task", "team state", "rating", "95% interval", "votes", "W / L / T", "serving now"]
+ARENA_NO_VOTES = ("**No votes yet.** Vote in the **Arena** tab: two versions of the team (e.g. the base model "
+                  "and a trained step) answer the same prompt unlabelled, you pick the better answer, and the "
+                  "votes rank the team's states here: a learning curve graded by people.")
+
+
+def arena_board_view(ctx, render: Any = None, rounds: int = 200) -> tuple:
+    """The Training tab's leaderboard, (Markdown, table rows, rating figure or None), the same for
+    every visitor: computed at most once per `ctx.shared_ttl_s` (ctx.shared_views), as
+    `training_view`. `render(fig)` turns the figure into what is sent (ui.py: gr.Plot's own
+    postprocess); None keeps the matplotlib figure."""
+    def compute():
+        boards = arena_boards(ctx, rounds)
+        fig = None
+        if any(b["votes"] for b in boards):
+            from collab_app.web.plots import arena_rating_figure
+            fig = arena_rating_figure(boards)
+            if render is not None:
+                fig = render(fig)
+        return arena_board_text(boards), arena_board_rows(boards), fig
+    return ctx.shared_views.get(("arena_board", render, rounds), compute)
+
+
+def arena_boards(ctx, rounds: int = 200) -> list[dict]:
+    """web/arena.py `arena_board` of every arena task; a task whose board cannot be read (its team
+    gone) is logged and left out: the Training tab never breaks on it."""
+    boards = []
+    for name in arena_tasks(ctx):
+        try:
+            boards.append(arena_board(ctx, name, rounds=rounds))
+        except Exception:  # noqa: BLE001 - one task's board must not take the tab down
+            log.exception("the arena board of %r could not be computed", name)
+    return boards
+
+
+def arena_board_text(boards: list[dict], top: int = 5) -> str:
+    """"N votes from M voters" per task, with the votes of the `top` most active voters (counts
+    only: the board is shown to everyone, and who voted is nobody else's business); how to get
+    votes where there are none."""
+    voted = [b for b in boards if b["votes"]]
+    if not voted:
+        return ARENA_NO_VOTES
+    lines = []
+    for b in voted:
+        counts = list(b["voters"].values())
+        n, m = b["votes"], len(counts)
+        most = ", ".join(str(c) for c in counts[:top]) + (" …" if m > top else "")
+        lines.append(f"**{b['task']}**: {n} vote{'s' if n != 1 else ''} from {m} voter{'s' if m != 1 else ''} "
+                     f"(votes per voter, most first: {most})")
+    for b in boards:
+        if not b["votes"]:
+            lines.append(f"**{b['task']}**: no votes yet (vote in the **Arena** tab)")
+    return "\n\n".join(lines)
+
+
+def _plain_label(row: dict) -> str:
+    return row["label"].replace(" (serving now)", "")
+
+
+def arena_board_rows(boards: list[dict]) -> list[list]:
+    """Table rows (ARENA_BOARD_HEADERS), best first per task, for the tasks with votes."""
+    rows = []
+    for b in boards:
+        if not b["votes"]:
+            continue
+        for s in b["states"]:
+            rows.append([b["task"], _plain_label(s), round(s["rating"]), f"{s['low']:.0f} – {s['high']:.0f}",
+                         s["votes"], f"{s['wins']} / {s['losses']} / {s['ties']}", "✓" if s["serving"] else ""])
+    return rows
 
 
 # --------------------------------------------------------------------------- data tab

@@ -1,9 +1,10 @@
-"""Summary plot of a training run: the return and each reward level over steps, train and eval.
+"""Plots of training: the return and each reward level over steps, train and eval; held-out return
+against training minutes; and people's arena ratings of each team state against its step.
 
 Reads the records `collab train` writes to `{output_dir}/metrics.jsonl` (one JSON object per line,
-`kind` = "train" or "eval", `step`, `return_mean`, `level/<name>`). Built on
-`matplotlib.figure.Figure` (no pyplot, no global backend switch), so the UI can hand the same
-figure to `gr.Plot` and the CLI can save it as PNG (Agg).
+`kind` = "train" or "eval", `step`, `return_mean`, `level/<name>`), or the arena's boards
+(web/arena.py `arena_board`). Built on `matplotlib.figure.Figure` (no pyplot, no global backend
+switch), so the UI can hand the same figure to `gr.Plot` and the CLI can save it as PNG (Agg).
 """
 from __future__ import annotations
 
@@ -99,4 +100,56 @@ def minutes_figure(curves: dict[str, list[tuple[float, float]]], title: str = ""
     ax.legend(fontsize="small")
     if title:
         ax.set_title(title)
+    return fig
+
+
+# ------------------------------------------------------------------------------- the arena's learning curve
+def arena_points(board: dict) -> list[dict]:
+    """The states of one arena board that have votes and a place on the step axis (base at step 0;
+    a state no step made, e.g. an admin's pin of one agent, has none: it is in the table only),
+    by step."""
+    pts = []
+    for s in board["states"]:
+        step = 0 if s["state"] == "base" else s.get("step")
+        if s["votes"] and step is not None:
+            pts.append({**s, "x": step})
+    return sorted(pts, key=lambda p: p["x"])
+
+
+def arena_rating_figure(boards: list[dict]):
+    """People's blind votes as a learning curve: per task with votes, each team state's
+    Bradley–Terry rating (Elo-like scale) with its 95% bootstrap interval against the training step
+    that made it (base at 0); the state being served is starred."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    voted = [b for b in boards if b["votes"]] or boards[:1]
+    cols = min(2, max(1, len(voted)))
+    rows = math.ceil(len(voted) / cols)
+    fig = Figure(figsize=(5.2 * cols, 3.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, board in zip(axes, voted):
+        pts = arena_points(board)
+        if pts:
+            x = [p["x"] for p in pts]
+            y = [p["rating"] for p in pts]
+            err = [[max(0.0, p["rating"] - p["low"]) for p in pts], [max(0.0, p["high"] - p["rating"]) for p in pts]]
+            ax.errorbar(x, y, yerr=err, fmt="o-", color="tab:purple", ecolor="tab:purple", elinewidth=1,
+                        capsize=4, label="rating (95% interval)")
+            for p in pts:
+                ax.annotate(f"n={p['votes']}", (p["x"], p["rating"]), textcoords="offset points", xytext=(6, -10),
+                            fontsize="x-small", color="grey")
+            serving = [p for p in pts if p.get("serving")]
+            if serving:
+                ax.plot([p["x"] for p in serving], [p["rating"] for p in serving], "*", markersize=14,
+                        color="tab:orange", label="serving now")
+        ax.axhline(1000, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_title(f"{board['task']}: rated by people ({board['votes']} vote{'s' if board['votes'] != 1 else ''})")
+        ax.set_xlabel("training step (base = 0)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("Bradley–Terry rating")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+    for ax in axes[len(voted):]:
+        ax.set_visible(False)
     return fig

@@ -2,10 +2,11 @@
 
 Tabs: Co-code, Co-write (generate G >= 2 joint answers, see who wrote what, rate 1-5, another
 round with the task's feedback; each only where the server serves such a task, `served_kinds`),
-Team, Training, Data. A round that fails ends with its message in the status line
-(handlers.round_events), never "starting ..." for good. All logic is in handlers.py (and the core
-behind it, core.py); this file only maps components to handler arguments and results to
-component updates.
+Arena (two team states answer one prompt unlabelled; one click votes, reveals them and starts the
+next pair), Team, Training (with the arena's leaderboard), Data. A round that fails ends with its
+message in the status line (handlers.round_events), never "starting ..." for good. All logic is
+in handlers.py (and the cores behind it, core.py and arena.py); this file only maps components to
+handler arguments and results to component updates.
 
 API endpoints (gradio_client): `/generate`, `/rate`, `/rank`, `/pick_best`, `/stats` (see `_api`).
 The UI's own events are private to the browser (`api_visibility="private"`) because they carry
@@ -20,9 +21,10 @@ Space with OAuth: a "Sign in" button appears there).
 
 In public: the Co-code tab shows the sandbox's isolation and offers "My own coding problem" only
 where the sandbox allows untrusted code (else it says why and how to fix it) and a coding team is
-served. The Training tab's timer runs only while that tab is selected, and its status and figures
-come from one shared computation per TTL (handlers.training_view). Admin actions pass the caller
-(its address, for loopback admin and the wrong-guess lockout). `/export` (admin token) hands out
+served. The Training tab's timer runs only while that tab is selected, and its status, figures and
+leaderboard come from one shared computation per TTL (handlers.training_view,
+handlers.arena_board_view). Admin actions pass the caller (its address, for loopback admin and the
+wrong-guess lockout). `/export` (admin token) hands out
 files written to a temp dir removed after Gradio copied them to its cache; that cache's copies are
 deleted after an hour (`delete_cache`). Nothing under COLLAB_HOME is ever in `allowed_paths`.
 """
@@ -377,6 +379,81 @@ def _write_tab(ctx: AppContext):
     panel.wire(state, lambda t, x: H.start_writing(ctx, t, x), [task, text], gen)
 
 
+ARENA_INTRO = """Two versions of the team (say, the base model and a later training step) answer the same
+prompt side by side, **unlabelled**. Pick the better answer: one click stores your vote, shows which version
+wrote which, and starts the next pair. Votes rank the team's versions on the leaderboard in the Training tab;
+they do not train the team."""
+
+
+def _arena_tab(ctx: AppContext):
+    """The blind arena: a task, an optional own text, "New pair"; answers A and B side by side with
+    nothing that names their team state; one click on a vote button stores the vote, reveals the
+    labels (result line) and streams the next pair on the same task (a chained event in the
+    generate group). Handlers: H.arena_pair_events / arena_vote_view / arena_next_events."""
+    choices = H.arena_task_choices(ctx)
+    state = gr.State(H.arena_new_state())
+    gr.Markdown(ARENA_INTRO)
+    with gr.Row(equal_height=True):
+        task = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="task", scale=3,
+                           elem_id="arena-task")
+        new = gr.Button("New pair", variant="primary", scale=1, elem_id="arena-new")
+    text = gr.Textbox(label="your own text — writing tasks; leave empty for one of the task's held-out "
+                            "texts/problems", lines=3, max_lines=12, elem_id="arena-text")
+    prompt = gr.Markdown(elem_id="arena-prompt")
+    status = gr.Markdown(elem_id="arena-status")
+    with gr.Row(equal_height=False):
+        with gr.Column(elem_id="arena-col-a"):
+            gr.Markdown("### A")
+            a = gr.Markdown(elem_id="arena-a", min_height=0)
+        with gr.Column(elem_id="arena-col-b"):
+            gr.Markdown("### B")
+            b = gr.Markdown(elem_id="arena-b", min_height=0)
+    with gr.Row():
+        buttons = {w: gr.Button(label, interactive=False, elem_id=f"arena-vote-{w}")
+                   for w, label in (("a", "A is better"), ("tie", "Tie"), ("b", "B is better"))}
+    result = gr.Markdown(elem_id="arena-result")
+    votes = list(buttons.values())
+    pair_outs = [status, prompt, a, b, *votes, state]
+
+    def show(views):
+        """Page updates from the handler's views: the Markdown every time (plain values, as
+        _Panel.stream), the buttons and the state only where a view changes them."""
+        for v in views:
+            upd = {status: v["status"], a: v["a"], b: v["b"]}
+            if v["prompt"] is not None:
+                upd[prompt] = v["prompt"]
+            if v["kind"] != "progress":
+                upd.update({btn: gr.update(interactive=v["can_vote"]) for btn in votes})
+            if v["state"] is not None:
+                upd[state] = v["state"]
+            yield upd
+
+    @_err
+    def on_new(request: gr.Request, task_name, own_text, st):
+        yield from show(H.arena_pair_events(ctx, _caller(request), task_name, own_text, st, ctx.page_update_s))
+
+    @_err
+    def on_next(request: gr.Request, st):
+        yield from show(H.arena_next_events(ctx, _caller(request), st, ctx.page_update_s))
+
+    def on_vote(winner):
+        @_err
+        def vote(request: gr.Request, st):
+            v = H.arena_vote_view(ctx, _caller(request), st, winner)
+            return {result: v["result"], state: v["state"],
+                    **{btn: gr.update(interactive=v["can_vote"]) for btn in votes}}
+        return vote
+
+    # generating a pair is a round: the generate group, so the per-network share before Gradio
+    # (identity middleware) and the slots hold for it too; the vote itself is a rating-sized event
+    gen_kw = dict(concurrency_id=GENERATE, concurrency_limit=ctx.generate_concurrency, show_progress="hidden",
+                  **PRIVATE)
+    new.click(on_new, [task, text, state], pair_outs, **gen_kw)
+    for w, btn in buttons.items():
+        btn.click(on_vote(w), [state], [result, state, *votes], concurrency_limit=8, show_progress="hidden",
+                  **PRIVATE).success(on_next, [state], pair_outs, **gen_kw)
+
+
 def _team_tab(ctx: AppContext, token):
     overview = gr.Markdown(H.team_overview(ctx), elem_id="team-overview")
     agents = H.agent_choices(ctx)
@@ -447,17 +524,26 @@ def _training_tab(ctx: AppContext, token):
             put_ids = gr.Textbox(label="group ids to put back, e.g. 12, 15", max_lines=1, scale=3,
                                  elem_id="train-put-ids")
             put_back = gr.Button("Put back (admin)", scale=1, elem_id="train-put-back")
-    gr.Markdown("#### Return and reward levels per training step")
-    levels_plot = gr.Plot(show_label=False)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            gr.Markdown("#### Return and reward levels per training step")
+            levels_plot = gr.Plot(show_label=False)
+        with gr.Column(scale=2):
+            gr.Markdown("#### Graded by people: each team state's rating from the Arena's blind votes")
+            arena_plot = gr.Plot(show_label=False, elem_id="train-arena-plot")
+    arena_md = gr.Markdown(H.ARENA_NO_VOTES, elem_id="train-arena-votes")
+    arena_table = gr.Dataframe(interactive=False, headers=H.ARENA_BOARD_HEADERS, elem_id="train-arena-board",
+                               label="leaderboard (Bradley–Terry rating on an Elo-like scale, 95% bootstrap interval; "
+                                     "W / L / T = wins / losses / ties)")
     gr.Markdown("#### Learning signal: zero-variance groups, human vs automatic reward")
     signal_plot = gr.Plot(show_label=False)
     # ticks only while this tab is selected (build_app: its select activates, the others' stop it)
     timer = gr.Timer(ctx.training_refresh_s, active=False)
-    outs = [status, levels_plot, signal_plot]
+    outs = [status, levels_plot, signal_plot, arena_md, arena_table, arena_plot]
     render = levels_plot.postprocess   # figure -> PlotData (PNG), once per TTL for every page
 
     def refresh():
-        return H.training_view(ctx, render)
+        return (*H.training_view(ctx, render), *H.arena_board_view(ctx, render))
     timer.tick(refresh, None, outs, concurrency_limit=4, show_progress="hidden", **PRIVATE)
     pause.click(_admin(lambda t, caller: H.set_training_paused(ctx, t, True, caller=caller)), [token], [msg],
                 api_name="pause_training", **ADMIN_DOOR).then(refresh, None, outs, **ADMIN_FOLLOW)
@@ -583,6 +669,10 @@ def build_app(ctx: AppContext) -> gr.Blocks:
             if served["writing"]:
                 with gr.Tab("Co-write", id="write") as write_tab:
                     _write_tab(ctx)
+            arena_tab = None
+            if H.arena_tasks(ctx):
+                with gr.Tab("Arena", id="arena") as arena_tab:
+                    _arena_tab(ctx)
             with gr.Tab("Team", id="team") as team_tab:
                 team_refresh, team_ins, team_outs = _team_tab(ctx, token)
             with gr.Tab("Training", id="training") as train_tab:
@@ -595,7 +685,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         # the Training tab refreshes only while it is the selected one
         train_tab.select(lambda: (*train_refresh(), _timer(True)), None, train_outs + [train_timer],
                          show_progress="hidden", **PRIVATE)
-        for tab in (t for t in (code_tab, write_tab, team_tab, data_tab) if t is not None):
+        for tab in (t for t in (code_tab, write_tab, arena_tab, team_tab, data_tab) if t is not None):
             tab.select(lambda: _timer(False), None, [train_timer], show_progress="hidden", **PRIVATE)
         demo.load(data_refresh, data_ins, data_outs, **PRIVATE)
         # and on opening the tab: the rounds a person ran since the page loaded are in it
