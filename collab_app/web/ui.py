@@ -524,7 +524,7 @@ def _training_tab(ctx: AppContext, token):
             put_ids = gr.Textbox(label="group ids to put back, e.g. 12, 15", max_lines=1, scale=3,
                                  elem_id="train-put-ids")
             put_back = gr.Button("Put back (admin)", scale=1, elem_id="train-put-back")
-    with gr.Row(equal_height=False):
+    with gr.Row(equal_height=False, elem_id="train-curves"):
         with gr.Column(scale=3):
             gr.Markdown("#### Return and reward levels per training step")
             levels_plot = gr.Plot(show_label=False)
