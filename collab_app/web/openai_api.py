@@ -9,11 +9,15 @@ Routes (JSON; errors in OpenAI's shape `{"error": {"message", "type", "param", "
   answer and a `collab` object (ids, reward, parts); streaming sends progress chunks, then each
   choice's whole joint answer;
 - `POST /v1/ratings` (alias `/v1/feedback`): stars, a reward in [0, 1], a ranking or a pick of
-  the best; the answer says whether the rating will train (`trains`, `late`, `notes`).
+  the best; the answer says whether the rating will train (`trains`, `late`, `notes`);
+- the blind arena (web/arena.py): `POST /v1/arena/pairs` {task, text?, example_id?} two unnamed
+  team states' answers, `POST /v1/arena/votes` {match_id, winner a | b | tie} the reveal,
+  `GET /v1/arena/leaderboard?task=` the board.
 
-One core, two doors: this module only translates requests into `core.play_round` and
-`core.store_feedback` and their results into OpenAI's shapes; the core's refusals
-(access.UserError) map to statuses in `_from_user_error` (429 with Retry-After for limits).
+One core, two doors: this module only translates requests into `core.play_round`,
+`core.store_feedback` and web/arena.py's `arena_pair` / `arena_vote` / `arena_board`, and their
+results into OpenAI's shapes; the core's refusals (access.UserError) map to statuses in
+`_from_user_error` (429 with Retry-After for limits).
 
 Keys: `Authorization: Bearer <key>` from $COLLAB_API_KEYS and/or a file (`load_api_keys`); no key
 configured = every route answers 404 (never open by default). A key's id (`api:` + a SHA-256
@@ -172,15 +176,19 @@ class ApiError(Exception):
 
 _STATUS = {"rate_limit_exceeded": (429, "rate_limit_error"), "rounds_in_flight": (429, "rate_limit_error"),
            "server_busy": (429, "rate_limit_error"), "not_entitled": (403, "permission_error"),
-           "not_found": (404, "not_found_error"), "store_busy": (503, "server_error")}
+           "not_found": (404, "not_found_error"), "store_busy": (503, "server_error"),
+           "busy": (503, "server_error")}
+_KEPT_CODES = ("nothing_to_compare", "engine_refused")
+"""400s whose own code the answer keeps (a client can tell them apart without the message)."""
 
 
 def _from_user_error(e: UserError, param: str | None = None) -> ApiError:
     """The core's refusal as an ApiError, by its code: limits 429 (Retry-After when it can fit
-    later), another session's group 403, an unknown id 404, a busy store 503 (Retry-After:
-    nothing was stored, send it again), anything else 400 invalid_value."""
+    later), another session's group 403, an unknown id 404, a busy store or busy arena slots 503
+    (Retry-After: nothing was stored, send it again), anything else 400 invalid_value (or its own
+    code where it is one of _KEPT_CODES: e.g. nothing_to_compare, an arena with one team state)."""
     status, type_ = _STATUS.get(e.code, (400, "invalid_request_error"))
-    code = e.code if e.code in _STATUS else "invalid_value"
+    code = e.code if e.code in _STATUS or e.code in _KEPT_CODES else "invalid_value"
     headers = ({"Retry-After": str(max(1, math.ceil(e.retry_after)))}
                if status in (429, 503) and e.retry_after else None)
     return ApiError(status, str(e), type_, code, param, headers)
@@ -210,12 +218,26 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open
     return float(v)
 
 
-def _id(body: dict, name: str) -> int:
+def _id(body: dict, name: str, source: str = "a chat completion's collab object") -> int:
     v = body.get(name)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise _bad(f"{name} must be a positive whole number (an id from a chat completion's collab "
-                   f"object), got {v!r:.40}", name)
+        raise _bad(f"{name} must be a positive whole number (an id from {source}), got {v!r:.40}", name)
     return v
+
+
+def _text(body: dict, name: str) -> str:
+    v = body.get(name)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise _bad(f"{name} must be a string, got {type(v).__name__}", name)
+    return v
+
+
+def _fields(body: dict, allowed: tuple[str, ...], what: str) -> None:
+    extra = sorted(set(body) - set(allowed))
+    if extra:
+        raise _bad(f"{what} takes {', '.join(allowed)}; unknown field(s) {extra!r:.200}", extra[0], "unknown_parameter")
 
 
 def _too_deep(value: Any, limit: int) -> bool:
@@ -501,6 +523,56 @@ class OpenAIApi:
         return out | {"rating_ids": fb.rating_ids, "joint_sample_ids": fb.joint_sample_ids, "values": fb.values,
                       "trains": fb.trains, "late": fb.late, "notes": notes}
 
+    # -- the blind arena (web/arena.py) ----------------------------------------------------
+
+    PAIR_FIELDS = ("task", "text", "example_id")
+    VOTE_FIELDS = ("match_id", "winner")
+
+    def _arena_task(self, task: Any) -> str:
+        if not isinstance(task, str) or not task:
+            raise _bad("task must be the name of a task the arena compares (GET /v1/models lists the tasks)", "task")
+        return task
+
+    def arena_pair(self, body: dict, caller: Caller) -> dict:
+        """{task, text?, example_id?} -> the public pair (arena.public_match): two team states'
+        answers to one prompt, a and b in random order, nothing naming either. Runs the generation
+        (blocking: call it in a worker thread)."""
+        from collab_app.web.arena import arena_pair
+
+        _fields(body, self.PAIR_FIELDS, "an arena pair request")
+        task = self._arena_task(body.get("task"))
+        text, example_id = _text(body, "text"), _text(body, "example_id")
+        try:
+            pair = arena_pair(self.ctx, caller, task, text, example_id or None)
+        except UserError as e:   # the task, the text, the example, the limits: the message says which
+            raise _from_user_error(e) from None
+        return {"object": "collab.arena.pair", **pair,
+                "vote": "POST /v1/arena/votes {match_id, winner: 'a' | 'b' | 'tie'}"}
+
+    def arena_vote(self, body: dict, caller: Caller) -> dict:
+        """{match_id, winner} -> the reveal: which team state each side was (arena.arena_vote)."""
+        from collab_app.web.arena import arena_vote
+
+        _fields(body, self.VOTE_FIELDS, "an arena vote")
+        match_id = _id(body, "match_id", "POST /v1/arena/pairs")
+        if "winner" not in body:
+            raise _bad("winner is missing: 'a', 'b' or 'tie'", "winner")
+        try:
+            return {"object": "collab.arena.vote", **arena_vote(self.ctx, caller, match_id, body["winner"])}
+        except UserError as e:
+            raise _from_user_error(e, "match_id" if e.code in ("not_found", "not_entitled") else "winner") from None
+
+    def arena_board(self, task: Any) -> dict:
+        """The task's leaderboard from its stored votes (arena.arena_board; a bootstrap: CPU work,
+        call it in a worker thread)."""
+        from collab_app.web.arena import arena_board
+
+        task = self._arena_task(task)
+        try:
+            return {"object": "collab.arena.leaderboard", **arena_board(self.ctx, task)}
+        except UserError as e:
+            raise _from_user_error(e, "task") from None
+
     # -- routes ----------------------------------------------------------------------------
 
     def router(self):
@@ -578,6 +650,40 @@ class OpenAIApi:
 
         router.add_api_route("/v1/ratings", ratings, methods=["POST"])
         router.add_api_route("/v1/feedback", ratings, methods=["POST"])
+
+        @router.post("/v1/arena/pairs")
+        async def arena_pairs(request: Request):
+            try:
+                caller = self.caller(request)
+                body = await self.json_body(request)
+                # the whole pair in a worker thread (its limits and their 429s come before the engine runs)
+                return JSONResponse(await run_in_threadpool(self.arena_pair, body, caller))
+            except ApiError as e:
+                return error(e)
+            except Exception:  # noqa: BLE001
+                return internal("the arena pair")
+
+        @router.post("/v1/arena/votes")
+        async def arena_votes(request: Request):
+            try:
+                caller = self.caller(request)
+                body = await self.json_body(request)
+                return JSONResponse(await run_in_threadpool(self.arena_vote, body, caller))
+            except ApiError as e:
+                return error(e)
+            except Exception:  # noqa: BLE001
+                return internal("storing the vote")
+
+        @router.get("/v1/arena/leaderboard")
+        async def arena_leaderboard(request: Request, task: str | None = None):
+            try:
+                self.caller(request)
+                return JSONResponse(await run_in_threadpool(self.arena_board, task))
+            except ApiError as e:
+                return error(e)
+            except Exception:  # noqa: BLE001
+                return internal("the arena leaderboard")
+
         return router
 
     async def _sse(self, events, first, rnd: "_Round", cid: str, created: int) -> AsyncIterator[str]:
