@@ -24,6 +24,9 @@ real page, headless Chromium, next to the same rounds through the API).
 identities against honest raters: share of trained groups, latency, ratings kept, refusals).
 `collab bench faults ...` runs collab_app.commands.bench_faults:cli_main(argv) (scripted raters while
 faults are injected: ratings accepted vs stored vs trained, and per fault whether learning resumed).
+`collab bench arena ...` runs collab_app.commands.bench_arena:cli_main(argv) (a scripted rater trains
+the team, then a scripted voter with the same preference votes blind pairs through /v1/arena: votes
+to separate two states, Kendall's tau of step order vs board).
 """
 from __future__ import annotations
 
@@ -554,11 +557,16 @@ def cli_main(argv: list[str]) -> int:
         from collab_app.commands.bench_faults import cli_main as faults
 
         return int(faults(argv[1:]) or 0)
+    if argv and argv[0] == "arena":
+        from collab_app.commands.bench_arena import cli_main as arena
+
+        return int(arena(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="collab bench", description="benchmarks: `generate` (vLLM vs transformers), "
                                 "`train` (MAGRPO step), `online` (scripted raters against `collab serve`), "
                                 "`comlrl` (PyPI comlrl's MAGRPO at a wall-clock budget), `page` (a person's round in headless "
                                 "Chromium next to the API), `abuse` (one network with many identities against honest raters), "
-                                "`faults` (scripted raters while faults are injected)")
+                                "`faults` (scripted raters while faults are injected), `arena` (a scripted voter "
+                                "ranks trained team states through /v1/arena)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="same team workload through each engine, side by side")
     g.add_argument("--engines", nargs="+", default=["vllm", "transformers", "plain"],
@@ -607,6 +615,9 @@ def cli_main(argv: list[str]) -> int:
     sub.add_parser("faults", help="scripted raters against a real `collab serve` while faults are injected: a full "
                                   "disk, the trainer killed mid-step, a locked store, wiped adapters, a clock step, "
                                   "a truncated adapter (collab_app.commands.bench_faults; own options)")
+    sub.add_parser("arena", help="a scripted rater trains a real `collab serve`, then a scripted voter with the same "
+                                 "preference votes blind pairs through /v1/arena: votes to separate two states, "
+                                 "Kendall's tau of step order vs board (collab_app.commands.bench_arena; own options)")
     w = sub.add_parser("_worker")  # internal: one engine in its own process
     w.add_argument("--engine", required=True)
     w.add_argument("--model-path", required=True)
