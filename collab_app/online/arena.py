@@ -1,9 +1,10 @@
 """Team states for the blind arena: which adapter versions of a task's agents answered together.
 
 A *team state* is one adapter version per agent of a task's team (None: the base model). The
-states a task has had are read from the store's adapter-version rows: the untrained `base`, then
-one state per training step that wrote a new version of some agent (the other agents keep theirs),
-labelled by that step. The state being served (`current_state`: pinned versions win, as hot-swap
+states a task has had are read from the store's adapter-version rows: the untrained `base` (which
+also stands for the trainer's version 0, a fresh LoRA that writes what the base model writes),
+then one state per training step that wrote a new version of some agent (the other agents keep
+theirs), labelled by that step. The state being served (`current_state`: pinned versions win, as hot-swap
 serves them) is one of them, or a combination no step produced (an admin pinned an old version of
 one agent only), labelled by its versions.
 
@@ -57,15 +58,32 @@ def _base(agents: list[str]) -> TeamState:
     return TeamState(BASE, versions, None, "base", {a: None for a in agents})
 
 
+def _rows(store, agents: list[str]) -> list:
+    return sorted((r for a in agents for r in store.adapter_versions(a)), key=lambda r: (r.created_at, r.version))
+
+
+def _start(rows) -> int:
+    """How many rows lead without a step: the team's start (the trainer's version 0 of each agent,
+    recorded one agent at a time before any step). It is no state of its own: it is where training
+    starts from (a fresh LoRA writes what the base model writes), so `base` stands for it."""
+    n = 0
+    while n < len(rows) and rows[n].step is None:
+        n += 1
+    return n
+
+
 def team_states(store, agents: list[str]) -> list[TeamState]:
     """The states `agents` have had, oldest first: base, then one per step (or per version row
-    without a step) that changed some agent's version. Versions before an agent's first row are
-    the base model."""
-    rows = sorted((r for a in agents for r in store.adapter_versions(a)), key=lambda r: (r.created_at, r.version))
+    without a step after the first step) that changed some agent's version. Versions before an
+    agent's first row are the base model; the start rows (`_start`) carry into later states but
+    make none."""
+    rows = _rows(store, agents)
     versions: dict[str, int | None] = {a: None for a in agents}
     paths: dict[str, str | None] = {a: None for a in agents}
     states = [_base(agents)]
-    i = 0
+    i = _start(rows)
+    for r in rows[:i]:
+        versions[r.agent], paths[r.agent] = r.version, r.path
     while i < len(rows):
         step = rows[i].step
         j = i + 1
@@ -85,13 +103,19 @@ def team_states(store, agents: list[str]) -> list[TeamState]:
 
 
 def current_state(store, agents: list[str], states: list[TeamState] | None = None) -> TeamState:
-    """The state being served: each agent's pinned version, else its newest (as hot-swap serves)."""
+    """The state being served: each agent's pinned version, else its newest (as hot-swap serves);
+    the team's start (no step yet) is `base`."""
     current = store.current_adapter_versions()
     versions = {a: current[a][0] if a in current else None for a in agents}
     key = state_key(versions)
-    for s in states if states is not None else team_states(store, agents):
+    states = states if states is not None else team_states(store, agents)
+    for s in states:
         if s.key == key:
             return s
+    rows = _rows(store, agents)
+    start = {a: None for a in agents} | {r.agent: r.version for r in rows[:_start(rows)]}
+    if state_key(start) == key:
+        return states[0]
     return TeamState(key, versions, None, _label(versions, None),
                      {a: current[a][1] if a in current else None for a in agents})
 

@@ -125,7 +125,7 @@ def choose_states(ctx, task_name: str, rng: random.Random) -> tuple[TeamState, T
                         " Rate some rounds; once the trainer has made a step, the arena compares it with the base team",
                         "nothing_to_compare")
     keys = [s.key for s in states]
-    board = standings([v for v in votes if v.a in keys and v.b in keys], keys, rounds=100) if votes else None
+    board = standings([v for v in votes if v.a in keys and v.b in keys], keys, rounds=50) if votes else None
     a, b = choose_pair(keys, board, rng)
     by_key = {s.key: s for s in states}
     return by_key[a], by_key[b]
@@ -232,6 +232,68 @@ def arena_pair(ctx, caller: Caller, task_name: str, text: str = "", example_id: 
     for last in arena_round(ctx, caller, task_name, text, example_id, rng):
         pass
     return last["match"]
+
+
+class Ahead:
+    """The next pair of one person, written in the background while they read the current one
+    (`write_ahead`), so that a vote's next pair is there at once. A real round of theirs: it counts
+    against their limits (per identity and network; while it writes, their rounds in flight too)."""
+
+    def __init__(self, task: str, text: str, example_id: str | None):
+        self.task, self.text, self.example_id = task, text, example_id
+        self.progress: dict | None = None       # the latest progress event
+        self.done: dict | None = None           # the final event
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.finished = threading.Event()
+
+
+AHEAD_WAIT_S = 120.0
+"""longest wait for a pair written ahead another way to finish before a new one starts."""
+MAX_AHEAD = 1000
+"""people whose next pair is kept at once (the oldest dropped beyond: a pair is already stored)."""
+
+
+def write_ahead(ctx, caller: Caller, task_name: str, text: str, example_id: str | None,
+                rng: random.Random | None = None) -> Ahead | None:
+    """Start writing `caller`'s next pair in a background thread (none if one is already kept for
+    them). Returns it, or None when one was there."""
+    aheads = ctx.arena_ahead
+    with ctx.team_settings_lock:
+        if caller.key in aheads:
+            return None
+        ahead = aheads[caller.key] = Ahead(task_name, text or "", example_id)
+        while len(aheads) > MAX_AHEAD:
+            aheads.pop(next(iter(aheads)))
+
+    def run():
+        try:
+            for ev in arena_round(ctx, caller, task_name, text, example_id, rng):
+                if ev["kind"] == "done":
+                    ahead.done = ev
+                else:
+                    ahead.progress = ev
+        except BaseException as e:  # noqa: BLE001 - told to whoever takes it (a limit, a busy store)
+            ahead.error = e
+        finally:
+            ahead.finished.set()
+
+    threading.Thread(target=run, name="collab-arena-ahead", daemon=True).start()
+    return ahead
+
+
+def take_ahead(ctx, caller: Caller, task_name: str, text: str) -> Ahead | None:
+    """`caller`'s pair written ahead for this task and text (own text, or "" for held-out ones), or
+    None. One asked another way is dropped (its pair is stored, unvoted), after it has finished: it
+    holds the caller's round in flight until then."""
+    with ctx.team_settings_lock:
+        ahead = ctx.arena_ahead.pop(caller.key, None)
+    if ahead is None:
+        return None
+    if ahead.task == task_name and ahead.text == (text or ""):
+        return ahead
+    ahead.finished.wait(AHEAD_WAIT_S)
+    return None
 
 
 def _reveal(state_key_: str, versions: dict, labels: dict[str, str]) -> dict:

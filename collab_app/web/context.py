@@ -230,6 +230,8 @@ class AppContext:
     _watcher: Any = field(default=None, repr=False)
     _batcher: Any = field(default=None, repr=False)
     _arena_slots: Any = field(default=None, repr=False)
+    arena_ahead: dict = field(default_factory=dict, repr=False)
+    """caller key -> the arena pair written ahead for them (web/arena.py `write_ahead`)."""
     _tokenizer: Any = field(default=None, repr=False)
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     limits: Limits = field(init=False, repr=False)
@@ -362,6 +364,13 @@ class AppContext:
                 from collab_app.engines.version_slots import VersionSlots
                 self._arena_slots = VersionSlots(self.engine, self.engine_lock, resolve=self.adapter_watcher().resolve)
             return self._arena_slots
+
+    def wait_for_arena_ahead(self, key: str, timeout_s: float = 120.0) -> None:
+        """Wait until the arena pair written ahead for `key` (web/arena.py `write_ahead`) is done: it
+        holds that person's round in flight, and their own round should follow it, not be refused."""
+        ahead = self.arena_ahead.get(key)
+        if ahead is not None:
+            ahead.finished.wait(timeout_s)
 
     def _poll_before_batch(self) -> None:
         """Load the agents' current adapters before a batch; if that fails, serve the versions

@@ -284,6 +284,7 @@ def play_round(ctx, episode: dict, caller: Caller, num_generations: int, samplin
     prompts = check_prompts(task, task.agent_prompts(example, history))
     team = ctx.team_for(episode["task"])
     check_prompt_tokens(ctx, team, prompts, sampling, later_turn=bool(history))
+    ctx.wait_for_arena_ahead(caller.key)   # the person's next arena pair, written ahead, holds their round
     ctx.limits.begin_round(caller)
     try:
         yield from _round(ctx, episode, caller, task, example, history, prompts, team, G, sampling,

@@ -50,7 +50,7 @@ from collab_app.web.core import (OWN_PROBLEM, SOURCES, another_round, clean_text
                                  custom_training_allowed, find_example, listed_coding_tasks, new_episode,
                                  own_problem_off_message, own_problem_served, play_round, problem_source,
                                  start_coding, start_writing, store_feedback, task_choices)
-from collab_app.web.arena import arena_board, arena_round, arena_tasks, arena_vote
+from collab_app.web.arena import arena_board, arena_round, arena_tasks, arena_vote, take_ahead, write_ahead
 
 log = logging.getLogger(__name__)
 
@@ -695,6 +695,13 @@ def _arena_view(status: str, a: str = "", b: str = "", prompt: str | None = None
     return {"kind": kind, "status": status, "a": a, "b": b, "prompt": prompt, "can_vote": can_vote, "state": state}
 
 
+def _held_out(task, avoid: str | None, rng) -> dict | None:
+    """A held-out example of `task` other than `avoid` where the task has more."""
+    pool = task.examples("eval") or task.examples("train")
+    others = [ex for ex in pool if ex["id"] != avoid] or pool
+    return rng.choice(others) if others else None
+
+
 def arena_pair_events(ctx, caller: Caller, task_name: str, text: str = "", state: dict | None = None,
                       min_update_s: float = 0.1, rng=None) -> Iterator[dict]:
     """The Arena tab's "New pair": web/arena.py `arena_round` as page views (`_arena_view`): a
@@ -702,7 +709,11 @@ def arena_pair_events(ctx, caller: Caller, task_name: str, text: str = "", state
     then "done" (each side's combined answer, voting on, the state naming the pair) or "failed"
     (why, in the status line, as `round_events` ends a round: "nothing to compare yet", a limit,
     a bad text; never an exception). Without own text the pair answers one of the task's held-out
-    examples, another than the pair before (`state`) where the task has more."""
+    examples, another than the pair before (`state`) where the task has more.
+
+    Written ahead: once a pair is shown, the person's next pair on the same task and text is
+    written in the background while they read (web/arena.py `write_ahead`); the next "New pair"
+    or vote takes it (`take_ahead`), finished or still writing, instead of starting from nothing."""
     import random
 
     rng = rng or random.Random()
@@ -711,17 +722,20 @@ def arena_pair_events(ctx, caller: Caller, task_name: str, text: str = "", state
     task = ctx.tasks.get(task_name) if task_name else None
     new = dict(arena_new_state(), task=task_name, text=text)
     coding = getattr(task, "kind", "") == "coding"
+    ahead = take_ahead(ctx, caller, task_name, text) if task is not None and caller.session_id else None
     example = None
     if task is not None and not text.strip():
-        pool = task.examples("eval") or task.examples("train")
-        others = [ex for ex in pool if ex["id"] != prev.get("example_id")] or pool
-        example = rng.choice(others) if others else None
+        if ahead is not None:
+            example = next((ex for ex in task.examples("eval") or task.examples("train")
+                            if ex["id"] == ahead.example_id), None)
+        example = example or _held_out(task, prev.get("example_id"), rng)
         new["example_id"] = example["id"] if example else None
     prompt = _arena_prompt(task, example, text) if task is not None and (example or text.strip()) else ""
     yield _arena_view("*two versions of the team are starting ...*", prompt=prompt, state=new, kind="start")
     try:
         roles = list(task.roles) if task is not None else []
-        for ev in arena_round(ctx, caller, task_name, text, new["example_id"], rng=rng, min_update_s=min_update_s):
+        for ev in _ahead_events(ahead, min_update_s) or arena_round(ctx, caller, task_name, text, new["example_id"],
+                                                                    rng=rng, min_update_s=min_update_s):
             if ev["kind"] == "progress":
                 yield _arena_view(f"*{ev['message']}*", _arena_side(ev["a"], roles, coding),
                                   _arena_side(ev["b"], roles, coding))
@@ -730,6 +744,8 @@ def arena_pair_events(ctx, caller: Caller, task_name: str, text: str = "", state
             done = dict(new, match_id=m["match_id"])
             yield _arena_view(f"**{ev['message']}**", render_text(m["a"]["combined"], coding),
                               render_text(m["b"]["combined"], coding), can_vote=True, state=done, kind="done")
+            following = None if text.strip() else _held_out(task, new["example_id"], rng)
+            write_ahead(ctx, caller, task_name, text, following["id"] if following else None, rng)
     except UserError as e:
         yield _arena_view("**No pair**: " + md_literal(str(e)), state=new, kind="failed")
     except Exception as e:  # noqa: BLE001 - the person is told; the log has the traceback
@@ -738,6 +754,28 @@ def arena_pair_events(ctx, caller: Caller, task_name: str, text: str = "", state
         what = type(e).__name__ + (f": {str(e)[:300]}" if ctx.trusts_its_person else "")
         yield _arena_view("**Pair failed**: " + md_literal(ROUND_FAILED.format(what=what, ref=ref)), state=new,
                           kind="failed")
+
+
+def _ahead_events(ahead, min_update_s: float) -> list | Iterator[dict] | None:
+    """The events of a pair written ahead, as `arena_round` yields them (its latest progress while it
+    still writes, then "done"), or None to write one now: none was written ahead, or it failed (a
+    limit, a busy store: the fresh round says so again, with the present state of things)."""
+    if ahead is None:
+        return None
+    if ahead.finished.is_set() and ahead.done is None:
+        return None
+
+    def events():
+        shown = None
+        while not ahead.finished.wait(min_update_s):
+            if ahead.progress is not None and ahead.progress is not shown:
+                shown = ahead.progress
+                yield shown
+        if ahead.done is None:
+            raise ahead.error if isinstance(ahead.error, Exception) else UserError("the pair could not be written; "
+                                                                                  "press New pair")
+        yield ahead.done
+    return events()
 
 
 ARENA_CHOICES = {"a": "A is better", "b": "B is better", "tie": "a tie"}

@@ -6,7 +6,8 @@ leaderboard and people's rating per step.
 
 It measures (a) the vote click to the next pair's last words (the pair's "done" in the page) and
 (b) a Co-write round on the same app, same text and sampling (the issue's target: the next pair
-is ready in under a round's time), and prints both. Screenshots: arena-tab.png (after a vote,
+is ready in under a round's time), and prints both. The person reads each pair for READ_S before
+voting, as a person does: meanwhile the next pair is written ahead (web/arena.py `write_ahead`). Screenshots: arena-tab.png (after a vote,
 labels shown) and arena-leaderboard.png, under $COLLAB_SCREENSHOT_DIR (docs/results keeps the
 ones its README shows), else the test's tmp dir."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 MAX_NEW = 24
 STEPS = 2
+READ_S = 6.0   # a person reads both answers before voting (the next pair is written meanwhile)
 
 pytestmark = [
     pytest.mark.browser,
@@ -116,6 +118,7 @@ def test_one_click_votes_reveals_and_brings_the_next_pair(app, page, tmp_path):
     # ONE click: the vote is stored, the labels appear, the next pair streams in; five votes in a row
     reveal_s, next_s, engine_s, last = [], [], [], first
     for k, w in enumerate(("a", "b", "a", "tie", "a")):
+        time.sleep(READ_S)
         t0 = time.monotonic()
         page.click(f"#arena-vote-{w}")
         page.wait_for_selector(f"#arena-result:has-text('pair #{last}: A was')", timeout=60_000)
@@ -148,7 +151,8 @@ def test_one_click_votes_reveals_and_brings_the_next_pair(app, page, tmp_path):
         page.wait_for_selector(f"#write-status:has-text('group #{n}:')", timeout=300_000)
         round_s.append(time.monotonic() - t0)
     fmt = lambda xs: f"median {statistics.median(xs):.1f} s ({', '.join(f'{x:.1f}' for x in xs)})"   # noqa: E731
-    print(f"\narena, max_new_tokens {MAX_NEW}, {os.cpu_count()} cores: vote click -> labels shown {fmt(reveal_s)}; "
+    print(f"\narena, max_new_tokens {MAX_NEW}, {os.cpu_count()} cores, {READ_S:.0f} s reading each pair: "
+          f"vote click -> labels shown {fmt(reveal_s)}; "
           f"-> next pair complete {fmt(next_s)} (its engine call {fmt(engine_s)}); "
           f"a Co-write round (G=2, same text) {fmt(round_s)}")
 

@@ -144,3 +144,18 @@ def test_hostile_input_is_refused_before_any_work(ctx, lora_adapter):
         with pytest.raises(UserError):
             arena_vote(ctx, ME, forged, "a")
     assert ctx.store.arena_matches(voted=None) == [] and ctx.limits.held(ME) == 0
+
+
+def test_the_trainers_version_0_is_base_not_states_of_their_own(ctx, lora_adapter):
+    """The trainer records each agent's version 0 (a fresh LoRA) one at a time before any step: no
+    "summary v0 · detail base" states taking the arena's places; base stands for them."""
+    for role in TLDR_ROLES:
+        ctx.store.record_adapter_version(role, 0, lora_adapter(7, 0.0))      # no step
+    asked, current = task_states(ctx, "tldr")
+    assert [s.key for s in asked] == ["base"] and current.key == "base"
+    with pytest.raises(UserError, match="nothing to compare"):
+        arena_pair(ctx, ME, "tldr")
+    ctx.store.record_adapter_version("summary", 1, lora_adapter(1), step=1)   # a step that moved one agent
+    states = team_states(ctx.store, TLDR_ROLES)
+    assert [(s.label, s.versions) for s in states] == [("base", {"summary": None, "detail": None}),
+                                                       ("step 1", {"summary": 1, "detail": 0})]

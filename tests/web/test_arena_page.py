@@ -174,3 +174,27 @@ def test_the_page_wires_the_arena_into_the_generate_group(ctx):
     assert not any(b.interactive for b in votes)                  # on only once a pair is shown
     board = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "train-arena-board")
     assert board.headers == H.ARENA_BOARD_HEADERS
+
+
+def test_the_next_pair_is_written_while_the_person_reads(ctx, lora_adapter):
+    """Once a pair is shown, the next one on the same task is written in the background: the vote's
+    next pair is the one written ahead, there at once; it counted as a round of the person's; a
+    pair asked another way (another task) does not take it."""
+    import time
+
+    _train(ctx, lora_adapter)
+    first = list(H.arena_pair_events(ctx, ME, "tldr", "", None, min_update_s=0.0, rng=random.Random(2)))[-1]
+    ahead = ctx.arena_ahead[ME.key]
+    assert ahead.finished.wait(120) and ahead.done is not None and ahead.example_id != first["state"]["example_id"]
+    written = ahead.done["match"]["match_id"]
+    voted = H.arena_vote_view(ctx, ME, first["state"], "a")
+    t0 = time.monotonic()
+    views = list(H.arena_next_events(ctx, ME, voted["state"], min_update_s=0.0))
+    assert time.monotonic() - t0 < 1.0 and views[-1]["kind"] == "done"
+    assert views[-1]["state"]["match_id"] == written and views[-1]["state"]["example_id"] == ahead.example_id
+    assert ctx.arena_ahead[ME.key] is not ahead                          # the one after is on its way
+    ctx.arena_ahead[ME.key].finished.wait(120)
+    # another task: the pair written ahead for tldr is dropped (stored, unvoted), a fresh one is asked
+    views = list(H.arena_pair_events(ctx, ME, "humaneval", "", None, min_update_s=0.0))
+    assert views[-1]["kind"] == "failed" and "nothing to compare" in views[-1]["status"]
+    assert len(ctx.store.arena_matches("tldr", voted=None)) == 3
