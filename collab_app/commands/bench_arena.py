@@ -53,8 +53,8 @@ class BenchArenaConfig:
     """phase 1 ends once the child trainer has made this many steps that wrote adapter versions (team states besides base)."""
     votes: int = 120
     """phase 2 ends after this many arena votes (or at --vote-minutes)."""
-    preference: str = "short"
-    """the hidden preference of both the rater and the voter: short | short:LO-HI | long | word:W | nodigits (bench online)."""
+    preference: str = "short:5-120"
+    """the hidden preference of both the rater and the voter: short | short:LO-HI | long | word:W | nodigits (bench online); the default leaves room to order several states (under `short`, 30-90 words, every state that learned it writes <= 30 words and ties)."""
     noise: float = 0.0
     """probability that a vote is a coin flip between a and b instead of the preference's verdict."""
     train_minutes: float = 10.0
@@ -105,8 +105,8 @@ class BenchArenaConfig:
 # --------------------------------------------------------------------------- the scripted voter
 
 def decide(score, combined_a: str, combined_b: str, noise: float = 0.0, rng: random.Random | None = None) -> dict:
-    """The voter's vote on a pair: the side whose combined text `score` (a preference: text -> 1..5)
-    rates higher, "tie" when equal; with probability `noise` a coin flip between "a" and "b" instead.
+    """The voter's vote on a pair: the side whose combined text `score` (a preference: text -> 1..5,
+    the voter's unrounded: `preference(spec, exact=True)`) rates higher, "tie" when equal; with probability `noise` a coin flip between "a" and "b" instead.
     {"winner", "score_a", "score_b", "noisy"}."""
     sa, sb = score(combined_a), score(combined_b)
     rng = rng or random.Random()
@@ -158,7 +158,7 @@ def run_voter(cfg: BenchArenaConfig, url: str, key: str, proc, deadline: float, 
     vote appended to `records` (kept if the server fails midway)."""
     import httpx
 
-    score = preference(cfg.preference)
+    score = preference(cfg.preference, exact=True)   # the rater's preference, not rounded to stars
     rng = random.Random(cfg.seed)
     errors = 0
     with httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {key}"},
@@ -325,7 +325,7 @@ def report(cfg: BenchArenaConfig, votes: list, history: list, records: list[dict
     top_two = (separation(votes, rows[0]["state"], rows[1]["state"], cfg.board_rounds, cfg.board_replay)
                if len(rows) >= 2 else None)
     # the states' step order: base, then the states training steps made, by step (a state without a
-    # step, e.g. version 0 of one agent before any step, has no place in it and is left out)
+    # step, e.g. an admin's pin of one agent's old version, has no place in it and is left out)
     order = [s.key for s in history if (s.is_base or s.step is not None) and s.key in voted]
     tau = kendall_tau(order, board) if len(order) >= 2 else None
     tau_target = {"value": tau, "states": len(order), "target": f">= {cfg.tau_min} over >= {MIN_TAU_STATES} states",
@@ -365,7 +365,7 @@ def machine_info() -> dict:
 
 def plot(result: dict, path: str) -> None:
     """Rating vs step with the bootstrap intervals, one point per state on the board (base at step 0;
-    states without a step, e.g. version 0 before any step, in grey between base and step 1)."""
+    states without a step, e.g. an admin's pin of one agent, in grey between base and step 1)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -81,25 +81,27 @@ class BenchOnlineConfig:
                              f"{self.eval_examples}, {self.eval_samples}")
 
 
-def _by_words(lo: int, hi: int, fewer_is_better: bool):
-    """1..5 linear in the combined text's words between lo and hi, rounded, flat outside."""
-    def rate(text: str) -> int:
+def _by_words(lo: int, hi: int, fewer_is_better: bool, exact: bool = False):
+    """1..5 linear in the combined text's words between lo and hi, rounded (`exact`: not), flat outside."""
+    def rate(text: str) -> float:
         x = (len(text.split()) - lo) / (hi - lo)
-        return int(round(max(1.0, min(5.0, 5 - 4 * x if fewer_is_better else 1 + 4 * x))))
+        r = max(1.0, min(5.0, 5 - 4 * x if fewer_is_better else 1 + 4 * x))
+        return r if exact else int(round(r))
     return rate
 
 
-def preference(spec: str):
-    """The rating function (combined text -> 1..5) of a rater spec."""
+def preference(spec: str, exact: bool = False):
+    """The rating function (combined text -> 1..5) of a rater spec; `exact`: the word-count ones
+    unrounded (a voter comparing two answers tells 12 words from 20 where a rater gives both 5)."""
     if spec == "short":
         spec = "short:30-90"
     if re.fullmatch(r"short:\d+-\d+", spec):
         lo, hi = map(int, spec[6:].split("-"))
         if hi <= lo:
             raise ValueError(f"rater preference {spec!r}: short:LO-HI needs LO < HI words")
-        return _by_words(lo, hi, fewer_is_better=True)
+        return _by_words(lo, hi, fewer_is_better=True, exact=exact)
     if spec == "long":
-        return _by_words(30, 90, fewer_is_better=False)
+        return _by_words(30, 90, fewer_is_better=False, exact=exact)
     if spec.startswith("word:") and re.fullmatch(r"word:\w+", spec):
         word = re.compile(rf"\b{re.escape(spec[5:])}\b", re.I)
         return lambda text: 5 if word.search(text) else 1

@@ -21,6 +21,9 @@ def test_the_voter_votes_its_preference():
     assert A.decide(short, few, many) == {"winner": "a", "score_a": 5, "score_b": 2, "noisy": False}
     assert A.decide(short, many, few)["winner"] == "b"
     assert A.decide(short, few, "word " * 25)["winner"] == "tie"       # the same 1..5 score: a tie
+    exact = preference("short:5-120", exact=True)                       # the voter's: not rounded to stars
+    assert A.decide(exact, "word " * 12, "word " * 20)["winner"] == "a"
+    assert A.decide(exact, "word " * 20, "word " * 20)["winner"] == "tie"
     assert A.decide(preference("word:council"), "the Council met", "a meeting")["winner"] == "a"
     rng = random.Random(0)
     noisy = [A.decide(short, few, many, noise=1.0, rng=rng) for _ in range(40)]
@@ -74,12 +77,12 @@ def _report(store, cfg=None, **kw):
 
 def test_report_from_stored_votes(tmp_path):
     """A voter who always prefers the later step: the board in step order (tau 1), base and newest
-    separated within a few head-to-head votes, both targets pass; version 0 (no step) is on the
-    board but has no place in the step order."""
+    separated within a few head-to-head votes, both targets pass; version 0 (no step: the trainer's
+    start) is base, not a state of its own."""
     store = _trained_store(tmp_path)
     keys = _states(store)
-    base, v0_partial, v0, *steps = keys
-    assert base == "base" and len(steps) == 5 and v0 == "detail:v0,summary:v0"
+    base, *steps = keys
+    assert base == "base" and len(steps) == 5 and "detail:v0,summary:v0" not in keys
     trained = [base] + steps
     for _ in range(3):                                   # every neighbour pair, then base vs newest
         for older, newer in zip(trained, trained[1:]):
@@ -87,19 +90,18 @@ def test_report_from_stored_votes(tmp_path):
             _vote(store, newer, older, "a")
     for _ in range(6):
         _vote(store, base, steps[-1], "b")
-    _vote(store, v0, base, "tie")
     records = [{"pair_s": s, "winner": w, "noisy": False} for s, w in ((2.0, "a"), (4.0, "b"), (3.0, "tie"))]
     res = _report(store, records=records, machine={"cpu_model": "test"})
     store.close()
 
-    assert res["votes"] == 3 * 2 * 5 + 6 + 1 and res["voters"] == {VOTER: res["votes"]}
+    assert res["votes"] == 3 * 2 * 5 + 6 and res["voters"] == {VOTER: res["votes"]}
     assert res["versions_trained"] == 5 and res["newest"] == steps[-1]
     assert [r["state"] for r in res["board"] if r["state"] in trained] == trained[::-1]   # newest first
-    assert {r["state"] for r in res["board"]} == set(trained) | {v0}
+    assert {r["state"] for r in res["board"]} == set(trained)
     assert res["tau"]["value"] == pytest.approx(1.0) and res["tau"]["order"] == trained
     bn = res["separation"]["base_newest"]
     assert (bn["x"], bn["y"], bn["head_to_head_votes"]) == (base, steps[-1], 6) and 2 <= bn["head_to_head"] <= 6
-    assert bn["involving_votes"] == 6 + 6 + 6 + 1 and bn["involving"] is not None   # base's, newest's, and theirs
+    assert bn["involving_votes"] == 6 + 6 + 6 and bn["involving"] is not None   # base's, newest's, and theirs
     top = res["separation"]["top_two"]
     assert (top["x"], top["y"]) == (steps[-1], steps[-2]) and "board" not in top
     t = res["targets"]
@@ -118,7 +120,7 @@ def test_targets_can_fail(tmp_path):
     """A voter who prefers the older state (tau < 0: FAIL) and who ties base and newest 40 times (never
     separated in the 46 votes involving them: FAIL); with too few votes a target says nothing (None)."""
     store = _trained_store(tmp_path)
-    base, _, _, *steps = _states(store)
+    base, *steps = _states(store)
     trained = [base] + steps
     for _ in range(3):
         for older, newer in zip(trained, trained[1:]):
@@ -134,7 +136,7 @@ def test_targets_can_fail(tmp_path):
     store.close()
 
     few = _trained_store(tmp_path / "few", steps=2)
-    b, _, _, s1, s2 = _states(few)
+    b, s1, s2 = _states(few)
     _vote(few, b, s2, "tie")
     _vote(few, s1, s2, "b")
     res = _report(few)
