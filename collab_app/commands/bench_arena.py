@@ -53,8 +53,8 @@ class BenchArenaConfig:
     """phase 1 ends once the child trainer has made this many steps that wrote adapter versions (team states besides base)."""
     votes: int = 120
     """phase 2 ends after this many arena votes (or at --vote-minutes)."""
-    preference: str = "short:5-120"
-    """the hidden preference of both the rater and the voter: short | short:LO-HI | long | word:W | nodigits (bench online); the default leaves room to order several states (under `short`, 30-90 words, every state that learned it writes <= 30 words and ties)."""
+    preference: str = "short"
+    """the hidden preference of both the rater and the voter: short | short:LO-HI | long | word:W | nodigits (bench online; the voter compares it unrounded)."""
     noise: float = 0.0
     """probability that a vote is a coin flip between a and b instead of the preference's verdict."""
     train_minutes: float = 10.0
@@ -106,7 +106,7 @@ class BenchArenaConfig:
 
 def decide(score, combined_a: str, combined_b: str, noise: float = 0.0, rng: random.Random | None = None) -> dict:
     """The voter's vote on a pair: the side whose combined text `score` (a preference: text -> 1..5,
-    the voter's unrounded: `preference(spec, exact=True)`) rates higher, "tie" when equal; with probability `noise` a coin flip between "a" and "b" instead.
+    the voter's unrounded and unflattened: `preference(spec, exact=True)`) rates higher, "tie" when equal; with probability `noise` a coin flip between "a" and "b" instead.
     {"winner", "score_a", "score_b", "noisy"}."""
     sa, sb = score(combined_a), score(combined_b)
     rng = rng or random.Random()
@@ -158,7 +158,7 @@ def run_voter(cfg: BenchArenaConfig, url: str, key: str, proc, deadline: float, 
     vote appended to `records` (kept if the server fails midway)."""
     import httpx
 
-    score = preference(cfg.preference, exact=True)   # the rater's preference, not rounded to stars
+    score = preference(cfg.preference, exact=True)   # the rater's preference, not rounded or flattened to stars
     rng = random.Random(cfg.seed)
     errors = 0
     with httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {key}"},

@@ -82,17 +82,19 @@ class BenchOnlineConfig:
 
 
 def _by_words(lo: int, hi: int, fewer_is_better: bool, exact: bool = False):
-    """1..5 linear in the combined text's words between lo and hi, rounded (`exact`: not), flat outside."""
+    """1..5 linear in the combined text's words between lo and hi, rounded, flat outside; `exact`:
+    the same line neither rounded nor flattened (a score for comparing two answers, not stars)."""
     def rate(text: str) -> float:
         x = (len(text.split()) - lo) / (hi - lo)
-        r = max(1.0, min(5.0, 5 - 4 * x if fewer_is_better else 1 + 4 * x))
-        return r if exact else int(round(r))
+        r = 5 - 4 * x if fewer_is_better else 1 + 4 * x
+        return r if exact else int(round(max(1.0, min(5.0, r))))
     return rate
 
 
 def preference(spec: str, exact: bool = False):
     """The rating function (combined text -> 1..5) of a rater spec; `exact`: the word-count ones
-    unrounded (a voter comparing two answers tells 12 words from 20 where a rater gives both 5)."""
+    neither rounded nor flattened at 1 and 5 (a voter comparing two answers tells 12 words from 20
+    where a rater gives both 5 stars)."""
     if spec == "short":
         spec = "short:30-90"
     if re.fullmatch(r"short:\d+-\d+", spec):

@@ -21,8 +21,9 @@ def test_the_voter_votes_its_preference():
     assert A.decide(short, few, many) == {"winner": "a", "score_a": 5, "score_b": 2, "noisy": False}
     assert A.decide(short, many, few)["winner"] == "b"
     assert A.decide(short, few, "word " * 25)["winner"] == "tie"       # the same 1..5 score: a tie
-    exact = preference("short:5-120", exact=True)                       # the voter's: not rounded to stars
+    exact = preference("short", exact=True)                             # the voter's: not rounded, not flat
     assert A.decide(exact, "word " * 12, "word " * 20)["winner"] == "a"
+    assert A.decide(exact, "word " * 95, "word " * 120)["winner"] == "a"
     assert A.decide(exact, "word " * 20, "word " * 20)["winner"] == "tie"
     assert A.decide(preference("word:council"), "the Council met", "a meeting")["winner"] == "a"
     rng = random.Random(0)
