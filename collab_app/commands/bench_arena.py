@@ -49,28 +49,28 @@ NOTHING_YET_WAIT_S = 10.0
 
 @dataclass
 class BenchArenaConfig:
-    versions: int = 5
-    """phase 1 ends once the child trainer has made this many steps that wrote adapter versions (team states besides base)."""
+    versions: int = 40
+    """phase 1 ends once the child trainer has made this many steps that wrote adapter versions (team states besides base), or at --train-minutes; the arena asks about 6 of them, spread over the history."""
     votes: int = 120
     """phase 2 ends after this many arena votes (or at --vote-minutes)."""
     preference: str = "short"
     """the hidden preference of both the rater and the voter: short | short:LO-HI | long | word:W | nodigits (bench online; the voter compares it unrounded)."""
     noise: float = 0.0
     """probability that a vote is a coin flip between a and b instead of the preference's verdict."""
-    train_minutes: float = 10.0
+    train_minutes: float = 15.0
     """phase 1's time budget (rating rounds), whether or not --versions steps were made."""
-    vote_minutes: float = 11.0
+    vote_minutes: float = 13.0
     """phase 2's time budget (asking pairs and voting)."""
     engine: str = "auto"
     """serving engine of the `collab serve` it starts (auto | vllm | transformers)."""
     num_generations: int = 4
     """G of the server: candidates per round in phase 1."""
-    max_new_tokens: int = 48
+    max_new_tokens: int = 64
     """new tokens per agent answer (rounds and arena pairs)."""
     min_groups: int = 2
     """K of the child trainer: a step per K rated groups."""
-    trainer_args: str = "--max-wait-s 0 --human-timeout-s 3600"
-    """more `collab trainer` flags for the server's child trainer (one quoted string)."""
+    trainer_args: str = "--max-wait-s 0 --human-timeout-s 3600 --learning-rate 1e-3 --return-mode human_first"
+    """more `collab trainer` flags for the server's child trainer (one quoted string); the default learns the rater's preference within the phase (bench online's human_first run: 1e-4 moved nothing in 18 steps here)."""
     serve_args: str = ""
     """more `collab serve` flags (one quoted string)."""
     out_dir: str = "bench-arena"
