@@ -86,7 +86,7 @@ class BenchArenaConfig:
     tau_min: float = 0.8
     """target: Kendall's tau between step order and board, over at least 5 states with votes."""
     board_replay: bool = False
-    """also replay the whole board's votes in order for each pair of states (every fit refits all states: minutes of CPU on a small box)."""
+    """also replay the whole board's votes in order for the top two (base and newest always are: the separation target; each n refits every state)."""
     seed: int = 0
     """seed of the voter's noise."""
 
@@ -293,13 +293,14 @@ def separation(votes: list, x: str, y: str, rounds: int, board_replay: bool = Fa
 
 
 def _separation_target(sep: dict | None, within: int) -> dict:
-    """On the votes involving the two (`separation`): pass when they separated within `within` of
-    them; fail when they separated later, or never although there were that many; None: fewer
-    votes than that and not separated yet (too few to say)."""
-    n = None if sep is None else sep["involving"]
-    had = 0 if sep is None else sep["involving_votes"]
+    """On the board's votes in the order they were cast (`separation`'s `board`: the arena as it
+    runs, its pair rule deciding which pairs are asked): pass when the two were apart within
+    `within` votes; fail when later, or never although there were that many; None: fewer votes
+    than that and not apart yet (too few to say)."""
+    n = None if sep is None else sep.get("board")
+    had = 0 if sep is None else sep.get("board_votes", 0)
     verdict = (n <= within) if n is not None else (False if had >= within else None)
-    return {"value": n, "votes": had, "target": f"<= {within} votes involving the two", "pass": verdict}
+    return {"value": n, "votes": had, "target": f"<= {within} votes of the board", "pass": verdict}
 
 
 def report(cfg: BenchArenaConfig, votes: list, history: list, records: list[dict] = (), rounds: list[dict] = (),
@@ -320,7 +321,7 @@ def report(cfg: BenchArenaConfig, votes: list, history: list, records: list[dict
     trained = [s for s in history if s.step is not None]
     on_board = [s.key for s in trained if s.key in voted]   # a state trained after the last vote has none
     newest = on_board[-1] if on_board else None
-    base_newest = (separation(votes, "base", newest, cfg.board_rounds, cfg.board_replay)
+    base_newest = (separation(votes, "base", newest, cfg.board_rounds, board_replay=True)   # the target's
                    if newest and {"base", newest} <= set(voted) else None)
     top_two = (separation(votes, rows[0]["state"], rows[1]["state"], cfg.board_rounds, cfg.board_replay)
                if len(rows) >= 2 else None)
