@@ -19,9 +19,7 @@ import time
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+from helpers.browser import CHROMIUM, chromium_page
 MAX_NEW = 24
 STEPS = 2
 READ_S = 6.0   # a person reads both answers before voting (the next pair is written meanwhile)
@@ -39,13 +37,12 @@ def app(tmp_path_factory, lora_adapter):
     import torch
 
     from helpers.launch import start_app
+    from helpers.model_app import record_steps
 
     threads = torch.get_num_threads()
     demo, url, ctx = start_app(tmp_path_factory.mktemp("arena"), max_new_tokens=MAX_NEW)
     roles = [a.name for a in ctx.team_for("tldr").agents]
-    for step in range(1, STEPS + 1):     # as the trainer records its steps: a new version of each role
-        for role in roles:
-            ctx.store.record_adapter_version(role, step, lora_adapter(step), step=step)
+    record_steps(ctx.store, roles, lora_adapter, STEPS)   # as the trainer records its steps
     yield url, ctx
     demo.close()
     ctx.engine.close()
@@ -54,12 +51,8 @@ def app(tmp_path_factory, lora_adapter):
 
 @pytest.fixture(scope="module")
 def page():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with chromium_page() as pg:
         yield pg
-        browser.close()
 
 
 def shot(page, tmp_path, name: str, clip_ids: tuple[str, ...] = ()) -> str:

@@ -15,9 +15,7 @@ import threading
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+from helpers.browser import CHROMIUM, chromium_page
 
 pytestmark = [
     pytest.mark.browser,
@@ -71,12 +69,8 @@ def app(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with chromium_page() as pg:
         yield pg
-        browser.close()
 
 
 def shot(page, tmp_path, name: str) -> str:

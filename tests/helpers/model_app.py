@@ -26,3 +26,11 @@ def make_ctx(engine, store_path, **kw) -> AppContext:
     kw.setdefault("sampling", Sampling(max_new_tokens=MAX_NEW, temperature=0.8))
     return AppContext(engine=engine, store=Store(f"sqlite:///{store_path}"), tasks=tasks, teams=teams,
                       num_generations=2, home=str(store_path.parent), **kw)
+
+
+def record_steps(store, roles, lora_adapter, steps: int, first: int = 1) -> None:
+    """Training steps `first`..`first + steps - 1` as the trainer records them: each writes a new
+    version of every role (version n = step n, the `lora_adapter(n)` fixture's adapter)."""
+    for step in range(first, first + steps):
+        for role in roles:
+            store.record_adapter_version(role, step, lora_adapter(step), step=step)

@@ -94,10 +94,12 @@ def test_the_largest_team_is_the_most_roles_one_task_has():
 @pytest.mark.parametrize("names, agents, lanes", [(None, 6, 2), (("tldr", "brief"), 5, 3), (("tldr",), 2, 2)])
 def test_the_app_gives_its_engine_a_slot_per_agent_and_a_lane_per_agent_of_its_largest_team(
         tmp_path, monkeypatch, names, agents, lanes):
-    """web/context.py build_context: the engine's `num_agents` is every served role, its
+    """web/context.py build_context: the engine's `num_agents` is every served role and the
+    arena's version slots (engines/version_slots.py: DEFAULT_SLOTS x the largest team), its
     `lora_lanes` (a compiled CPU engine's in-graph LoRA lanes: every forward computes all of them)
     the largest team's agents, since one call holds one team (engines/batcher.py). An explicit
     engine keyword still wins."""
+    from collab_app.engines.version_slots import DEFAULT_SLOTS
     from collab_app.engines import team as team_module
     from collab_app.web.context import build_context
     from tasks import SERVED_BY_DEFAULT
@@ -116,7 +118,7 @@ def test_the_app_gives_its_engine_a_slot_per_agent_and_a_lane_per_agent_of_its_l
     with pytest.raises(Stop):
         build_context(engine="vllm", store_url=f"sqlite:///{tmp_path}/s.db", home=str(tmp_path / "home"),
                       task_names=names or SERVED_BY_DEFAULT)
-    assert (seen["num_agents"], seen["lora_lanes"], len(seen["agents"])) == (agents, lanes, agents)
+    assert (seen["num_agents"], seen["lora_lanes"], len(seen["agents"])) == (agents + DEFAULT_SLOTS * lanes, lanes, agents)
     with pytest.raises(Stop):
         build_context(engine="vllm", store_url=f"sqlite:///{tmp_path}/s.db", home=str(tmp_path / "home"),
                       task_names=("tldr",), lora_lanes=4)

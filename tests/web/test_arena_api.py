@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from collab_app.engines.engine_types import Sampling  # noqa: E402
 from collab_app.web.openai_api import OpenAIConfig, key_id, mount_openai, openai_routes  # noqa: E402
-from helpers.model_app import make_ctx  # noqa: E402
+from helpers.model_app import record_steps, make_ctx  # noqa: E402
 
 KEY_A, KEY_B = "kA7-xQ2m_Rt9pLz4Vn8w", "kB3_Hs8e-Wq5yJc1Dg6u"     # pass context.admin_token_problem
 AUTH_A, AUTH_B = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
@@ -32,10 +32,7 @@ def ctx(engine, tmp_path):
 
 
 def _train(ctx, lora_adapter, steps=2):
-    """`steps` training steps as the trainer records them: each writes a new version of both roles."""
-    for step in range(1, steps + 1):
-        for role in TLDR_ROLES:
-            ctx.store.record_adapter_version(role, step, lora_adapter(step), step=step)
+    record_steps(ctx.store, TLDR_ROLES, lora_adapter, steps)
 
 
 def make_client(ctx, **cfg) -> TestClient:

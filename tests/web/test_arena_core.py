@@ -12,7 +12,7 @@ from collab_app.engines.engine_types import Request, Sampling
 from collab_app.online.arena import state_key, team_states
 from collab_app.web.access import Caller, UserError
 from collab_app.web.arena import arena_board, arena_pair, arena_round, arena_vote, task_states
-from helpers.model_app import make_ctx
+from helpers.model_app import record_steps, make_ctx
 
 ME = Caller("web:me", host="10.0.0.1", network="10.0.0.0/24")
 OTHER = Caller("web:other", host="10.0.1.1", network="10.0.1.0/24")
@@ -27,10 +27,7 @@ def ctx(engine, tmp_path):
 
 
 def _train(ctx, lora_adapter, steps=2):
-    """`steps` training steps as the trainer records them: each writes a new version of both roles."""
-    for step in range(1, steps + 1):
-        for role in TLDR_ROLES:
-            ctx.store.record_adapter_version(role, step, lora_adapter(step), step=step)
+    record_steps(ctx.store, TLDR_ROLES, lora_adapter, steps)
 
 
 def test_nothing_to_compare_before_the_first_step(ctx):

@@ -13,7 +13,7 @@ from collab_app.engines.engine_types import Sampling
 from collab_app.web import handlers as H
 from collab_app.web.access import Caller
 from collab_app.web.arena import arena_vote, state_labels
-from helpers.model_app import TEXT, make_ctx
+from helpers.model_app import record_steps, TEXT, make_ctx
 
 ME = Caller("web:me", host="10.0.0.1", network="10.0.0.0/24")
 OTHER = Caller("web:other", host="10.0.1.1", network="10.0.1.0/24")
@@ -28,10 +28,7 @@ def ctx(engine, tmp_path):
 
 
 def _train(ctx, lora_adapter, steps=1):
-    """`steps` training steps as the trainer records them: each writes a new version of both roles."""
-    for step in range(1, steps + 1):
-        for role in TLDR_ROLES:
-            ctx.store.record_adapter_version(role, step, lora_adapter(step), step=step)
+    record_steps(ctx.store, TLDR_ROLES, lora_adapter, steps)
 
 
 def _names_a_state(text: str, rec) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from collab_app.engines.engine_types import Request, Sampling
 from helpers.engines import vllm_importable
-from helpers.model_app import make_ctx
+from helpers.model_app import make_ctx, record_steps
 
 pytestmark = pytest.mark.vllm
 
@@ -31,9 +31,7 @@ def test_each_side_of_a_pair_is_its_own_team_state(engine, tmp_path, lora_adapte
 
     greedy = Sampling(max_new_tokens=12, temperature=0.0)
     ctx = make_ctx(engine, tmp_path / "store.db", sampling=greedy)
-    for step in (1, 2):
-        for role in ("summary", "detail"):
-            ctx.store.record_adapter_version(role, step, lora_adapter(step), step=step)
+    record_steps(ctx.store, ("summary", "detail"), lora_adapter, 2)
     me = Caller("web:me", network="10.0.0.0/24")
     engine.register_agent("probe")
     seen = set()

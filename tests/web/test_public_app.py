@@ -304,7 +304,7 @@ def test_export_over_gradios_file_route_and_the_store_is_refused(app, monkeypatc
         predict(client, "not-the-token", ["jsonl"], api_name="/export")
     out = predict(client, TOKEN, ["jsonl"], api_name="/export")
     files = {os.path.basename(f["path"]): f for f in out}
-    assert set(files) == {"joint_samples.jsonl", "meta.json"}
+    assert set(files) == {"joint_samples.jsonl", "arena_votes.jsonl", "meta.json"}
     r = httpx.get(files["joint_samples.jsonl"]["url"], timeout=60)   # the URL Gradio gives: its file route
     assert r.status_code == 200
     rows = [json.loads(line) for line in r.text.splitlines()]
