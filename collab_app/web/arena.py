@@ -78,12 +78,18 @@ def _votes(ctx, task_name: str):
     return [Vote(m.state_a, m.state_b, m.winner, m.voter or "") for m in ctx.store.arena_matches(task_name)]
 
 
-def task_states(ctx, task_name: str, votes=None) -> tuple[list[TeamState], TeamState]:
-    """(the states the arena asks about, oldest first; the one being served) for a task's team."""
-    team = ctx.team_for(task_name)
-    roles = [a.name for a in team.agents]
+def _history(ctx, task_name: str) -> tuple[list[TeamState], TeamState]:
+    """(every state the task's team has had, oldest first; the one being served): one read of the
+    version rows."""
+    roles = [a.name for a in ctx.team_for(task_name).agents]
     history = team_states(ctx.store, roles)
-    current = current_state(ctx.store, roles, history)
+    return history, current_state(ctx.store, roles, history)
+
+
+def task_states(ctx, task_name: str, votes=None, history=None) -> tuple[list[TeamState], TeamState]:
+    """(the states the arena asks about, oldest first; the one being served) for a task's team
+    (`history`: `_history`'s answer when the caller has it)."""
+    history, current = history or _history(ctx, task_name)
     votes = _votes(ctx, task_name) if votes is None else votes
     voted = {k for v in votes for k in (v.a, v.b)}
     resolve = ctx.adapter_watcher().resolve
@@ -300,12 +306,9 @@ def _reveal(state_key_: str, versions: dict, labels: dict[str, str]) -> dict:
     return {"state": state_key_, "label": labels.get(state_key_, state_key_), "versions": versions}
 
 
-def state_labels(ctx, task_name: str) -> dict[str, str]:
+def state_labels(ctx, task_name: str, history=None) -> dict[str, str]:
     """state key -> label ("base", "step 7"), "(serving now)" after the current one."""
-    team = ctx.team_for(task_name)
-    roles = [a.name for a in team.agents]
-    history = team_states(ctx.store, roles)
-    current = current_state(ctx.store, roles, history)
+    history, current = history or _history(ctx, task_name)
     labels = {s.key: s.label for s in history}
     labels[current.key] = f"{current.label} (serving now)"
     return labels
@@ -350,10 +353,11 @@ def arena_board(ctx, task_name: str, rounds: int = 200) -> dict:
 
     _check_task(ctx, task_name)
     votes = _votes(ctx, task_name)
-    states, current = task_states(ctx, task_name, votes)
+    known = _history(ctx, task_name)
+    states, current = task_states(ctx, task_name, votes, known)
     keys = list(dict.fromkeys([s.key for s in states] + [k for v in votes for k in (v.a, v.b)]))
-    labels = state_labels(ctx, task_name)
-    steps = {s.key: s.step for s in states}
+    labels = state_labels(ctx, task_name, known)
+    steps = {s.key: s.step for s in known[0]}   # a state with votes that is no longer asked keeps its step
     board = standings(votes, keys, rounds=rounds) if keys else []
     rows = [{"state": st.state, "label": labels.get(st.state, st.state), "step": steps.get(st.state),
              "serving": st.state == current.key, "rating": st.rating, "low": st.low, "high": st.high,
